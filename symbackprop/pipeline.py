@@ -36,6 +36,7 @@ from symbackprop.emit.emitted import Emitted
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
 from symbackprop.emit.maps import share_maps
 from symbackprop.emit.products import share_products
+from symbackprop.emit.stepcall import calling_step
 from symbackprop.errors import ModelError
 from symbackprop.gcpause import gc_paused
 from symbackprop.ir.construct import const, leaf
@@ -175,10 +176,17 @@ class _Planner:
         return [FunctionPlan("hvp", self._schedule("hvp", results), tuple(extra), returns, extra_roles=roles)]
 
 
-    def train_step(self, optimizer) -> list[FunctionPlan]:
-        """Forward, backward and the optimizer's update, written in place."""
+    def train_step(self, optimizer, calls: FunctionPlan | None = None) -> list[FunctionPlan]:
+        """Forward, backward and the optimizer's update, written in place.
+        With `calls` (the module's value_and_grad), the step calls it for
+        the loss and the gradient and schedules the update alone: the C of
+        the forward and backward passes is in one place."""
         params = self._leaf_targets("train_step")
-        grads = self._grads([(self.lowered.loss, const(1, SCALAR))])[: len(self.targets)]
+        if calls is None:
+            grads = self._grads([(self.lowered.loss, const(1, SCALAR))])[: len(self.targets)]
+        else:  # each gradient as value_and_grad returns it, a leaf the update reads
+            grads = [leaf(g, node.shape, "gradient") for g, (_, node) in zip(_grad_outputs(calls), self.targets)]
+            self.naming.names.update((g, g.attrs[0]) for g in grads)
         grads = [g for (n, node), g in zip(self.targets, grads) if node.op == "leaf"]
         extra, roles = [], []
 
@@ -194,7 +202,7 @@ class _Planner:
         shared = {s: add(s, "state") for s in optimizer.shared_state}
         new_shared = optimizer.shared_update(shared)
         shared_now = {k: new_shared.get(k, v) for k, v in shared.items()}
-        results = [("loss", self.lowered.loss)]
+        results = [("loss", self.lowered.loss)] if calls is None else []
         for (name, param), grad in zip(params, grads):
             state = {k: add(f"{k}_{name}", "state", param.shape) for k in optimizer.per_param_state}
             new = optimizer.update(param, grad, state, hyper, shared_now)
@@ -206,9 +214,15 @@ class _Planner:
             results.append((name, new["param"]))
             results += [(state[k].attrs[0], new[k]) for k in optimizer.per_param_state]
         results += [(shared[k].attrs[0], v) for k, v in new_shared.items()]
-        inplace = frozenset(name for name, _ in results[1:])
+        inplace = frozenset(name for name, _ in results if name != "loss")
         fn = schedule("train_step", results, self.naming, inplace)
-        return [FunctionPlan("train_step", fn, tuple(extra), (("loss", "loss", "loss"),), None, inplace, tuple(roles))]
+        return [FunctionPlan("train_step", fn, tuple(extra), (("loss", "loss", "loss"),), None, inplace, tuple(roles),
+                             calls=calls)]
+
+
+def _grad_outputs(gradient: FunctionPlan) -> list[str]:
+    """The names of value_and_grad's gradient outputs, in order."""
+    return [out for out, group, _ in gradient.returns if group == "grads"]
 
 
 def _sharable(lowered: Lowered) -> bool:
@@ -243,10 +257,11 @@ def _plan(model: Model, functions: Sequence[str], wrt: Sequence[str] | None, opt
     with stage("differentiate", model.name) as logged:  # and schedule: fuse, CSE, buffers
         together = "forward" in functions and "value_and_grad" in functions and _sharable(planner.lowered)
         plans = planner.forward_and_gradient() if together else []
-        plans += [
-            p for kind in KINDS if kind in functions and not (together and kind in ("forward", "value_and_grad"))
-            for p in (planner.train_step(optimizer) if kind == "train_step" else getattr(planner, kind)())
-        ]
+        for kind in KINDS:
+            if kind not in functions or (together and kind in ("forward", "value_and_grad")):
+                continue
+            gradient = next((p for p in plans if p.kind == "value_and_grad"), None)
+            plans += planner.train_step(optimizer, gradient) if kind == "train_step" else getattr(planner, kind)()
         logged.detail(lambda: op_counts(plans))  # counting is work: only when logged
     return Plan(planner.lowered, tuple(plans), tuple(n for n, _ in planner.targets), planner.naming)
 
@@ -301,9 +316,13 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
             emitted_functions.append(emit_wrapper(internal[0], f"{prefix}_{fn.kind}", SUMMARIES[fn.kind], mine,
                                                   fn.kind == "value_and_grad", fn.schedule.written_before_split))
             continue
-        emitted_functions.append(
-            emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace, indices)
-        )
+        if fn.calls is not None:  # the loss, from value_and_grad
+            outputs = [("loss", lowered.loss.shape), *outputs]
+        emitted = emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace,
+                                indices)
+        if fn.calls is not None:
+            emitted = calling_step(emitted, emitted_functions[the_plan.functions.index(fn.calls)])
+        emitted_functions.append(emitted)
     epoch = None
     if "train_step" in functions:  # and a batch dimension: the whole epoch as one C function
         step = the_plan.function("train_step")

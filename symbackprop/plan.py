@@ -33,6 +33,9 @@ class FunctionPlan:
     inplace: frozenset[str] = frozenset()  # inputs the function overwrites (train_step)
     extra_roles: tuple[tuple[str, str, str], ...] = ()  # (argument, role, key): ("tangent_W1", "tangent", "W1")
     shared: bool = False  # forward and value_and_grad: one schedule, which forward leaves at its split
+    # train_step: the value_and_grad it calls first for the loss and the gradient (its schedule
+    # is then the optimizer's update alone, reading each gradient as a leaf of that name)
+    calls: FunctionPlan | None = None
 
     @property
     def function_name(self) -> str:

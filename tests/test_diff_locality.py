@@ -35,9 +35,10 @@ def test_changing_one_activation_changes_only_its_blocks():
     derivative is computed from its value, so no buffer holds it)."""
     changed = hunks(two_layer(nn.sigmoid), two_layer(nn.tanh))
     assert 2 <= len(changed) <= 4, changed
-    layer = ("t1", "g1", "grad_t1", "return (size_t)")  # the layer's value, its input's adjoint, its own
+    layer = ("_W1", "return (size_t)")  # the layer's names (made from its weight W1), the work length
     for hunk in changed:
-        assert all(any(word in line for word in layer) or re.match(r"\s*const \w+ x", line) for line in hunk), hunk
+        assert all(any(word in line for word in layer) or re.match(r"\s*const \w+ x", line) or not line.strip(" {}")
+                   for line in hunk), hunk
 
 
 def test_changing_a_fixed_dimension_changes_only_constants():
@@ -54,4 +55,4 @@ def test_changing_a_fixed_dimension_changes_only_constants():
 def test_adding_an_output_activation_leaves_the_first_layer_alone():
     before, after = two_layer(), two_layer(out_activation=nn.tanh)
     changed = [line for hunk in hunks(before, after) for line in hunk]
-    assert not any("X @ W1" in line or "t1[4*i + j] += " in line for line in changed)
+    assert not any("X @ W1" in line or "sigmoid_W1[" in line for line in changed)

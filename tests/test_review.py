@@ -62,36 +62,40 @@ def test_an_activation_changed_shows_only_the_equations_that_read_it(tmp_path):
     old, new = model_of(tmp_path, "old.py", MLP), model_of(tmp_path, "new.py", TANH_OUTPUT)
     change = diff_models(old, new)
     # Y, the squared error of Y and its adjoint (fused into the loss's loop) read tanh now;
-    # the backward pass reads that adjoint, g0, by name: its equations are the same
-    assert change.names("changed", "forward") == {"Y", "t3", "g0"}
+    # the backward pass reads that adjoint, grad_add_W2 (the adjoint of b2 + mm_W2 now, not of the
+    # residual), under its new name: its equations are the same
+    assert change.names("changed", "forward") == {"Y", "sq_Y", "grad_add_W2"}
     assert change.names("changed", "backward") == set()
     assert change.names("added") == change.names("removed") == set()
-    assert not change.renamed and not change.leaves and not change.kept and not change.memory_changed
+    assert change.renamed == (("grad_add_Y", "grad_add_W2"),)
+    assert not change.leaves and not change.kept and not change.memory_changed
     assert change.changed
 
 
-def test_a_layer_added_shows_that_layer_and_renumbers_the_rest(tmp_path):
+def test_a_layer_added_shows_that_layer_and_what_reads_it(tmp_path):
     old, new = model_of(tmp_path, "old.py", MLP), model_of(tmp_path, "new.py", THREE_LAYERS)
     change = diff_models(old, new)
-    assert change.names("added", "forward") == {"t3", "t4", "g0"}  # sigmoid(b2 + t2), t3 @ W3, dL/dt4
-    assert change.names("added", "backward") == {"grad_t3", "grad_W3", "grad_b3"}
-    assert change.names("changed") == {"Y", "t5", "g1"}  # read the new layer: b3 + t4; the loss; dL/dt2
+    assert change.names("added", "forward") == {"sigmoid_W2", "mm_W3"}  # sigmoid(b2 + mm_W2), sigmoid_W2 @ W3
+    assert change.names("added", "backward") == {"grad_sigmoid_W2", "grad_add_W2", "grad_W3", "grad_b3"}
+    # what reads the new layer: Y = b3 + mm_W3, the loss and its adjoint; the first layer's
+    # adjoint and W2's gradient read the new layer's adjoint
+    assert change.names("changed") == {"Y", "sq_Y", "grad_add_Y", "grad_sigmoid_W1", "grad_W2", "grad_b2"}
     assert change.names("removed") == set()
     renamed = dict(change.renamed)
-    assert renamed == {"t3": "t5", "t4": "t6", "t5": "t7", "g0": "g1", "g1": "g2"}
+    assert renamed == {}  # no name moved: the old layers keep theirs
     # the oracle, by text: every equation not reported is an old one under the new numbers
     before, after = model_math(old), model_math(new)
     reported = change.names("added") | change.names("changed")
     unchanged_new = {line for name, step in after.steps.items() if name not in reported for line in step.lines}
     old_kept = [s for name, s in before.steps.items() if renamed.get(name, name) not in change.names("changed")]
     assert unchanged_new == _renamed_lines([line for s in old_kept for line in s.lines], renamed)
-    # a by-name comparison would report far more: every renumbered value after the new layer
+    # the names stay, so a by-name comparison of the text agrees
     by_name = {n for n, s in after.steps.items() if n in before.steps and before.steps[n].lines != s.lines}
-    assert by_name - change.names("changed")
+    assert by_name == change.names("changed")
     kept = {row.label: row.kind for row in change.kept}
-    assert kept == {"g0": "added", "t3": "added", "g0 (now g1)": "removed"}
+    assert kept == {"sigmoid_W2": "added"}
     memory = {row.label: (row.before, row.after) for row in change.memory}
-    # t3 (n x 4) is kept now, and dL/dt4 (n x 2) in place of dL/dt2 (n x 2): 8 * 4 * n more bytes
+    # sigmoid_W2 (n x 4) is kept now: 8 * 4 * n more bytes
     assert memory["kept for the backward pass"] == ("48*n", "80*n")
     assert {row.label for row in change.leaves} == {"W2", "b2", "W3", "b3"}
 
@@ -133,7 +137,7 @@ def test_a_change_is_status_1_with_minus_and_plus_lines(tmp_path, capsys):
     (tmp_path / "b.py").write_text(TANH_OUTPUT)
     status, out, _ = run_cli(["diff", str(tmp_path / "a.py"), str(tmp_path / "b.py")], capsys)
     assert status == 1
-    assert "  changed Y:\n    - Y = b2 + t2\n    + Y = tanh(b2 + t2)\n" in out
+    assert "  changed Y:\n    - Y = b2 + mm_W2\n    + Y = tanh(b2 + mm_W2)\n" in out
     assert "Adjoint equations (backward pass): no change" in out
 
 
@@ -167,9 +171,10 @@ def test_markdown_is_one_table_per_section(tmp_path, capsys):
         assert all(len(row) == 4 for row in table)
     assert forward[0] == backward[0] == ["change", "value", "before", "after"]
     rows = {row[1].strip("`"): row for row in forward[1:] + backward[1:]}
-    assert {name for name, row in rows.items() if row[0] == "added"} == {"t3", "t4", "g0", "grad_t3", "grad_W3", "grad_b3"}
-    assert rows["Y"] == ["changed", "`Y`", "`Y = b2 + t2`", "`Y = b3 + t4`"]
-    assert rows["t3"][2] == ""  # added: nothing before
+    assert {name for name, row in rows.items() if row[0] == "added"} == {"sigmoid_W2", "mm_W3", "grad_sigmoid_W2", "grad_add_W2",
+                                                                     "grad_W3", "grad_b3"}
+    assert rows["Y"] == ["changed", "`Y`", "`Y = b2 + mm_W2`", "`Y = b3 + mm_W3`"]
+    assert rows["sigmoid_W2"][2] == ""  # added: nothing before
     memory = {row[0]: row[1:] for row in tables["Memory (bytes)"][1:]}
     assert memory["kept for the backward pass"] == ["`48*n`", "`80*n`", "`+32*n`"]
 
@@ -207,7 +212,7 @@ def test_two_revisions_read_the_model_and_its_neighbours_then(repo, capsys):
     status, out, _ = run_cli(["diff", "--rev", "HEAD~1", "--rev", "HEAD", "models/net.py"], capsys)
     assert status == 1
     assert "math diff of mlp: models/net.py at HEAD~1 -> models/net.py at HEAD" in out
-    assert "    - t1 = sigmoid(b1 + t0)\n    + t1 = tanh(b1 + t0)\n" in out  # act.py as it was in each commit
+    assert "    - sigmoid_W1 = sigmoid(b1 + mm_W1)\n    + tanh_W1 = tanh(b1 + mm_W1)\n" in out  # act.py as it was in each commit
     assert "added" not in out and "removed" not in out
     status, out, _ = run_cli(["diff", "--rev", "HEAD", "--rev", "HEAD", "models/net.py"], capsys)
     assert status == 0 and "no change in the math" in out
@@ -216,7 +221,7 @@ def test_two_revisions_read_the_model_and_its_neighbours_then(repo, capsys):
 def test_one_revision_is_compared_with_the_working_tree(repo, capsys, monkeypatch):
     status, out, _ = run_cli(["diff", "--rev", "HEAD", "models/net.py:mlp"], capsys)
     assert status == 1 and "-> models/net.py:mlp" in out
-    assert "  added grad_W3:\n    + grad_W3 = t3^T @ g0\n" in out
+    assert "  added grad_W3:\n    + grad_W3 = sigmoid_W2^T @ grad_add_Y\n" in out
     (repo / "sub").mkdir()
     monkeypatch.chdir(repo / "sub")  # a path from a subfolder
     status, out, _ = run_cli(["diff", "--rev", "HEAD", "../models/net.py"], capsys)

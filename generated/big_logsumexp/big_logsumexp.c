@@ -174,9 +174,11 @@ size_t big_logsumexp_forward_call_work_len(const int64_t *dims)
 }
 
 /* big_logsumexp_forward with its arrays in arrays (see big_logsumexp.h). */
-int big_logsumexp_forward_call(const int64_t *dims, const void *const *in, void *const *out, BIG_LOGSUMEXP_REAL *work)
+int big_logsumexp_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        BIG_LOGSUMEXP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && big_logsumexp_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            big_logsumexp_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 1; ++i) {
@@ -264,9 +266,11 @@ size_t big_logsumexp_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* big_logsumexp_value_and_grad with its arrays in arrays (see big_logsumexp.h). */
-int big_logsumexp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, BIG_LOGSUMEXP_REAL *work)
+int big_logsumexp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        BIG_LOGSUMEXP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && big_logsumexp_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            big_logsumexp_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 1; ++i) {

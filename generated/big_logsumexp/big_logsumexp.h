@@ -77,7 +77,8 @@ const char *big_logsumexp_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t big_logsumexp_forward_work_len(int64_t n);
-int big_logsumexp_forward(int64_t n, const BIG_LOGSUMEXP_REAL *v, BIG_LOGSUMEXP_REAL *loss, BIG_LOGSUMEXP_REAL *work);
+int big_logsumexp_forward(int64_t n, const BIG_LOGSUMEXP_REAL *v, BIG_LOGSUMEXP_REAL *loss,
+        BIG_LOGSUMEXP_REAL *work);
 int big_logsumexp_forward_n_dims(void);
 const char *big_logsumexp_forward_name_dim(int64_t i);
 int big_logsumexp_forward_n_in(void);
@@ -88,7 +89,8 @@ int big_logsumexp_forward_kind_in(int64_t i);
 int big_logsumexp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int big_logsumexp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t big_logsumexp_forward_call_work_len(const int64_t *dims);
-int big_logsumexp_forward_call(const int64_t *dims, const void *const *in, void *const *out, BIG_LOGSUMEXP_REAL *work);
+int big_logsumexp_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        BIG_LOGSUMEXP_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   v: input, n x 1
@@ -98,7 +100,8 @@ int big_logsumexp_forward_call(const int64_t *dims, const void *const *in, void 
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t big_logsumexp_value_and_grad_work_len(int64_t n);
-int big_logsumexp_value_and_grad(int64_t n, const BIG_LOGSUMEXP_REAL *v, BIG_LOGSUMEXP_REAL *loss, BIG_LOGSUMEXP_REAL *grad_v, BIG_LOGSUMEXP_REAL *work);
+int big_logsumexp_value_and_grad(int64_t n, const BIG_LOGSUMEXP_REAL *v, BIG_LOGSUMEXP_REAL *loss,
+        BIG_LOGSUMEXP_REAL *grad_v, BIG_LOGSUMEXP_REAL *work);
 int big_logsumexp_value_and_grad_n_dims(void);
 const char *big_logsumexp_value_and_grad_name_dim(int64_t i);
 int big_logsumexp_value_and_grad_n_in(void);
@@ -109,7 +112,8 @@ int big_logsumexp_value_and_grad_kind_in(int64_t i);
 int big_logsumexp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int big_logsumexp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t big_logsumexp_value_and_grad_call_work_len(const int64_t *dims);
-int big_logsumexp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, BIG_LOGSUMEXP_REAL *work);
+int big_logsumexp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        BIG_LOGSUMEXP_REAL *work);
 
 #ifdef __cplusplus
 }

@@ -89,7 +89,8 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x18 = ((isnan(x3)) ? (x3) : x3 > 9.9999999999999995e-21);
         const BUNDLE_ADJUSTMENT_REAL x19 = pts[3*pt[i] + 2] - cams[11*cam[i] + 5] + x7;
         const BUNDLE_ADJUSTMENT_REAL x20 = -x10 + x19;
-        const BUNDLE_ADJUSTMENT_REAL x21 = ((isnan(x18)) ? (x18) : ((x18) ? (1.0/(x17*x17)) : (1.0/(x20*x20))));
+        const BUNDLE_ADJUSTMENT_REAL x21 = ((isnan(x18)) ? (x18) : ((x18) ? (1.0/(x17*x17)) :
+                (1.0/(x20*x20))));
         const BUNDLE_ADJUSTMENT_REAL x22 = -cams[11*cam[i] + 1]*x15;
         const BUNDLE_ADJUSTMENT_REAL x23 = -cams[11*cam[i] + 2]*x6;
         const BUNDLE_ADJUSTMENT_REAL x24 = -x12*x9 + x13*x16 + x5*(x22*x8 - x23*x8);
@@ -98,8 +99,11 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x27 = -cams[11*cam[i]]*x15;
         const BUNDLE_ADJUSTMENT_REAL x28 = -x12*x6 + x14*x16 + x5*(-x11*x9 - x27*x8);
         const BUNDLE_ADJUSTMENT_REAL x29 = -cams[11*cam[i] + 2]*x9 - x27 - x6;
-        const BUNDLE_ADJUSTMENT_REAL x30 = x21*((isnan(x18)) ? (x18) : ((x18) ? ((x24*x24)) : ((x26*x26)))) + x21*((isnan(x18)) ? (x18) : ((x18) ? ((x28*x28)) : ((x29*x29))));
-        const BUNDLE_ADJUSTMENT_REAL x31 = cams[11*cam[i] + 6]*(cams[11*cam[i] + 10]*(x30*x30) + cams[11*cam[i] + 9]*x30 + 1)*((isnan(x18)) ? (x18) : ((x18) ? (1.0/x17) : (1.0/x20)));
+        const BUNDLE_ADJUSTMENT_REAL x30 = x21*((isnan(x18)) ? (x18) : ((x18) ? ((x24*x24)) :
+                ((x26*x26)))) + x21*((isnan(x18)) ? (x18) : ((x18) ? ((x28*x28)) : ((x29*x29))));
+        const BUNDLE_ADJUSTMENT_REAL x31 = cams[11*cam[i] + 6]*(cams[11*cam[i] + 10]*(x30*x30) +
+                cams[11*cam[i] + 9]*x30 + 1)*((isnan(x18)) ? (x18) : ((x18) ? (1.0/x17) :
+                (1.0/x20)));
         const BUNDLE_ADJUSTMENT_REAL x32 = -feats[2*i] + cams[11*cam[i] + 7];
         const BUNDLE_ADJUSTMENT_REAL x33 = -feats[2*i + 1] + cams[11*cam[i] + 8];
         const BUNDLE_ADJUSTMENT_REAL x34 = x0 + x1 + x2;
@@ -109,7 +113,8 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x38 = -x36*x6;
         const BUNDLE_ADJUSTMENT_REAL x39 = -x15*x36;
         const BUNDLE_ADJUSTMENT_REAL x40 = cams[11*cam[i]]*x36;
-        const BUNDLE_ADJUSTMENT_REAL x41 = cams[11*cam[i] + 1]*x38 + cams[11*cam[i] + 2]*x39 - x40*x9;
+        const BUNDLE_ADJUSTMENT_REAL x41 = cams[11*cam[i] + 1]*x38 + cams[11*cam[i] + 2]*x39 -
+                x40*x9;
         const BUNDLE_ADJUSTMENT_REAL x42 = cos(x35);
         const BUNDLE_ADJUSTMENT_REAL x43 = 1 - x42;
         const BUNDLE_ADJUSTMENT_REAL x44 = x41*x43;
@@ -138,14 +143,16 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x67 = x46*x49;
         const BUNDLE_ADJUSTMENT_REAL x68 = x1*x38*x43;
         const BUNDLE_ADJUSTMENT_REAL x69 = x46*x47;
-        const BUNDLE_ADJUSTMENT_REAL x70 = x37*(-x46*(-x52*x55 - x52*x6) + x52*x53) - x56*(x52*x65 + x52*x66 + x52*x67 + x52*x68 - x52*x69 + x58*x61);
+        const BUNDLE_ADJUSTMENT_REAL x70 = x37*(-x46*(-x52*x55 - x52*x6) + x52*x53) - x56*(x52*x65 +
+                x52*x66 + x52*x67 + x52*x68 - x52*x69 + x58*x61);
         const BUNDLE_ADJUSTMENT_REAL x71 = x43/x34;
         const BUNDLE_ADJUSTMENT_REAL x72 = x59*x71;
         const BUNDLE_ADJUSTMENT_REAL x73 = x39*x46;
         const BUNDLE_ADJUSTMENT_REAL x74 = ((isnan(x34)) ? (x34) : x34 > 9.9999999999999995e-21);
         const BUNDLE_ADJUSTMENT_REAL x75 = -x47 + x49 - x6;
         const BUNDLE_ADJUSTMENT_REAL x76 = 2*x75;
-        const BUNDLE_ADJUSTMENT_REAL x77 = ((isnan(x74)) ? (x74) : ((x74) ? (x52*x72 - x52*x73 + x57*x70) : (x15*x76)));
+        const BUNDLE_ADJUSTMENT_REAL x77 = ((isnan(x74)) ? (x74) : ((x74) ? (x52*x72 - x52*x73 +
+                x57*x70) : (x15*x76)));
         const BUNDLE_ADJUSTMENT_REAL x78 = x36*x7;
         const BUNDLE_ADJUSTMENT_REAL x79 = -x60 + x78;
         const BUNDLE_ADJUSTMENT_REAL x80 = cams[11*cam[i] + 2]*x45 - x15*x42 + x46*x79;
@@ -165,8 +172,10 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x94 = weights[i]*cams[11*cam[i] + 6];
         const BUNDLE_ADJUSTMENT_REAL x95 = x93*x94;
         const BUNDLE_ADJUSTMENT_REAL x96 = x87*x95;
-        const BUNDLE_ADJUSTMENT_REAL x97 = ((isnan(x74)) ? (x74) : ((x74) ? ((x91*x91)) : ((x92*x92))));
-        const BUNDLE_ADJUSTMENT_REAL x98 = ((isnan(x74)) ? (x74) : ((x74) ? ((x51*x51)) : ((x75*x75))));
+        const BUNDLE_ADJUSTMENT_REAL x97 = ((isnan(x74)) ? (x74) : ((x74) ? ((x91*x91)) :
+                ((x92*x92))));
+        const BUNDLE_ADJUSTMENT_REAL x98 = ((isnan(x74)) ? (x74) : ((x74) ? ((x51*x51)) :
+                ((x75*x75))));
         const BUNDLE_ADJUSTMENT_REAL x99 = x86*x97 + x86*x98;
         const BUNDLE_ADJUSTMENT_REAL x100 = x96*x99;
         const BUNDLE_ADJUSTMENT_REAL x101 = 2*cams[11*cam[i] + 10];
@@ -191,10 +200,13 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x120 = x119*x43;
         const BUNDLE_ADJUSTMENT_REAL x121 = x40*x43;
         const BUNDLE_ADJUSTMENT_REAL x122 = x46*x59;
-        const BUNDLE_ADJUSTMENT_REAL x123 = x37*(-x112*x79 - x46*(-x114 + x116*x54)) - x56*(-x106*x109*x121 - x106*x120*x88 + x107*x117 + x107*x122 - x116*x44 - x118*x39*x43);
+        const BUNDLE_ADJUSTMENT_REAL x123 = x37*(-x112*x79 - x46*(-x114 + x116*x54)) -
+                x56*(-x106*x109*x121 - x106*x120*x88 + x107*x117 + x107*x122 - x116*x44 -
+                x118*x39*x43);
         const BUNDLE_ADJUSTMENT_REAL x124 = x83*x84;
         const BUNDLE_ADJUSTMENT_REAL x125 = 2/x124;
-        const BUNDLE_ADJUSTMENT_REAL x126 = ((isnan(x74)) ? (x74) : ((x74) ? (-x107*x108 - x109*x110 + x123*x57) : (x125*x6)));
+        const BUNDLE_ADJUSTMENT_REAL x126 = ((isnan(x74)) ? (x74) : ((x74) ? (-x107*x108 - x109*x110
+                + x123*x57) : (x125*x6)));
         const BUNDLE_ADJUSTMENT_REAL x127 = 2*x91;
         const BUNDLE_ADJUSTMENT_REAL x128 = x42*x89;
         const BUNDLE_ADJUSTMENT_REAL x129 = x57*x91;
@@ -203,39 +215,53 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x132 = -2*x9;
         const BUNDLE_ADJUSTMENT_REAL x133 = x36*x43;
         const BUNDLE_ADJUSTMENT_REAL x134 = x0*x133;
-        const BUNDLE_ADJUSTMENT_REAL x135 = x37*(x127*x128 - x46*(-x127*x9 - x127*x90)) - x56*(x115*x43*x48*x91 + x120*x78*x91 + x127*x130 - x127*x131 + x129*x44 + x132*x134*x91);
-        const BUNDLE_ADJUSTMENT_REAL x136 = ((isnan(x74)) ? (x74) : ((x74) ? (x127*x45 - x129*x71*x9 + x135*x57) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x135 = x37*(x127*x128 - x46*(-x127*x9 - x127*x90)) -
+                x56*(x115*x43*x48*x91 + x120*x78*x91 + x127*x130 - x127*x131 + x129*x44 +
+                x132*x134*x91);
+        const BUNDLE_ADJUSTMENT_REAL x136 = ((isnan(x74)) ? (x74) : ((x74) ? (x127*x45 - x129*x71*x9
+                + x135*x57) : (0)));
         const BUNDLE_ADJUSTMENT_REAL x137 = (x99*x99);
         const BUNDLE_ADJUSTMENT_REAL x138 = cams[11*cam[i] + 10]*x137 + cams[11*cam[i] + 9]*x99 + 1;
         const BUNDLE_ADJUSTMENT_REAL x139 = x138*x87;
         const BUNDLE_ADJUSTMENT_REAL x140 = x139*x94;
         const BUNDLE_ADJUSTMENT_REAL x141 = cams[11*cam[i] + 1]*x43;
-        const BUNDLE_ADJUSTMENT_REAL x142 = x37*(x128 - x46*(-x9 - x90)) - x56*(cams[11*cam[i]]*x44 + x130 - x131 - x134*x9 + x141*x78 + x48*x62);
+        const BUNDLE_ADJUSTMENT_REAL x142 = x37*(x128 - x46*(-x9 - x90)) - x56*(cams[11*cam[i]]*x44
+                + x130 - x131 - x134*x9 + x141*x78 + x48*x62);
         const BUNDLE_ADJUSTMENT_REAL x143 = cams[11*cam[i]]*x71;
         const BUNDLE_ADJUSTMENT_REAL x144 = x71*x82;
         const BUNDLE_ADJUSTMENT_REAL x145 = x42*x82;
         const BUNDLE_ADJUSTMENT_REAL x146 = -x15*x82;
         const BUNDLE_ADJUSTMENT_REAL x147 = cams[11*cam[i] + 2]*x82;
-        const BUNDLE_ADJUSTMENT_REAL x148 = x37*(-x145*x79 - x46*(-x146 + x147*x54)) - x56*(x117*x82 - x121*x49*x82 + x122*x82 - x133*x146*x2 - x141*x82*x88 - x147*x44);
-        const BUNDLE_ADJUSTMENT_REAL x149 = ((isnan(x74)) ? (x74) : ((x74) ? (-x108*x82 - x144*x49 + x148*x57) : (x6*x85)));
+        const BUNDLE_ADJUSTMENT_REAL x148 = x37*(-x145*x79 - x46*(-x146 + x147*x54)) - x56*(x117*x82
+                - x121*x49*x82 + x122*x82 - x133*x146*x2 - x141*x82*x88 - x147*x44);
+        const BUNDLE_ADJUSTMENT_REAL x149 = ((isnan(x74)) ? (x74) : ((x74) ? (-x108*x82 - x144*x49 +
+                x148*x57) : (x6*x85)));
         const BUNDLE_ADJUSTMENT_REAL x150 = x138*x95;
         const BUNDLE_ADJUSTMENT_REAL x151 = x36*x46;
         const BUNDLE_ADJUSTMENT_REAL x152 = x132*x151;
-        const BUNDLE_ADJUSTMENT_REAL x153 = ((isnan(x74)) ? (x74) : ((x74) ? (x106*x152 - 2*x110*x23 + x119*x123) : (-x125*x9)));
+        const BUNDLE_ADJUSTMENT_REAL x153 = ((isnan(x74)) ? (x74) : ((x74) ? (x106*x152 - 2*x110*x23
+                + x119*x123) : (-x125*x9)));
         const BUNDLE_ADJUSTMENT_REAL x154 = x7*x71;
-        const BUNDLE_ADJUSTMENT_REAL x155 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x135 + x127*x154 + x127*x73) : (x113*x92)));
+        const BUNDLE_ADJUSTMENT_REAL x155 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x135 + x127*x154
+                + x127*x73) : (x113*x92)));
         const BUNDLE_ADJUSTMENT_REAL x156 = cams[11*cam[i] + 1]*x71;
         const BUNDLE_ADJUSTMENT_REAL x157 = -x156*x6;
-        const BUNDLE_ADJUSTMENT_REAL x158 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x70 + x157*x52 + x45*x52) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x158 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x70 + x157*x52 +
+                x45*x52) : (0)));
         const BUNDLE_ADJUSTMENT_REAL x159 = -x151*x9;
-        const BUNDLE_ADJUSTMENT_REAL x160 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x148 - x144*x23 + x159*x82) : (-x85*x9)));
+        const BUNDLE_ADJUSTMENT_REAL x160 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x148 - x144*x23 +
+                x159*x82) : (-x85*x9)));
         const BUNDLE_ADJUSTMENT_REAL x161 = cams[11*cam[i] + 2]*x71;
-        const BUNDLE_ADJUSTMENT_REAL x162 = ((isnan(x74)) ? (x74) : ((x74) ? (-x107*x45 - x114*x161 + x115*x123) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x162 = ((isnan(x74)) ? (x74) : ((x74) ? (-x107*x45 - x114*x161
+                + x115*x123) : (0)));
         const BUNDLE_ADJUSTMENT_REAL x163 = 2*x47;
-        const BUNDLE_ADJUSTMENT_REAL x164 = ((isnan(x74)) ? (x74) : ((x74) ? (-x108*x127 + x115*x135 + x163*x71*x91) : (2*x6*x92)));
+        const BUNDLE_ADJUSTMENT_REAL x164 = ((isnan(x74)) ? (x74) : ((x74) ? (-x108*x127 + x115*x135
+                + x163*x71*x91) : (2*x6*x92)));
         const BUNDLE_ADJUSTMENT_REAL x165 = x63*x71;
-        const BUNDLE_ADJUSTMENT_REAL x166 = ((isnan(x74)) ? (x74) : ((x74) ? (x115*x70 + x152*x51 + x165*x52) : (x132*x75)));
-        const BUNDLE_ADJUSTMENT_REAL x167 = ((isnan(x74)) ? (x74) : ((x74) ? (x115*x148 - x146*x161 - x45*x82) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x166 = ((isnan(x74)) ? (x74) : ((x74) ? (x115*x70 + x152*x51 +
+                x165*x52) : (x132*x75)));
+        const BUNDLE_ADJUSTMENT_REAL x167 = ((isnan(x74)) ? (x74) : ((x74) ? (x115*x148 - x146*x161
+                - x45*x82) : (0)));
         const BUNDLE_ADJUSTMENT_REAL x168 = x106*x161;
         const BUNDLE_ADJUSTMENT_REAL x169 = x119*x151;
         const BUNDLE_ADJUSTMENT_REAL x170 = -x106*x169 + x168*x57;
@@ -260,7 +286,8 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x189 = ((isnan(x74)) ? (x74) : ((x74) ? (x187) : (x188)));
         const BUNDLE_ADJUSTMENT_REAL x190 = x1*x71;
         const BUNDLE_ADJUSTMENT_REAL x191 = x190*x52 + x42*x52;
-        const BUNDLE_ADJUSTMENT_REAL x192 = -2*pts[3*pt[i] + 1] + 2*cams[11*cam[i] + 4] - x109 + x163;
+        const BUNDLE_ADJUSTMENT_REAL x192 = -2*pts[3*pt[i] + 1] + 2*cams[11*cam[i] + 4] - x109 +
+                x163;
         const BUNDLE_ADJUSTMENT_REAL x193 = ((isnan(x74)) ? (x74) : ((x74) ? (-x191) : (x192)));
         const BUNDLE_ADJUSTMENT_REAL x194 = -2*cams[11*cam[i] + 2]*x151*x91 + x129*x156;
         const BUNDLE_ADJUSTMENT_REAL x195 = x115*x92;
@@ -302,43 +329,63 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x231 = -cams[11*cam[i] + 9]*x229 - x101*x230;
         const BUNDLE_ADJUSTMENT_REAL x232 = x231*x86;
         const BUNDLE_ADJUSTMENT_REAL x233 = x231*x97 + x231*x98;
-        const BUNDLE_ADJUSTMENT_REAL x234 = x37*(-x46*(-x55 - x6) + x53) - x56*(cams[11*cam[i]]*x61 + x65 + x66 + x67 + x68 - x69);
+        const BUNDLE_ADJUSTMENT_REAL x234 = x37*(-x46*(-x55 - x6) + x53) - x56*(cams[11*cam[i]]*x61
+                + x65 + x66 + x67 + x68 - x69);
         const BUNDLE_ADJUSTMENT_REAL x235 = x138*x228;
         const BUNDLE_ADJUSTMENT_REAL x236 = x177 + x197;
         const BUNDLE_ADJUSTMENT_REAL x237 = x190 + x42;
         const BUNDLE_ADJUSTMENT_REAL x238 = x186 - x207;
         const BUNDLE_ADJUSTMENT_REAL x239 = x139*x227;
         residual[2*i] = weights[i]*(-x31*((isnan(x18)) ? (x18) : ((x18) ? (x24) : (x26))) + x32);
-        residual[2*i + 1] = weights[i]*(-x31*((isnan(x18)) ? (x18) : ((x18) ? (x28) : (x29))) + x33);
-        jacobian[30*i] = x103*x136 + x103*x77 + x104*x126 - x140*((isnan(x74)) ? (x74) : ((x74) ? (x142*x57 - x143*x9 + x45) : (0))) - x149*x150;
-        jacobian[30*i + 1] = x103*x155 + x103*x158 + x104*x153 - x140*((isnan(x74)) ? (x74) : ((x74) ? (x119*x142 + x154 + x73) : (-x15))) - x150*x160;
-        jacobian[30*i + 2] = x103*x164 + x103*x166 + x104*x162 - x140*((isnan(x74)) ? (x74) : ((x74) ? (-x108 + x115*x142 + x47*x71) : (x6))) - x150*x167;
-        jacobian[30*i + 3] = x103*x176 + x103*x180 + x104*x172 - x140*((isnan(x74)) ? (x74) : ((x74) ? (-x181) : (-1))) - x150*x185;
-        jacobian[30*i + 4] = x103*x193 + x103*x196 + x104*x189 - x140*((isnan(x74)) ? (x74) : ((x74) ? (-x198) : (cams[11*cam[i] + 2]))) - x150*x201;
-        jacobian[30*i + 5] = x103*x206 + x103*x210 + x104*x203 - x140*((isnan(x74)) ? (x74) : ((x74) ? (-x211) : (-cams[11*cam[i] + 1]))) - x150*x213;
+        residual[2*i + 1] = weights[i]*(-x31*((isnan(x18)) ? (x18) : ((x18) ? (x28) : (x29))) +
+                x33);
+        jacobian[30*i] = x103*x136 + x103*x77 + x104*x126 - x140*((isnan(x74)) ? (x74) : ((x74) ?
+                (x142*x57 - x143*x9 + x45) : (0))) - x149*x150;
+        jacobian[30*i + 1] = x103*x155 + x103*x158 + x104*x153 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (x119*x142 + x154 + x73) : (-x15))) - x150*x160;
+        jacobian[30*i + 2] = x103*x164 + x103*x166 + x104*x162 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (-x108 + x115*x142 + x47*x71) : (x6))) - x150*x167;
+        jacobian[30*i + 3] = x103*x176 + x103*x180 + x104*x172 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (-x181) : (-1))) - x150*x185;
+        jacobian[30*i + 4] = x103*x193 + x103*x196 + x104*x189 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (-x198) : (cams[11*cam[i] + 2]))) - x150*x201;
+        jacobian[30*i + 5] = x103*x206 + x103*x210 + x104*x203 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (-x211) : (-cams[11*cam[i] + 1]))) - x150*x213;
         jacobian[30*i + 6] = -weights[i]*x214;
         jacobian[30*i + 7] = weights[i];
         jacobian[30*i + 8] = 0;
         jacobian[30*i + 9] = -x100;
         jacobian[30*i + 10] = -x137*x96;
-        jacobian[30*i + 11] = x103*x216 + x103*x217 + x104*x215 - x140*((isnan(x74)) ? (x74) : ((x74) ? (x181) : (1))) - x150*x218;
-        jacobian[30*i + 12] = x103*x220 + x103*x221 + x104*x219 - x140*((isnan(x74)) ? (x74) : ((x74) ? (x198) : (-cams[11*cam[i] + 2]))) - x150*x222;
-        jacobian[30*i + 13] = x103*x224 + x103*x225 + x104*x223 - x140*((isnan(x74)) ? (x74) : ((x74) ? (x211) : (cams[11*cam[i] + 1]))) - x150*x226;
+        jacobian[30*i + 11] = x103*x216 + x103*x217 + x104*x215 - x140*((isnan(x74)) ? (x74) :
+                ((x74) ? (x181) : (1))) - x150*x218;
+        jacobian[30*i + 12] = x103*x220 + x103*x221 + x104*x219 - x140*((isnan(x74)) ? (x74) :
+                ((x74) ? (x198) : (-cams[11*cam[i] + 2]))) - x150*x222;
+        jacobian[30*i + 13] = x103*x224 + x103*x225 + x104*x223 - x140*((isnan(x74)) ? (x74) :
+                ((x74) ? (x211) : (cams[11*cam[i] + 1]))) - x150*x226;
         jacobian[30*i + 14] = -cams[11*cam[i] + 6]*x214 + x32;
-        jacobian[30*i + 15] = x126*x233 + x136*x232 - x140*((isnan(x74)) ? (x74) : ((x74) ? (x234*x57 + x72 - x73) : (x15))) - x149*x235 + x232*x77;
-        jacobian[30*i + 16] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x119*x234 + x157 + x45) : (0))) + x153*x233 + x155*x232 + x158*x232 - x160*x235;
-        jacobian[30*i + 17] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x115*x234 + x159 + x165) : (-x9))) + x162*x233 + x164*x232 + x166*x232 - x167*x235;
-        jacobian[30*i + 18] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x236) : (-cams[11*cam[i] + 2]))) + x172*x233 + x176*x232 + x180*x232 - x185*x235;
-        jacobian[30*i + 19] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x237) : (-1))) + x189*x233 + x193*x232 + x196*x232 - x201*x235;
-        jacobian[30*i + 20] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x238) : (cams[11*cam[i]]))) + x203*x233 + x206*x232 + x210*x232 - x213*x235;
+        jacobian[30*i + 15] = x126*x233 + x136*x232 - x140*((isnan(x74)) ? (x74) : ((x74) ?
+                (x234*x57 + x72 - x73) : (x15))) - x149*x235 + x232*x77;
+        jacobian[30*i + 16] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x119*x234 + x157 + x45) :
+                (0))) + x153*x233 + x155*x232 + x158*x232 - x160*x235;
+        jacobian[30*i + 17] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x115*x234 + x159 + x165) :
+                (-x9))) + x162*x233 + x164*x232 + x166*x232 - x167*x235;
+        jacobian[30*i + 18] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x236) :
+                (-cams[11*cam[i] + 2]))) + x172*x233 + x176*x232 + x180*x232 - x185*x235;
+        jacobian[30*i + 19] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x237) : (-1))) + x189*x233 +
+                x193*x232 + x196*x232 - x201*x235;
+        jacobian[30*i + 20] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x238) : (cams[11*cam[i]]))) +
+                x203*x233 + x206*x232 + x210*x232 - x213*x235;
         jacobian[30*i + 21] = -weights[i]*x239;
         jacobian[30*i + 22] = 0;
         jacobian[30*i + 23] = weights[i];
         jacobian[30*i + 24] = -x230;
         jacobian[30*i + 25] = -x137*x229;
-        jacobian[30*i + 26] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x236) : (cams[11*cam[i] + 2]))) + x215*x233 + x216*x232 + x217*x232 - x218*x235;
-        jacobian[30*i + 27] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x237) : (1))) + x219*x233 + x220*x232 + x221*x232 - x222*x235;
-        jacobian[30*i + 28] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x238) : (-cams[11*cam[i]]))) + x223*x233 + x224*x232 + x225*x232 - x226*x235;
+        jacobian[30*i + 26] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x236) :
+                (cams[11*cam[i] + 2]))) + x215*x233 + x216*x232 + x217*x232 - x218*x235;
+        jacobian[30*i + 27] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x237) : (1))) + x219*x233 +
+                x220*x232 + x221*x232 - x222*x235;
+        jacobian[30*i + 28] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x238) : (-cams[11*cam[i]])))
+                + x223*x233 + x224*x232 + x225*x232 - x226*x235;
         jacobian[30*i + 29] = -cams[11*cam[i] + 6]*x239 + x33;
     }
 }
@@ -347,29 +394,36 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
 /* bundle_adjustment_forward, part 2 of 2 (kernels 2 to 4): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
+    int64_t N,
+    BUNDLE_ADJUSTMENT_REAL *loss,
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     int64_t N,
     BUNDLE_ADJUSTMENT_REAL *loss,
     BUNDLE_ADJUSTMENT_REAL *residual,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
 )
 {
-    /* t0 = residual**2 */
-    BUNDLE_ADJUSTMENT_REAL *t0 = work; /* N x 2 */
+    /* sq_residual = residual**2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
+            sq_residual[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
         }
     }
 
-    /* t1 = sum of t0 down each column */
-    BUNDLE_ADJUSTMENT_REAL *t1 = t0 + 2*N; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
+    /* colsum_residual = sum of sq_residual down each column */
+    symbackprop_f64_sum_columns(sq_residual, N, 2, 2, colsum_residual);
 
-    /* loss = sum of t1 along each row */
-    loss[0] = symbackprop_f64_sum(t1, 2, 1);
+    /* loss = sum of colsum_residual along each row */
+    loss[0] = symbackprop_f64_sum(colsum_residual, 2, 1);
 }
 #endif
 
@@ -410,8 +464,13 @@ int bundle_adjustment_forward(
             return 2; /* a row number outside an array it gathers from */
         }
     }
+
+    /* where each buffer lies in work */
+    BUNDLE_ADJUSTMENT_REAL *sq_residual = work; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual = sq_residual + 2*N; /* 1 x 2 */
+
     bundle_adjustment_forward_part1(N, feats, cam, pt, cams, pts, weights, residual, jacobian);
-    bundle_adjustment_forward_part2(N, loss, residual, work);
+    bundle_adjustment_forward_part2(N, loss, residual, sq_residual, colsum_residual);
     return 0;
 }
 #endif
@@ -429,6 +488,21 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
 /* bundle_adjustment_value_and_grad, part 1 of 2 (kernels 1 to 4): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
+    int64_t N,
+    const BUNDLE_ADJUSTMENT_REAL *feats,
+    const int64_t *cam,
+    const int64_t *pt,
+    const BUNDLE_ADJUSTMENT_REAL *cams,
+    const BUNDLE_ADJUSTMENT_REAL *pts,
+    const BUNDLE_ADJUSTMENT_REAL *weights,
+    BUNDLE_ADJUSTMENT_REAL *loss,
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *grad_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     int64_t N,
@@ -439,15 +513,19 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     const BUNDLE_ADJUSTMENT_REAL *pts,
     const BUNDLE_ADJUSTMENT_REAL *weights,
     BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *grad_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
 )
 {
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * feats[i, :]: see the temporaries */
-    BUNDLE_ADJUSTMENT_REAL *residual = work; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
-        const BUNDLE_ADJUSTMENT_REAL x0 = (cams[11*cam[i]]*cams[11*cam[i]]) + (cams[11*cam[i] + 1]*cams[11*cam[i] + 1]) + (cams[11*cam[i] + 2]*cams[11*cam[i] + 2]);
+        const BUNDLE_ADJUSTMENT_REAL x0 = (cams[11*cam[i]]*cams[11*cam[i]]) +
+                (cams[11*cam[i] + 1]*cams[11*cam[i] + 1]) +
+                (cams[11*cam[i] + 2]*cams[11*cam[i] + 2]);
         const BUNDLE_ADJUSTMENT_REAL x1 = sqrt(x0);
         const BUNDLE_ADJUSTMENT_REAL x2 = sin(x1);
         const BUNDLE_ADJUSTMENT_REAL x3 = -pts[3*pt[i] + 1] + cams[11*cam[i] + 4];
@@ -464,7 +542,8 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
         const BUNDLE_ADJUSTMENT_REAL x14 = x12*x9 + x13*x8 + x2*(x4*x5 - x5*x7);
         const BUNDLE_ADJUSTMENT_REAL x15 = ((isnan(x0)) ? (x0) : x0 > 9.9999999999999995e-21);
         const BUNDLE_ADJUSTMENT_REAL x16 = x12 + x4 - x7;
-        const BUNDLE_ADJUSTMENT_REAL x17 = ((isnan(x15)) ? (x15) : ((x15) ? (1.0/(x14*x14)) : (1.0/(x16*x16))));
+        const BUNDLE_ADJUSTMENT_REAL x17 = ((isnan(x15)) ? (x15) : ((x15) ? (1.0/(x14*x14)) :
+                (1.0/(x16*x16))));
         const BUNDLE_ADJUSTMENT_REAL x18 = cams[11*cam[i] + 1]*x12;
         const BUNDLE_ADJUSTMENT_REAL x19 = -cams[11*cam[i] + 2]*x3;
         const BUNDLE_ADJUSTMENT_REAL x20 = x10*x13 + x2*(x18*x5 - x19*x5) + x6*x9;
@@ -472,30 +551,32 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
         const BUNDLE_ADJUSTMENT_REAL x22 = cams[11*cam[i]]*x12;
         const BUNDLE_ADJUSTMENT_REAL x23 = x11*x13 + x2*(-x22*x5 + x6*x8) - x3*x9;
         const BUNDLE_ADJUSTMENT_REAL x24 = cams[11*cam[i] + 2]*x6 - x22 - x3;
-        const BUNDLE_ADJUSTMENT_REAL x25 = x17*((isnan(x15)) ? (x15) : ((x15) ? ((x20*x20)) : ((x21*x21)))) + x17*((isnan(x15)) ? (x15) : ((x15) ? ((x23*x23)) : ((x24*x24))));
-        const BUNDLE_ADJUSTMENT_REAL x26 = cams[11*cam[i] + 6]*(cams[11*cam[i] + 10]*(x25*x25) + cams[11*cam[i] + 9]*x25 + 1)*((isnan(x15)) ? (x15) : ((x15) ? (1.0/x14) : (1.0/x16)));
-        residual[2*i] = weights[i]*(-feats[2*i] + cams[11*cam[i] + 7] - x26*((isnan(x15)) ? (x15) : ((x15) ? (x20) : (x21))));
-        residual[2*i + 1] = weights[i]*(-feats[2*i + 1] + cams[11*cam[i] + 8] - x26*((isnan(x15)) ? (x15) : ((x15) ? (x23) : (x24))));
+        const BUNDLE_ADJUSTMENT_REAL x25 = x17*((isnan(x15)) ? (x15) : ((x15) ? ((x20*x20)) :
+                ((x21*x21)))) + x17*((isnan(x15)) ? (x15) : ((x15) ? ((x23*x23)) : ((x24*x24))));
+        const BUNDLE_ADJUSTMENT_REAL x26 = cams[11*cam[i] + 6]*(cams[11*cam[i] + 10]*(x25*x25) +
+                cams[11*cam[i] + 9]*x25 + 1)*((isnan(x15)) ? (x15) : ((x15) ? (1.0/x14) :
+                (1.0/x16)));
+        residual[2*i] = weights[i]*(-feats[2*i] + cams[11*cam[i] + 7] - x26*((isnan(x15)) ? (x15) :
+                ((x15) ? (x20) : (x21))));
+        residual[2*i + 1] = weights[i]*(-feats[2*i + 1] + cams[11*cam[i] + 8] - x26*((isnan(x15)) ?
+                (x15) : ((x15) ? (x23) : (x24))));
     }
 
-    /* t0 = residual**2 */
+    /* sq_residual = residual**2 */
     /* grad_residual = 2*residual */
-    BUNDLE_ADJUSTMENT_REAL *t0 = residual + 2*N; /* N x 2 */
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = t0 + 2*N; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
+            sq_residual[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
             grad_residual[2*i + j] = 2*residual[2*i + j];
         }
     }
 
-    /* t1 = sum of t0 down each column */
-    BUNDLE_ADJUSTMENT_REAL *t1 = grad_residual + 2*N; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
+    /* colsum_residual = sum of sq_residual down each column */
+    symbackprop_f64_sum_columns(sq_residual, N, 2, 2, colsum_residual);
 
-    /* loss = sum of t1 along each row */
-    loss[0] = symbackprop_f64_sum(t1, 2, 1);
+    /* loss = sum of colsum_residual along each row */
+    loss[0] = symbackprop_f64_sum(colsum_residual, 2, 1);
 }
 #endif
 
@@ -516,7 +597,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     BUNDLE_ADJUSTMENT_REAL *grad_cams,
     BUNDLE_ADJUSTMENT_REAL *grad_pts,
     BUNDLE_ADJUSTMENT_REAL *grad_weights,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *grad_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
@@ -532,10 +613,9 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
     BUNDLE_ADJUSTMENT_REAL *grad_cams,
     BUNDLE_ADJUSTMENT_REAL *grad_pts,
     BUNDLE_ADJUSTMENT_REAL *grad_weights,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *grad_residual
 )
 {
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = work + 4*N; /* N x 2; placed in an earlier part */
     /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * grad_residual[i, :]: see the temporaries */
     /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
@@ -549,7 +629,9 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
         grad_pts[i] = 0;
     }
     for (int64_t i = 0; i < N; ++i) {
-        const BUNDLE_ADJUSTMENT_REAL x0 = (cams[11*cam[i]]*cams[11*cam[i]]) + (cams[11*cam[i] + 1]*cams[11*cam[i] + 1]) + (cams[11*cam[i] + 2]*cams[11*cam[i] + 2]);
+        const BUNDLE_ADJUSTMENT_REAL x0 = (cams[11*cam[i]]*cams[11*cam[i]]) +
+                (cams[11*cam[i] + 1]*cams[11*cam[i] + 1]) +
+                (cams[11*cam[i] + 2]*cams[11*cam[i] + 2]);
         const BUNDLE_ADJUSTMENT_REAL x1 = ((isnan(x0)) ? (x0) : x0 > 9.9999999999999995e-21);
         const BUNDLE_ADJUSTMENT_REAL x2 = ((isnan(x1)) ? (x1) : ((x1) ? (0) : (1)));
         const BUNDLE_ADJUSTMENT_REAL x3 = sqrt(x0);
@@ -580,13 +662,15 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
         const BUNDLE_ADJUSTMENT_REAL x28 = x26*x7 - x27*x7;
         const BUNDLE_ADJUSTMENT_REAL x29 = x12*x8 + x14*x18 + x28*x4;
         const BUNDLE_ADJUSTMENT_REAL x30 = x26 - x27 + x8;
-        const BUNDLE_ADJUSTMENT_REAL x31 = ((isnan(x1)) ? (x1) : ((x1) ? ((x29*x29)) : ((x30*x30))));
+        const BUNDLE_ADJUSTMENT_REAL x31 = ((isnan(x1)) ? (x1) : ((x1) ? ((x29*x29)) :
+                ((x30*x30))));
         const BUNDLE_ADJUSTMENT_REAL x32 = cams[11*cam[i]]*x16;
         const BUNDLE_ADJUSTMENT_REAL x33 = x11*x8 - x32*x7;
         const BUNDLE_ADJUSTMENT_REAL x34 = -x12*x5 + x15*x18 + x33*x4;
         const BUNDLE_ADJUSTMENT_REAL x35 = cams[11*cam[i] + 2]*x8;
         const BUNDLE_ADJUSTMENT_REAL x36 = -x32 + x35 - x5;
-        const BUNDLE_ADJUSTMENT_REAL x37 = ((isnan(x1)) ? (x1) : ((x1) ? ((x34*x34)) : ((x36*x36))));
+        const BUNDLE_ADJUSTMENT_REAL x37 = ((isnan(x1)) ? (x1) : ((x1) ? ((x34*x34)) :
+                ((x36*x36))));
         const BUNDLE_ADJUSTMENT_REAL x38 = x25*x31 + x25*x37;
         const BUNDLE_ADJUSTMENT_REAL x39 = (x38*x38);
         const BUNDLE_ADJUSTMENT_REAL x40 = cams[11*cam[i] + 9]*x38 + cams[11*cam[i] + 10]*x39 + 1;
@@ -601,42 +685,54 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
         const BUNDLE_ADJUSTMENT_REAL x49 = -((isnan(x1)) ? (x1) : ((x1) ? (x34) : (x36)));
         const BUNDLE_ADJUSTMENT_REAL x50 = x46*x47 + x48*x49;
         const BUNDLE_ADJUSTMENT_REAL x51 = x38*x42;
-        const BUNDLE_ADJUSTMENT_REAL x52 = x50*(cams[11*cam[i] + 9]*x42 + 2*cams[11*cam[i] + 10]*x51);
+        const BUNDLE_ADJUSTMENT_REAL x52 = x50*(cams[11*cam[i] + 9]*x42 +
+                2*cams[11*cam[i] + 10]*x51);
         const BUNDLE_ADJUSTMENT_REAL x53 = x25*x52;
-        const BUNDLE_ADJUSTMENT_REAL x54 = x2*x45 + x53*((isnan(x1)) ? (x1) : ((x1) ? (0) : (2*x36)));
+        const BUNDLE_ADJUSTMENT_REAL x54 = x2*x45 + x53*((isnan(x1)) ? (x1) : ((x1) ? (0) :
+                (2*x36)));
         const BUNDLE_ADJUSTMENT_REAL x55 = ((isnan(x1)) ? (x1) : ((x1) ? (1) : (0)));
-        const BUNDLE_ADJUSTMENT_REAL x56 = x45*x55 + x53*((isnan(x1)) ? (x1) : ((x1) ? (2*x34) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x56 = x45*x55 + x53*((isnan(x1)) ? (x1) : ((x1) ? (2*x34) :
+                (0)));
         const BUNDLE_ADJUSTMENT_REAL x57 = x4*x56*x7;
         const BUNDLE_ADJUSTMENT_REAL x58 = -x54 - x57;
         const BUNDLE_ADJUSTMENT_REAL x59 = grad_residual[2*i]*x44;
-        const BUNDLE_ADJUSTMENT_REAL x60 = x53*((isnan(x1)) ? (x1) : ((x1) ? (2*x29) : (0))) + x55*x59;
+        const BUNDLE_ADJUSTMENT_REAL x60 = x53*((isnan(x1)) ? (x1) : ((x1) ? (2*x29) : (0))) +
+                x55*x59;
         const BUNDLE_ADJUSTMENT_REAL x61 = x52*(x31 + x37);
         const BUNDLE_ADJUSTMENT_REAL x62 = cams[11*cam[i] + 6]*x40;
         const BUNDLE_ADJUSTMENT_REAL x63 = x50*x62;
         const BUNDLE_ADJUSTMENT_REAL x64 = x19*x20;
-        const BUNDLE_ADJUSTMENT_REAL x65 = x61*((isnan(x1)) ? (x1) : ((x1) ? (-2/x64) : (0))) + x63*((isnan(x1)) ? (x1) : ((x1) ? (-x21) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x65 = x61*((isnan(x1)) ? (x1) : ((x1) ? (-2/x64) : (0))) +
+                x63*((isnan(x1)) ? (x1) : ((x1) ? (-x21) : (0)));
         const BUNDLE_ADJUSTMENT_REAL x66 = x11*x65 + x14*x60 + x15*x56;
         const BUNDLE_ADJUSTMENT_REAL x67 = x13*x66;
         const BUNDLE_ADJUSTMENT_REAL x68 = x18*x60 + x67*x8;
         const BUNDLE_ADJUSTMENT_REAL x69 = x22*x23;
-        const BUNDLE_ADJUSTMENT_REAL x70 = x61*((isnan(x1)) ? (x1) : ((x1) ? (0) : (-2/x69))) + x63*((isnan(x1)) ? (x1) : ((x1) ? (0) : (-x24)));
+        const BUNDLE_ADJUSTMENT_REAL x70 = x61*((isnan(x1)) ? (x1) : ((x1) ? (0) : (-2/x69))) +
+                x63*((isnan(x1)) ? (x1) : ((x1) ? (0) : (-x24)));
         const BUNDLE_ADJUSTMENT_REAL x71 = x4*x7;
         const BUNDLE_ADJUSTMENT_REAL x72 = -x65*x71 - x70;
         const BUNDLE_ADJUSTMENT_REAL x73 = x10*x65 + x28*x60 + x33*x56;
         const BUNDLE_ADJUSTMENT_REAL x74 = x18*x56 - x5*x67;
         const BUNDLE_ADJUSTMENT_REAL x75 = x16*x67 + x18*x65;
-        const BUNDLE_ADJUSTMENT_REAL x76 = cams[11*cam[i]]*x68 + cams[11*cam[i] + 1]*x74 + cams[11*cam[i] + 2]*x75 + x56*(-x32*x4 + x35*x4) + x60*(x26*x4 - x27*x4) + x65*(x4*x6 - x4*x9);
+        const BUNDLE_ADJUSTMENT_REAL x76 = cams[11*cam[i]]*x68 + cams[11*cam[i] + 1]*x74 +
+                cams[11*cam[i] + 2]*x75 + x56*(-x32*x4 + x35*x4) + x60*(x26*x4 - x27*x4) +
+                x65*(x4*x6 - x4*x9);
         const BUNDLE_ADJUSTMENT_REAL x77 = x16*x65 + x17*x66 - x5*x56 + x60*x8;
         const BUNDLE_ADJUSTMENT_REAL x78 = x12*x73 - x4*x77 - x76/(x3*x3);
         const BUNDLE_ADJUSTMENT_REAL x79 = (1.0/2.0)*x78/sqrt(x0);
         const BUNDLE_ADJUSTMENT_REAL x80 = 2*x79;
-        const BUNDLE_ADJUSTMENT_REAL x81 = x2*x59 + x53*((isnan(x1)) ? (x1) : ((x1) ? (0) : (2*x30)));
+        const BUNDLE_ADJUSTMENT_REAL x81 = x2*x59 + x53*((isnan(x1)) ? (x1) : ((x1) ? (0) :
+                (2*x30)));
         const BUNDLE_ADJUSTMENT_REAL x82 = -x60*x71 - x81;
-        const BUNDLE_ADJUSTMENT_REAL x83 = cams[11*cam[i] + 1]*x72 + cams[11*cam[i] + 2]*x54 + x11*x4*x56 + x12*x60 + x14*x67;
+        const BUNDLE_ADJUSTMENT_REAL x83 = cams[11*cam[i] + 1]*x72 + cams[11*cam[i] + 2]*x54 +
+                x11*x4*x56 + x12*x60 + x14*x67;
         const BUNDLE_ADJUSTMENT_REAL x84 = x81 + x83;
-        const BUNDLE_ADJUSTMENT_REAL x85 = -cams[11*cam[i]]*x72 + cams[11*cam[i] + 2]*x82 + x12*x56 + x15*x67;
+        const BUNDLE_ADJUSTMENT_REAL x85 = -cams[11*cam[i]]*x72 + cams[11*cam[i] + 2]*x82 + x12*x56
+                + x15*x67;
         const BUNDLE_ADJUSTMENT_REAL x86 = -x54 - x85;
-        const BUNDLE_ADJUSTMENT_REAL x87 = cams[11*cam[i]]*x58 - cams[11*cam[i] + 1]*x82 + x11*x67 + x12*x65;
+        const BUNDLE_ADJUSTMENT_REAL x87 = cams[11*cam[i]]*x58 - cams[11*cam[i] + 1]*x82 + x11*x67 +
+                x12*x65;
         const BUNDLE_ADJUSTMENT_REAL x88 = x70 + x87;
         grad_cams[11*cam[i]] += cams[11*cam[i]]*x80 + x16*x58 + x5*x72 + x68*x7;
         grad_cams[11*cam[i] + 1] += cams[11*cam[i] + 1]*x80 - x16*x82 + x7*x74 + x72*x8;
@@ -652,7 +748,8 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
         grad_pts[3*pt[i]] += x84;
         grad_pts[3*pt[i] + 1] += -x86;
         grad_pts[3*pt[i] + 2] += x88;
-        grad_weights[i] = grad_residual[2*i]*(cams[11*cam[i] + 7] - feats[2*i] + x43*x47) + grad_residual[2*i + 1]*(cams[11*cam[i] + 8] - feats[2*i + 1] + x43*x49);
+        grad_weights[i] = grad_residual[2*i]*(cams[11*cam[i] + 7] - feats[2*i] + x43*x47) +
+                grad_residual[2*i + 1]*(cams[11*cam[i] + 8] - feats[2*i + 1] + x43*x49);
     }
 }
 #endif
@@ -695,8 +792,17 @@ int bundle_adjustment_value_and_grad(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    bundle_adjustment_value_and_grad_part1(N, feats, cam, pt, cams, pts, weights, loss, work);
-    bundle_adjustment_value_and_grad_part2(N, C, P, feats, cam, pt, cams, pts, weights, grad_cams, grad_pts, grad_weights, work);
+
+    /* where each buffer lies in work */
+    BUNDLE_ADJUSTMENT_REAL *residual = work; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *sq_residual = residual + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *grad_residual = sq_residual + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual = grad_residual + 2*N; /* 1 x 2 */
+
+    bundle_adjustment_value_and_grad_part1(N, feats, cam, pt, cams, pts, weights, loss, residual,
+            sq_residual, grad_residual, colsum_residual);
+    bundle_adjustment_value_and_grad_part2(N, C, P, feats, cam, pt, cams, pts, weights, grad_cams,
+            grad_pts, grad_weights, grad_residual);
     return 0;
 }
 #endif
@@ -798,9 +904,11 @@ size_t bundle_adjustment_forward_call_work_len(const int64_t *dims)
 }
 
 /* bundle_adjustment_forward with its arrays in arrays (see bundle_adjustment.h). */
-int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, void *const *out, BUNDLE_ADJUSTMENT_REAL *work)
+int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        BUNDLE_ADJUSTMENT_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && bundle_adjustment_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            bundle_adjustment_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -815,7 +923,8 @@ int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, v
     }
     return bundle_adjustment_forward(
         dims[0], dims[1], dims[2], (const BUNDLE_ADJUSTMENT_REAL *)in[0], (const int64_t *)in[1],
-        (const int64_t *)in[2], (const BUNDLE_ADJUSTMENT_REAL *)in[3], (const BUNDLE_ADJUSTMENT_REAL *)in[4],
+        (const int64_t *)in[2], (const BUNDLE_ADJUSTMENT_REAL *)in[3], (const BUNDLE_ADJUSTMENT_REAL
+                *)in[4],
         (const BUNDLE_ADJUSTMENT_REAL *)in[5], (BUNDLE_ADJUSTMENT_REAL *)out[0],
         (BUNDLE_ADJUSTMENT_REAL *)out[1], (BUNDLE_ADJUSTMENT_REAL *)out[2], work
     );
@@ -903,9 +1012,11 @@ size_t bundle_adjustment_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* bundle_adjustment_value_and_grad with its arrays in arrays (see bundle_adjustment.h). */
-int bundle_adjustment_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, BUNDLE_ADJUSTMENT_REAL *work)
+int bundle_adjustment_value_and_grad_call(const int64_t *dims, const void *const *in, void *const
+        *out, BUNDLE_ADJUSTMENT_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && bundle_adjustment_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            bundle_adjustment_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -920,9 +1031,11 @@ int bundle_adjustment_value_and_grad_call(const int64_t *dims, const void *const
     }
     return bundle_adjustment_value_and_grad(
         dims[0], dims[1], dims[2], (const BUNDLE_ADJUSTMENT_REAL *)in[0], (const int64_t *)in[1],
-        (const int64_t *)in[2], (const BUNDLE_ADJUSTMENT_REAL *)in[3], (const BUNDLE_ADJUSTMENT_REAL *)in[4],
+        (const int64_t *)in[2], (const BUNDLE_ADJUSTMENT_REAL *)in[3], (const BUNDLE_ADJUSTMENT_REAL
+                *)in[4],
         (const BUNDLE_ADJUSTMENT_REAL *)in[5], (BUNDLE_ADJUSTMENT_REAL *)out[0],
-        (BUNDLE_ADJUSTMENT_REAL *)out[1], (BUNDLE_ADJUSTMENT_REAL *)out[2], (BUNDLE_ADJUSTMENT_REAL *)out[3],
+        (BUNDLE_ADJUSTMENT_REAL *)out[1], (BUNDLE_ADJUSTMENT_REAL *)out[2], (BUNDLE_ADJUSTMENT_REAL
+                *)out[3],
         work
     );
 }

@@ -85,7 +85,11 @@ const char *bundle_adjustment_name_dim(int64_t i);
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  */
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P);
-int bundle_adjustment_forward(int64_t N, int64_t C, int64_t P, const BUNDLE_ADJUSTMENT_REAL *feats, const int64_t *cam, const int64_t *pt, const BUNDLE_ADJUSTMENT_REAL *cams, const BUNDLE_ADJUSTMENT_REAL *pts, const BUNDLE_ADJUSTMENT_REAL *weights, BUNDLE_ADJUSTMENT_REAL *loss, BUNDLE_ADJUSTMENT_REAL *residual, BUNDLE_ADJUSTMENT_REAL *jacobian, BUNDLE_ADJUSTMENT_REAL *work);
+int bundle_adjustment_forward(int64_t N, int64_t C, int64_t P, const BUNDLE_ADJUSTMENT_REAL *feats,
+        const int64_t *cam, const int64_t *pt, const BUNDLE_ADJUSTMENT_REAL *cams, const
+        BUNDLE_ADJUSTMENT_REAL *pts, const BUNDLE_ADJUSTMENT_REAL *weights, BUNDLE_ADJUSTMENT_REAL
+        *loss, BUNDLE_ADJUSTMENT_REAL *residual, BUNDLE_ADJUSTMENT_REAL *jacobian,
+        BUNDLE_ADJUSTMENT_REAL *work);
 int bundle_adjustment_forward_n_dims(void);
 const char *bundle_adjustment_forward_name_dim(int64_t i);
 int bundle_adjustment_forward_n_in(void);
@@ -96,7 +100,8 @@ int bundle_adjustment_forward_kind_in(int64_t i);
 int bundle_adjustment_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int bundle_adjustment_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t bundle_adjustment_forward_call_work_len(const int64_t *dims);
-int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, void *const *out, BUNDLE_ADJUSTMENT_REAL *work);
+int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        BUNDLE_ADJUSTMENT_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   feats: input, N x 2
@@ -114,7 +119,11 @@ int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, v
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  */
 size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P);
-int bundle_adjustment_value_and_grad(int64_t N, int64_t C, int64_t P, const BUNDLE_ADJUSTMENT_REAL *feats, const int64_t *cam, const int64_t *pt, const BUNDLE_ADJUSTMENT_REAL *cams, const BUNDLE_ADJUSTMENT_REAL *pts, const BUNDLE_ADJUSTMENT_REAL *weights, BUNDLE_ADJUSTMENT_REAL *loss, BUNDLE_ADJUSTMENT_REAL *grad_cams, BUNDLE_ADJUSTMENT_REAL *grad_pts, BUNDLE_ADJUSTMENT_REAL *grad_weights, BUNDLE_ADJUSTMENT_REAL *work);
+int bundle_adjustment_value_and_grad(int64_t N, int64_t C, int64_t P, const BUNDLE_ADJUSTMENT_REAL
+        *feats, const int64_t *cam, const int64_t *pt, const BUNDLE_ADJUSTMENT_REAL *cams, const
+        BUNDLE_ADJUSTMENT_REAL *pts, const BUNDLE_ADJUSTMENT_REAL *weights, BUNDLE_ADJUSTMENT_REAL
+        *loss, BUNDLE_ADJUSTMENT_REAL *grad_cams, BUNDLE_ADJUSTMENT_REAL *grad_pts,
+        BUNDLE_ADJUSTMENT_REAL *grad_weights, BUNDLE_ADJUSTMENT_REAL *work);
 int bundle_adjustment_value_and_grad_n_dims(void);
 const char *bundle_adjustment_value_and_grad_name_dim(int64_t i);
 int bundle_adjustment_value_and_grad_n_in(void);
@@ -125,7 +134,8 @@ int bundle_adjustment_value_and_grad_kind_in(int64_t i);
 int bundle_adjustment_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int bundle_adjustment_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t bundle_adjustment_value_and_grad_call_work_len(const int64_t *dims);
-int bundle_adjustment_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, BUNDLE_ADJUSTMENT_REAL *work);
+int bundle_adjustment_value_and_grad_call(const int64_t *dims, const void *const *in, void *const
+        *out, BUNDLE_ADJUSTMENT_REAL *work);
 
 #ifdef __cplusplus
 }

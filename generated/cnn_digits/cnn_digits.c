@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 4: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 3 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 4 objects
+/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 2 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 3 objects
  * link into the module. Functions one unit calls in another are then
  * CNN_DIGITS_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -24,143 +24,33 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
-/* Its 12 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop0(
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
+CNN_DIGITS_SHARED int cnn_digits_run(
     int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *grad_K1,
+    CNN_DIGITS_REAL *grad_c1,
+    CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work,
+    int with_grads
 );
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop1(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop2(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop3(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a4
-);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop2(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
-            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            a0[10*i + j] = a1[10*i + j]*x0 - a2[10*i + j]*x0;
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop0(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[j] + a3[1024*i + j];
-            a0[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop1(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
-            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop3(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = a3[10*i + j] + a4[j];
-            a0[10*i + j] = x0;
-            a1[10*i + j] = a2[10*i + j]*x0;
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-#endif
-
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 {
@@ -174,6 +64,44 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 /* cnn_digits_run, part 1 of 3 (kernels 1 to 18): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part1(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *mm_W1,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *mm_W2,
+    CNN_DIGITS_REAL *mul_logits,
+    CNN_DIGITS_REAL *rowsum_logits,
+    CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *rowlse_logits,
+    CNN_DIGITS_REAL *add_logits,
+    CNN_DIGITS_REAL *colsum_logits
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
     int64_t n,
@@ -189,37 +117,54 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     const CNN_DIGITS_REAL *b2,
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *mm_W1,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *mm_W2,
+    CNN_DIGITS_REAL *mul_logits,
+    CNN_DIGITS_REAL *rowsum_logits,
+    CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *rowlse_logits,
+    CNN_DIGITS_REAL *add_logits,
+    CNN_DIGITS_REAL *colsum_logits
 )
 {
-    /* t0[i,ch,at] = c2[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512 */
+    /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t at = 0; at < 16; ++at) {
-                t0[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
+                bcast_c2[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
             }
         }
     }
 
-    /* t1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *t1 = t0 + 512; /* 1 x 1024 */
+    /* bcast_c1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {
-                t1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
+                bcast_c1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
             }
         }
     }
 
-    /* t2[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1] (conv2d;
-     * zero outside the image) */
-    CNN_DIGITS_REAL *t2 = t1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *t2_cols = t2 + 1024*n; /* 8 x 576 */
-    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of t2_cols */
+    /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
+     * (conv2d; zero outside the image) */
+    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of conv_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = t2_cols + blk * 576;
+        CNN_DIGITS_REAL *const win = conv_K1_cols + blk * 576;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
@@ -228,26 +173,32 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                         for (int64_t oy = 0; oy < 8; ++oy) {
                             for (int64_t ox = 0; ox < 8; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy <
+                                        8 && ix >= 0 && ix < 8) ?
+                                        X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
                             }
                         }
                     }
                 }
             }
-            /* t2[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, t2 + i * 1024);
+            /* conv_K1[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, conv_K1 + i * 1024);
         }
     }
 
-    /* t3 = Max(0, t1 + t2) */
-    /* t4 = Heaviside(t1 + t2) */
-    CNN_DIGITS_REAL *t3 = t2_cols + 4608; /* n x 1024 */
-    CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
-    cnn_digits_loop0(n, t3, t4, t1, t2);
+    /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
+    /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            const CNN_DIGITS_REAL x0 = bcast_c1[j] + conv_K1[1024*i + j];
+            relu_K1[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
+            step_K1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
 
-    /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
-     * ky,kx < 2 */
-    CNN_DIGITS_REAL *t5 = t4 + 1024*n; /* n x 256 */
+    /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
+     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
@@ -257,25 +208,23 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (t3[at] > t3[best]) {
+                            if (relu_K1[at] > relu_K1[best]) {
                                 best = at;
                             }
                         }
                     }
-                    t5[((i * 16 + ch) * 4 + oy) * 4 + ox] = t3[best];
+                    maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox] = relu_K1[best];
                 }
             }
         }
     }
 
-    /* t6[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t5[i,ic,oy+ky-1,ox+kx-1] (conv2d;
-     * zero outside the image) */
-    CNN_DIGITS_REAL *t6 = t5 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *t6_cols = t6 + 512*n; /* 8 x 2304 */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of t6_cols */
+    /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
+     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of conv_K2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = t6_cols + blk * 2304;
+        CNN_DIGITS_REAL *const win = conv_K2_cols + blk * 2304;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
@@ -284,26 +233,32 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                         for (int64_t oy = 0; oy < 4; ++oy) {
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy <
+                                        4 && ix >= 0 && ix < 4) ?
+                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
                 }
             }
-            /* t6[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, t6 + i * 512);
+            /* conv_K2[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, conv_K2 + i * 512);
         }
     }
 
-    /* t7 = Max(0, t0 + t6) */
-    /* t8 = Heaviside(t0 + t6) */
-    CNN_DIGITS_REAL *t7 = t6_cols + 18432; /* n x 512 */
-    CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
-    cnn_digits_loop1(n, t7, t8, t0, t6);
+    /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
+    /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            const CNN_DIGITS_REAL x0 = bcast_c2[j] + conv_K2[512*i + j];
+            relu_K2[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            step_K2[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
 
-    /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
-     * ky,kx < 2 */
-    CNN_DIGITS_REAL *t9 = t8 + 512*n; /* n x 128 */
+    /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
+     * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -313,67 +268,75 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t7[at] > t7[best]) {
+                            if (relu_K2[at] > relu_K2[best]) {
                                 best = at;
                             }
                         }
                     }
-                    t9[((i * 32 + ch) * 2 + oy) * 2 + ox] = t7[best];
+                    maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox] = relu_K2[best];
                 }
             }
         }
     }
 
-    /* t10 = t9 @ W1 */
-    CNN_DIGITS_REAL *t10 = t9 + 128*n; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 128, t9, 128, 1, W1, 64, 1, t10);
+    /* mm_W1 = maxpool_K2 @ W1 */
+    symbackprop_f64_matmul(n, 64, 128, maxpool_K2, 128, 1, W1, 64, 1, mm_W1);
 
-    /* t11 = Max(0, b1 + t10) */
-    /* t12 = Heaviside(b1 + t10) */
-    CNN_DIGITS_REAL *t11 = t10 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *t12 = t11 + 64*n; /* n x 64 */
-    cnn_digits_loop2(n, t11, t12, t10, b1);
-
-    /* t13 = t11 @ W2 */
-    CNN_DIGITS_REAL *t13 = t12 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t11, 64, 1, W2, 10, 1, t13);
-
-    /* logits = b2 + t13 */
-    /* t14 = T*(b2 + t13) */
-    CNN_DIGITS_REAL *t14 = t13 + 10*n; /* n x 10 */
-    cnn_digits_loop3(n, logits, t14, T, t13, b2);
-
-    /* t15 = sum of t14 along each row */
-    CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
+    /* relu_W1 = Max(0, b1 + mm_W1) */
+    /* step_W1 = Heaviside(b1 + mm_W1) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
+        for (int64_t j = 0; j < 64; ++j) {
+            const CNN_DIGITS_REAL x0 = mm_W1[64*i + j] + b1[j];
+            relu_W1[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            step_W1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
     }
 
-    /* t16 = softmax of logits along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t16 = t13; /* n x 10, in t13's memory */
-    for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t16 + 10*i, 1);
-    }
+    /* mm_W2 = relu_W1 @ W2 */
+    symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
-    /* t17 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t17 = t15 + n; /* n x 1 */
+    /* logits = b2 + mm_W2 */
+    /* mul_logits = T*(b2 + mm_W2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t17[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t16 + 10*i, 1);
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = mm_W2[10*i + j] + b2[j];
+            logits[10*i + j] = x0;
+            mul_logits[10*i + j] = T[10*i + j]*x0;
+        }
     }
 
-    /* t18 = -t15 + t17 */
-    CNN_DIGITS_REAL *t18 = t17 + n; /* n x 1 */
-    cnn_digits_loop4(n, t18, t15, t17);
+    /* rowsum_logits = sum of mul_logits along each row */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
+    }
 
-    /* t19 = sum of t18 down each column */
-    CNN_DIGITS_REAL *t19 = t18 + n; /* 1 x 1 */
-    t19[0] = symbackprop_f64_sum(t18, n, 1);
+    /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
+    for (int64_t i = 0; i < n; ++i) {
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1);
+    }
 
-    /* loss = t19/n */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, softmax_axis_logits +
+                10*i, 1);
+    }
+
+    /* add_logits = rowlse_logits - rowsum_logits */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
+    }
+
+    /* colsum_logits = sum of add_logits down each column */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
+
+    /* loss = colsum_logits/n */
     {
-        loss[0] = t19[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = colsum_logits[0]/((CNN_DIGITS_REAL)n);
     }
 }
 #endif
@@ -381,7 +344,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 /* cnn_digits_run, part 2 of 3 (kernels 19 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -392,9 +355,26 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_maxpool_K2,
+    CNN_DIGITS_REAL *grad_relu_K2,
+    CNN_DIGITS_REAL *grad_maxpool_K1,
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols,
+    CNN_DIGITS_REAL *grad_relu_K1,
+    CNN_DIGITS_REAL *grad_K1_cols,
+    CNN_DIGITS_REAL *grad_bcast_c1,
+    CNN_DIGITS_REAL *grad_K2_cols,
+    CNN_DIGITS_REAL *grad_bcast_c2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -405,51 +385,55 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_maxpool_K2,
+    CNN_DIGITS_REAL *grad_relu_K2,
+    CNN_DIGITS_REAL *grad_maxpool_K1,
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols,
+    CNN_DIGITS_REAL *grad_relu_K1,
+    CNN_DIGITS_REAL *grad_K1_cols,
+    CNN_DIGITS_REAL *grad_bcast_c1,
+    CNN_DIGITS_REAL *grad_K2_cols,
+    CNN_DIGITS_REAL *grad_bcast_c2
 )
 {
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t1 = work + 512; /* 1 x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t2 = work + 1536; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t3 = work + 1024*n + 6144; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t4 = work + 2048*n + 6144; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t5 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
-    CNN_DIGITS_REAL *t6 = work + 3328*n + 6144; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t6_cols = work + 3840*n + 6144; /* 8 x 2304; placed in an earlier part */
-    CNN_DIGITS_REAL *t7 = work + 3840*n + 24576; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t8 = work + 4352*n + 24576; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t10 = work + 4992*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t12 = work + 5120*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t14 = work + 5194*n + 24576; /* n x 10; placed in an earlier part */
-    CNN_DIGITS_REAL *t16 = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *t19 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
-    /* grad_logits = -T/n + t16/n */
-    CNN_DIGITS_REAL *grad_logits = t14; /* n x 10, in t14's memory */
-    cnn_digits_loop5(n, grad_logits, t16, T);
-
-    /* grad_t11 = grad_logits @ W2^T */
-    CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
-
-    /* grad_t11 = grad_t11*t12 */
+    /* grad_logits = -T/n + softmax_axis_logits/n */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t11[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
+            grad_logits[10*i + j] = softmax_axis_logits[10*i + j]*x0 - T[10*i + j]*x0;
         }
     }
 
-    /* grad_t9 = grad_t11 @ W1^T */
-    CNN_DIGITS_REAL *grad_t9 = t19 + 1; /* n x 128 */
-    symbackprop_f64_matmul(n, 128, 64, grad_t11, 64, 1, W1, 1, 64, grad_t9);
+    /* grad_relu_W1 = grad_logits @ W2^T */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_relu_W1);
 
-    /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
-     * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t7 = t6; /* n x 512, in t6's memory */
+    /* grad_relu_W1 = grad_relu_W1*step_W1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_relu_W1[64*i + j] = grad_relu_W1[64*i + j]*step_W1[64*i + j];
+        }
+    }
+
+    /* grad_maxpool_K2 = grad_relu_W1 @ W1^T */
+    symbackprop_f64_matmul(n, 128, 64, grad_relu_W1, 64, 1, W1, 1, 64, grad_maxpool_K2);
+
+    /* grad_relu_K2[i,ch,best] += grad_maxpool_K2[i,ch,oy,ox], best: the first largest
+     * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 512; ++at) {
-            grad_t7[i * 512 + at] = 0;
+            grad_relu_K2[i * 512 + at] = 0;
         }
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
@@ -458,38 +442,38 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t7[at] > t7[best]) {
+                            if (relu_K2[at] > relu_K2[best]) {
                                 best = at;
                             }
                         }
                     }
-                    grad_t7[best] += grad_t9[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    grad_relu_K2[best] += grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
                 }
             }
         }
     }
 
-    /* grad_t7 = grad_t7*t8 */
+    /* grad_relu_K2 = grad_relu_K2*step_K2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 512; ++j) {
-            grad_t7[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
+            grad_relu_K2[512*i + j] = grad_relu_K2[512*i + j]*step_K2[512*i + j];
         }
     }
 
-    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_t7[i,oc,oy,ox] (conv2d's
-     * gradient by its images) */
-    CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 8 x 2304, in t6_cols's memory */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols */
+    /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_relu_K2[i,oc,oy,ox]
+     * (conv2d's gradient by its images) */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of
+     * grad_maxpool_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_t5_cols + blk * 2304;
+        CNN_DIGITS_REAL *const win = grad_maxpool_K1_cols + blk * 2304;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win[kk,at] = sum_oc K2[oc,kk] * grad_t7[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, grad_t7 + i * 512, 16, 1, win);
+            /* win[kk,at] = sum_oc K2[oc,kk] * grad_relu_K2[i,oc,at], kk = (ic,ky,kx), at =
+             * (oy,ox) */
+            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, grad_relu_K2 + i * 512, 16, 1, win);
             for (int64_t at = 0; at < 256; ++at) {
-                grad_t5[i * 256 + at] = 0;
+                grad_maxpool_K1[i * 256 + at] = 0;
             }
             /* each window's entries added back to the pixels they were read from (col2im) */
             for (int64_t ic = 0; ic < 16; ++ic) {
@@ -499,7 +483,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
                                 if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                    grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] +=
+                                            win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
                                 }
                             }
                         }
@@ -509,13 +494,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 
-    /* grad_t3[i,ch,best] += grad_t5[i,ch,oy,ox], best: the first largest
-     * t3[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t3 = t2; /* n x 1024, in t2's memory */
+    /* grad_relu_K1[i,ch,best] += grad_maxpool_K1[i,ch,oy,ox], best: the first largest
+     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 1024; ++at) {
-            grad_t3[i * 1024 + at] = 0;
+            grad_relu_K1[i * 1024 + at] = 0;
         }
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
@@ -524,28 +508,27 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (t3[at] > t3[best]) {
+                            if (relu_K1[at] > relu_K1[best]) {
                                 best = at;
                             }
                         }
                     }
-                    grad_t3[best] += grad_t5[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    grad_relu_K1[best] += grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
                 }
             }
         }
     }
 
-    /* grad_t3 = grad_t3*t4 */
+    /* grad_relu_K1 = grad_relu_K1*step_K1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 1024; ++j) {
-            grad_t3[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
+            grad_relu_K1[1024*i + j] = grad_relu_K1[1024*i + j]*step_K1[1024*i + j];
         }
     }
 
-    /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_t3[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_cols = grad_t5 + 256*n; /* 8 x 720 */
+    /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_relu_K1[i,oc,oy,ox] *
+     * X[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
     /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -562,16 +545,18 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                         for (int64_t oy = 0; oy < 8; ++oy) {
                             for (int64_t ox = 0; ox < 8; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8
+                                        && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix]
+                                        : 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at grad_t3[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_relu_K1[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 16; ++oc) {
                 for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = grad_t3[(i * 16 + oc) * 64 + at];
+                    const CNN_DIGITS_REAL wv = grad_relu_K1[(i * 16 + oc) * 64 + at];
                     for (int64_t kk = 0; kk < 9; ++kk) {
                         wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
                     }
@@ -588,24 +573,22 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         grad_K1[at] = acc;
     }
 
-    /* grad_t1 = sum of grad_t3 down each column */
-    CNN_DIGITS_REAL *grad_t1 = t1; /* 1 x 1024, in t1's memory */
-    symbackprop_f64_sum_columns(grad_t3, n, 1024, 1024, grad_t1);
+    /* grad_bcast_c1 = sum of grad_relu_K1 down each column */
+    symbackprop_f64_sum_columns(grad_relu_K1, n, 1024, 1024, grad_bcast_c1);
 
-    /* grad_c1[i,ch] = sum_at grad_t1[i,ch,at] (over each channel's pixels) */
+    /* grad_c1[i,ch] = sum_at grad_bcast_c1[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             CNN_DIGITS_REAL acc = 0;
             for (int64_t at = 0; at < 64; ++at) {
-                acc += grad_t1[(i * 16 + ch) * 64 + at];
+                acc += grad_bcast_c1[(i * 16 + ch) * 64 + at];
             }
             grad_c1[i * 16 + ch] = acc;
         }
     }
 
-    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_t7[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
+    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_relu_K2[i,oc,oy,ox] *
+     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
     /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -622,16 +605,18 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                         for (int64_t oy = 0; oy < 4; ++oy) {
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy <
+                                        4 && ix >= 0 && ix < 4) ?
+                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at grad_t7[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 32; ++oc) {
                 for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = grad_t7[(i * 32 + oc) * 16 + at];
+                    const CNN_DIGITS_REAL wv = grad_relu_K2[(i * 32 + oc) * 16 + at];
                     for (int64_t kk = 0; kk < 144; ++kk) {
                         wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
                     }
@@ -648,16 +633,15 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         grad_K2[at] = acc;
     }
 
-    /* grad_t0 = sum of grad_t7 down each column */
-    CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
-    symbackprop_f64_sum_columns(grad_t7, n, 512, 512, grad_t0);
+    /* grad_bcast_c2 = sum of grad_relu_K2 down each column */
+    symbackprop_f64_sum_columns(grad_relu_K2, n, 512, 512, grad_bcast_c2);
 }
 #endif
 
 /* cnn_digits_run, part 3 of 3 (kernels 33 to 37): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
@@ -665,33 +649,46 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_b1,
     CNN_DIGITS_REAL *grad_W2,
     CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_bcast_c2
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_bcast_c2
 )
 {
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5194*n + 24576; /* n x 10, in t14's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_t11 = work + 4992*n + 24576; /* n x 64, in t10's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_t0 = work; /* 1 x 512, in t0's memory; placed in an earlier part */
-    /* grad_c2[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
+    /* grad_c2[i,ch] = sum_at grad_bcast_c2[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             CNN_DIGITS_REAL acc = 0;
             for (int64_t at = 0; at < 16; ++at) {
-                acc += grad_t0[(i * 32 + ch) * 16 + at];
+                acc += grad_bcast_c2[(i * 32 + ch) * 16 + at];
             }
             grad_c2[i * 32 + ch] = acc;
         }
     }
 
-    /* grad_W1 = t9^T @ grad_t11 */
-    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, grad_t11, 64, 1, grad_W1);
+    /* grad_W1 = maxpool_K2^T @ grad_relu_W1 */
+    symbackprop_f64_matmul(128, 64, n, maxpool_K2, 1, 128, grad_relu_W1, 64, 1, grad_W1);
 
-    /* grad_b1 = sum of grad_t11 down each column */
-    symbackprop_f64_sum_columns(grad_t11, n, 64, 64, grad_b1);
+    /* grad_b1 = sum of grad_relu_W1 down each column */
+    symbackprop_f64_sum_columns(grad_relu_W1, n, 64, 64, grad_b1);
 
-    /* grad_W2 = t11^T @ grad_logits */
-    symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2);
+    /* grad_W2 = relu_W1^T @ grad_logits */
+    symbackprop_f64_matmul(64, 10, n, relu_W1, 1, 64, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2);
@@ -730,12 +727,58 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     if (n < 1) {
         return 1;
     }
-    cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, work);
+
+    /* where each buffer lies in work */
+    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
+    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
+    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
+    CNN_DIGITS_REAL *conv_K1_cols = conv_K1 + 1024*n; /* 8 x 576 */
+    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols + 4608; /* n x 1024 */
+    CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
+    CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
+    CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
+    CNN_DIGITS_REAL *conv_K2_cols = conv_K2 + 512*n; /* 8 x 2304 */
+    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols + 18432; /* n x 512 */
+    CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
+    CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
+    CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
+    CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
+    CNN_DIGITS_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
+    CNN_DIGITS_REAL *softmax_axis_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
+    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+
+    cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, bcast_c2, bcast_c1,
+            conv_K1, conv_K1_cols, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols, relu_K2,
+            step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, mul_logits, rowsum_logits,
+            softmax_axis_logits, rowlse_logits, add_logits, colsum_logits);
     if (!with_grads) {
         return 0;
     }
-    cnn_digits_run_part2(n, X, T, K2, W1, W2, grad_K1, grad_c1, grad_K2, work);
-    cnn_digits_run_part3(n, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, work);
+
+    /* the gradient's buffers in work */
+    CNN_DIGITS_REAL *grad_logits = mul_logits; /* n x 10, in mul_logits's memory */
+    CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    CNN_DIGITS_REAL *grad_maxpool_K2 = colsum_logits + 1; /* n x 128 */
+    CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
+    CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols = conv_K2_cols; /* 8 x 2304, in conv_K2_cols's memory */
+    CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
+    CNN_DIGITS_REAL *grad_K1_cols = grad_maxpool_K1 + 256*n; /* 8 x 720 */
+    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
+    CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
+    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
+
+    cnn_digits_run_part2(n, X, T, K2, W1, W2, grad_K1, grad_c1, grad_K2, relu_K1, step_K1,
+            maxpool_K1, relu_K2, step_K2, step_W1, softmax_axis_logits, grad_logits, grad_relu_W1,
+            grad_maxpool_K2, grad_relu_K2, grad_maxpool_K1, grad_maxpool_K1_cols, grad_relu_K1,
+            grad_K1_cols, grad_bcast_c1, grad_K2_cols, grad_bcast_c2);
+    cnn_digits_run_part3(n, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, maxpool_K2, relu_W1,
+            grad_logits, grad_relu_W1, grad_bcast_c2);
     return 0;
 }
 #endif
@@ -772,7 +815,8 @@ int cnn_digits_forward(
     if (n < 1) {
         return 1;
     }
-    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, work, 0);
 }
 #endif
 
@@ -815,889 +859,24 @@ int cnn_digits_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work + cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work +
+            cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1,
+            grad_W2, grad_b2, work, 1);
 }
 #endif
 
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 size_t cnn_digits_train_step_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(5665*n + 108438);
+    return (size_t)(13708 + 16*9 + 1*16 + 32*144 + 1*32 + 128*64 + 1*64 + 64*10 + 1*10 +
+            cnn_digits_value_and_grad_work_len(n));
 }
 #endif
 
-/* cnn_digits_train_step, part 1 of 2 (kernels 1 to 32): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *work
-)
-{
-    /* t0[i,ch,at] = c2[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512 */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t at = 0; at < 16; ++at) {
-                t0[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
-            }
-        }
-    }
-
-    /* t1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *t1 = t0 + 512; /* 1 x 1024 */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
-            }
-        }
-    }
-
-    /* t2[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1] (conv2d;
-     * zero outside the image) */
-    CNN_DIGITS_REAL *t2 = t1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *t2_cols_1 = t2 + 1024*n; /* 8 x 576 */
-    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of t2_cols_1 */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = t2_cols_1 + blk * 576;
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-            for (int64_t ic = 0; ic < 1; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 8; ++oy) {
-                            for (int64_t ox = 0; ox < 8; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* t2[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, t2 + i * 1024);
-        }
-    }
-
-    /* t3 = Max(0, t1 + t2) */
-    /* t4 = Heaviside(t1 + t2) */
-    CNN_DIGITS_REAL *t3 = t2_cols_1 + 4608; /* n x 1024 */
-    CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
-    cnn_digits_loop0(n, t3, t4, t1, t2);
-
-    /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
-     * ky,kx < 2 */
-    CNN_DIGITS_REAL *t5 = t4 + 1024*n; /* n x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            for (int64_t oy = 0; oy < 4; ++oy) {
-                for (int64_t ox = 0; ox < 4; ++ox) {
-                    int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (t3[at] > t3[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    t5[((i * 16 + ch) * 4 + oy) * 4 + ox] = t3[best];
-                }
-            }
-        }
-    }
-
-    /* t6[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t5[i,ic,oy+ky-1,ox+kx-1] (conv2d;
-     * zero outside the image) */
-    CNN_DIGITS_REAL *t6 = t5 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *t6_cols_1 = t6 + 512*n; /* 8 x 2304 */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of t6_cols_1 */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = t6_cols_1 + blk * 2304;
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-            for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* t6[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, t6 + i * 512);
-        }
-    }
-
-    /* t7 = Max(0, t0 + t6) */
-    /* t8 = Heaviside(t0 + t6) */
-    CNN_DIGITS_REAL *t7 = t6_cols_1 + 18432; /* n x 512 */
-    CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
-    cnn_digits_loop1(n, t7, t8, t0, t6);
-
-    /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
-     * ky,kx < 2 */
-    CNN_DIGITS_REAL *t9 = t8 + 512*n; /* n x 128 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t oy = 0; oy < 2; ++oy) {
-                for (int64_t ox = 0; ox < 2; ++ox) {
-                    int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t7[at] > t7[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    t9[((i * 32 + ch) * 2 + oy) * 2 + ox] = t7[best];
-                }
-            }
-        }
-    }
-
-    /* t10 = t9 @ W1 */
-    CNN_DIGITS_REAL *t10 = t9 + 128*n; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 128, t9, 128, 1, W1, 64, 1, t10);
-
-    /* t11 = Max(0, b1 + t10) */
-    /* t12 = Heaviside(b1 + t10) */
-    CNN_DIGITS_REAL *t11 = t10 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *t12 = t11 + 64*n; /* n x 64 */
-    cnn_digits_loop2(n, t11, t12, t10, b1);
-
-    /* t13 = t11 @ W2 */
-    CNN_DIGITS_REAL *t13 = t12 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t11, 64, 1, W2, 10, 1, t13);
-
-    /* logits = b2 + t13 */
-    /* t14 = T*(b2 + t13) */
-    CNN_DIGITS_REAL *logits = t13 + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *t14 = logits + 10*n; /* n x 10 */
-    cnn_digits_loop3(n, logits, t14, T, t13, b2);
-
-    /* t15 = sum of t14 along each row */
-    CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
-    }
-
-    /* t16 = softmax of logits along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t16 = t13; /* n x 10, in t13's memory */
-    for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t16 + 10*i, 1);
-    }
-
-    /* t17 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t17 = t15 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t17[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t16 + 10*i, 1);
-    }
-
-    /* t18 = -t15 + t17 */
-    CNN_DIGITS_REAL *t18 = t17 + n; /* n x 1 */
-    cnn_digits_loop4(n, t18, t15, t17);
-
-    /* t19 = sum of t18 down each column */
-    CNN_DIGITS_REAL *t19 = t18 + n; /* 1 x 1 */
-    t19[0] = symbackprop_f64_sum(t18, n, 1);
-
-    /* loss = t19/n */
-    {
-        loss[0] = t19[0]/((CNN_DIGITS_REAL)n);
-    }
-
-    /* grad_logits = -T/n + t16/n */
-    CNN_DIGITS_REAL *grad_logits = t14; /* n x 10, in t14's memory */
-    cnn_digits_loop5(n, grad_logits, t16, T);
-
-    /* grad_t11 = grad_logits @ W2^T */
-    CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
-
-    /* g0 = grad_t11*t12 */
-    CNN_DIGITS_REAL *g0 = t19 + 1; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
-        }
-    }
-
-    /* grad_t9 = g0 @ W1^T */
-    CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
-    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t9);
-
-    /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
-     * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t7 = t6; /* n x 512, in t6's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t at = 0; at < 512; ++at) {
-            grad_t7[i * 512 + at] = 0;
-        }
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t oy = 0; oy < 2; ++oy) {
-                for (int64_t ox = 0; ox < 2; ++ox) {
-                    int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t7[at] > t7[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    grad_t7[best] += grad_t9[((i * 32 + ch) * 2 + oy) * 2 + ox];
-                }
-            }
-        }
-    }
-
-    /* g1 = grad_t7*t8 */
-    CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
-        }
-    }
-
-    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
-     * by its images) */
-    CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_t5_cols_1 = t6_cols_1; /* 8 x 2304, in t6_cols_1's memory */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols_1 */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_t5_cols_1 + blk * 2304;
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, win);
-            for (int64_t at = 0; at < 256; ++at) {
-                grad_t5[i * 256 + at] = 0;
-            }
-            /* each window's entries added back to the pixels they were read from (col2im) */
-            for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                    grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /* grad_t3[i,ch,best] += grad_t5[i,ch,oy,ox], best: the first largest
-     * t3[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t3 = t2; /* n x 1024, in t2's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t at = 0; at < 1024; ++at) {
-            grad_t3[i * 1024 + at] = 0;
-        }
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            for (int64_t oy = 0; oy < 4; ++oy) {
-                for (int64_t ox = 0; ox < 4; ++ox) {
-                    int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (t3[at] > t3[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    grad_t3[best] += grad_t5[((i * 16 + ch) * 4 + oy) * 4 + ox];
-                }
-            }
-        }
-    }
-
-    /* g2 = grad_t3*t4 */
-    CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
-        }
-    }
-
-    /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_1 = grad_t5 + 256*n; /* 16 x 9 */
-    CNN_DIGITS_REAL *grad_K1_1_cols = grad_K1_1 + 144; /* 8 x 720 */
-    /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_1_cols */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_K1_1_cols + blk * 720;
-        CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
-        for (int64_t at = 0; at < 144; ++at) {
-            wsum[at] = 0;
-        }
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
-            for (int64_t ic = 0; ic < 1; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 8; ++oy) {
-                            for (int64_t ox = 0; ox < 8; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* wsum[oc,kk] += sum_at g2[i,oc,at] * win[at,kk] */
-            for (int64_t oc = 0; oc < 16; ++oc) {
-                for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
-                    for (int64_t kk = 0; kk < 9; ++kk) {
-                        wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
-                    }
-                }
-            }
-        }
-    }
-    /* grad_K1_1[oc,kk] = the blocks' sums, added in block order */
-    for (int64_t at = 0; at < 144; ++at) {
-        CNN_DIGITS_REAL acc = grad_K1_1_cols[576 + at];
-        for (int64_t blk = 1; blk < 8; ++blk) {
-            acc += grad_K1_1_cols[blk * 720 + 576 + at];
-        }
-        grad_K1_1[at] = acc;
-    }
-
-    /* grad_K1_2 = K1*weight_decay + grad_K1_1 */
-    CNN_DIGITS_REAL *grad_K1_2 = grad_K1_1_cols + 5760; /* 16 x 9 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        for (int64_t i = 0; i < 16; ++i) {
-            for (int64_t j = 0; j < 9; ++j) {
-                grad_K1_2[9*i + j] = grad_K1_1[9*i + j] + weight_decay_value*K1[9*i + j];
-            }
-        }
-    }
-
-    /* grad_t1 = sum of g2 down each column */
-    CNN_DIGITS_REAL *grad_t1 = t1; /* 1 x 1024, in t1's memory */
-    symbackprop_f64_sum_columns(g2, n, 1024, 1024, grad_t1);
-
-    /* grad_c1_1[i,ch] = sum_at grad_t1[i,ch,at] (over each channel's pixels) */
-    CNN_DIGITS_REAL *grad_c1_1 = grad_K1_2 + 144; /* 1 x 16 */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            CNN_DIGITS_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += grad_t1[(i * 16 + ch) * 64 + at];
-            }
-            grad_c1_1[i * 16 + ch] = acc;
-        }
-    }
-
-    /* grad_c1_2 = c1*weight_decay + grad_c1_1 */
-    CNN_DIGITS_REAL *grad_c1_2 = grad_c1_1 + 16; /* 1 x 16 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 16; ++j) {
-            grad_c1_2[j] = grad_c1_1[j] + weight_decay_value*c1[j];
-        }
-    }
-}
-#endif
-
-/* cnn_digits_train_step, part 2 of 2 (kernels 33 to 55): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
-    int64_t n,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *work
-);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
-    int64_t n,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *work
-)
-{
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t2_cols_1 = work + 1024*n + 1536; /* 8 x 576; placed in an earlier part */
-    CNN_DIGITS_REAL *t5 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t19 = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5204*n + 24576; /* n x 10, in t14's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *g1 = work + 3840*n + 24576; /* n x 512, in t7's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
-    /* grad_K2_1[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K2_1 = t2_cols_1; /* 32 x 144, in t2_cols_1's memory */
-    CNN_DIGITS_REAL *grad_K2_1_cols = grad_c1_2 + 16; /* 8 x 6912 */
-    /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_1_cols */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_K2_1_cols + blk * 6912;
-        CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
-        for (int64_t at = 0; at < 4608; ++at) {
-            wsum[at] = 0;
-        }
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
-            for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* wsum[oc,kk] += sum_at g1[i,oc,at] * win[at,kk] */
-            for (int64_t oc = 0; oc < 32; ++oc) {
-                for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
-                    for (int64_t kk = 0; kk < 144; ++kk) {
-                        wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
-                    }
-                }
-            }
-        }
-    }
-    /* grad_K2_1[oc,kk] = the blocks' sums, added in block order */
-    for (int64_t at = 0; at < 4608; ++at) {
-        CNN_DIGITS_REAL acc = grad_K2_1_cols[2304 + at];
-        for (int64_t blk = 1; blk < 8; ++blk) {
-            acc += grad_K2_1_cols[blk * 6912 + 2304 + at];
-        }
-        grad_K2_1[at] = acc;
-    }
-
-    /* grad_K2_2 = K2*weight_decay + grad_K2_1 */
-    CNN_DIGITS_REAL *grad_K2_2 = grad_K2_1_cols + 55296; /* 32 x 144 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        for (int64_t i = 0; i < 32; ++i) {
-            for (int64_t j = 0; j < 144; ++j) {
-                grad_K2_2[144*i + j] = grad_K2_1[144*i + j] + weight_decay_value*K2[144*i + j];
-            }
-        }
-    }
-
-    /* grad_t0 = sum of g1 down each column */
-    CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
-    symbackprop_f64_sum_columns(g1, n, 512, 512, grad_t0);
-
-    /* grad_c2_1[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
-    CNN_DIGITS_REAL *grad_c2_1 = grad_K2_2 + 4608; /* 1 x 32 */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            CNN_DIGITS_REAL acc = 0;
-            for (int64_t at = 0; at < 16; ++at) {
-                acc += grad_t0[(i * 32 + ch) * 16 + at];
-            }
-            grad_c2_1[i * 32 + ch] = acc;
-        }
-    }
-
-    /* grad_c2_2 = c2*weight_decay + grad_c2_1 */
-    CNN_DIGITS_REAL *grad_c2_2 = grad_c2_1 + 32; /* 1 x 32 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 32; ++j) {
-            grad_c2_2[j] = grad_c2_1[j] + weight_decay_value*c2[j];
-        }
-    }
-
-    /* grad_W1_1 = t9^T @ g0 */
-    CNN_DIGITS_REAL *grad_W1_1 = grad_c2_2 + 32; /* 128 x 64 */
-    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1_1);
-
-    /* grad_W1_2 = W1*weight_decay + grad_W1_1 */
-    CNN_DIGITS_REAL *grad_W1_2 = grad_W1_1 + 8192; /* 128 x 64 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 128; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_W1_2[64*i + j] = grad_W1_1[64*i + j] + weight_decay_value*W1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_b1_1 = sum of g0 down each column */
-    CNN_DIGITS_REAL *grad_b1_1 = grad_W1_2 + 8192; /* 1 x 64 */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1_1);
-
-    /* grad_b1_2 = b1*weight_decay + grad_b1_1 */
-    CNN_DIGITS_REAL *grad_b1_2 = grad_b1_1 + 64; /* 1 x 64 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1_2[j] = grad_b1_1[j] + weight_decay_value*b1[j];
-        }
-    }
-
-    /* grad_W2_1 = t11^T @ grad_logits */
-    CNN_DIGITS_REAL *grad_W2_1 = grad_b1_2 + 64; /* 64 x 10 */
-    symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2_1);
-
-    /* grad_W2_2 = W2*weight_decay + grad_W2_1 */
-    CNN_DIGITS_REAL *grad_W2_2 = grad_W2_1 + 640; /* 64 x 10 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_W2_2[10*i + j] = grad_W2_1[10*i + j] + weight_decay_value*W2[10*i + j];
-            }
-        }
-    }
-
-    /* grad_b2_1 = sum of grad_logits down each column */
-    CNN_DIGITS_REAL *grad_b2_1 = grad_W2_2 + 640; /* 1 x 10 */
-    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_1);
-
-    /* grad_b2_2 = b2*weight_decay + grad_b2_1 */
-    CNN_DIGITS_REAL *grad_b2_2 = grad_b2_1 + 10; /* 1 x 10 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 10; ++j) {
-            grad_b2_2[j] = grad_b2_1[j] + weight_decay_value*b2[j];
-        }
-    }
-
-    /* m_K1 = beta1*m_K1 + grad_K1_2*(1 - beta1) */
-    /* v_K1 = beta2*v_K1 + grad_K1_2**2*(1 - beta2) */
-    {
-        const CNN_DIGITS_REAL beta1_value = beta1[0];
-        const CNN_DIGITS_REAL beta2_value = beta2[0];
-        for (int64_t i = 0; i < 16; ++i) {
-            for (int64_t j = 0; j < 9; ++j) {
-                const CNN_DIGITS_REAL m_K1_in = m_K1[9*i + j];
-                const CNN_DIGITS_REAL v_K1_in = v_K1[9*i + j];
-                m_K1[9*i + j] = beta1_value*m_K1_in + grad_K1_2[9*i + j]*(1 - beta1_value);
-                v_K1[9*i + j] = (grad_K1_2[9*i + j]*grad_K1_2[9*i + j])*(1 - beta2_value) + beta2_value*v_K1_in;
-            }
-        }
-    }
-
-    /* step = step + 1 */
-    /* bias_correction1 = 1 - beta1**(step + 1) */
-    /* bias_correction2 = 1 - beta2**(step + 1) */
-    CNN_DIGITS_REAL *bias_correction1 = t19; /* 1 x 1, in t19's memory */
-    CNN_DIGITS_REAL *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
-    {
-        const CNN_DIGITS_REAL step_in = step[0];
-        const CNN_DIGITS_REAL x0 = step_in + 1;
-        step[0] = x0;
-        bias_correction1[0] = 1 - pow(beta1[0], x0);
-        bias_correction2[0] = 1 - pow(beta2[0], x0);
-    }
-
-    /* K1 = K1 - lr*m_K1/(bias_correction1*(eps + sqrt(v_K1/bias_correction2))) */
-    {
-        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
-        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
-        const CNN_DIGITS_REAL lr_value = lr[0];
-        const CNN_DIGITS_REAL eps_value = eps[0];
-        for (int64_t i = 0; i < 16; ++i) {
-            for (int64_t j = 0; j < 9; ++j) {
-                const CNN_DIGITS_REAL K1_in = K1[9*i + j];
-                K1[9*i + j] = -m_K1[9*i + j]*lr_value/(bias_correction1_value*(eps_value + sqrt(v_K1[9*i + j]/bias_correction2_value))) + K1_in;
-            }
-        }
-    }
-
-    /* m_c1 = beta1*m_c1 + grad_c1_2*(1 - beta1) */
-    /* v_c1 = beta2*v_c1 + grad_c1_2**2*(1 - beta2) */
-    /* c1 = c1 - lr*(beta1*m_c1 + grad_c1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c1 + grad_c1_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const CNN_DIGITS_REAL beta1_value = beta1[0];
-        const CNN_DIGITS_REAL beta2_value = beta2[0];
-        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
-        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
-        const CNN_DIGITS_REAL lr_value = lr[0];
-        const CNN_DIGITS_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 16; ++j) {
-            const CNN_DIGITS_REAL m_c1_in = m_c1[j];
-            const CNN_DIGITS_REAL v_c1_in = v_c1[j];
-            const CNN_DIGITS_REAL c1_in = c1[j];
-            const CNN_DIGITS_REAL x0 = beta1_value*m_c1_in + grad_c1_2[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_c1_2[j]*grad_c1_2[j])*(1 - beta2_value) + beta2_value*v_c1_in;
-            m_c1[j] = x0;
-            v_c1[j] = x1;
-            c1[j] = c1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_K2 = beta1*m_K2 + grad_K2_2*(1 - beta1) */
-    /* v_K2 = beta2*v_K2 + grad_K2_2**2*(1 - beta2) */
-    /* K2 = K2 - lr*(beta1*m_K2 + grad_K2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_K2 + grad_K2_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const CNN_DIGITS_REAL beta1_value = beta1[0];
-        const CNN_DIGITS_REAL beta2_value = beta2[0];
-        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
-        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
-        const CNN_DIGITS_REAL lr_value = lr[0];
-        const CNN_DIGITS_REAL eps_value = eps[0];
-        for (int64_t i = 0; i < 32; ++i) {
-            for (int64_t j = 0; j < 144; ++j) {
-                const CNN_DIGITS_REAL m_K2_in = m_K2[144*i + j];
-                const CNN_DIGITS_REAL v_K2_in = v_K2[144*i + j];
-                const CNN_DIGITS_REAL K2_in = K2[144*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_K2_in + grad_K2_2[144*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_K2_2[144*i + j]*grad_K2_2[144*i + j])*(1 - beta2_value) + beta2_value*v_K2_in;
-                m_K2[144*i + j] = x0;
-                v_K2[144*i + j] = x1;
-                K2[144*i + j] = K2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_c2 = beta1*m_c2 + grad_c2_2*(1 - beta1) */
-    /* v_c2 = beta2*v_c2 + grad_c2_2**2*(1 - beta2) */
-    /* c2 = c2 - lr*(beta1*m_c2 + grad_c2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c2 + grad_c2_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const CNN_DIGITS_REAL beta1_value = beta1[0];
-        const CNN_DIGITS_REAL beta2_value = beta2[0];
-        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
-        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
-        const CNN_DIGITS_REAL lr_value = lr[0];
-        const CNN_DIGITS_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 32; ++j) {
-            const CNN_DIGITS_REAL m_c2_in = m_c2[j];
-            const CNN_DIGITS_REAL v_c2_in = v_c2[j];
-            const CNN_DIGITS_REAL c2_in = c2[j];
-            const CNN_DIGITS_REAL x0 = beta1_value*m_c2_in + grad_c2_2[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_c2_2[j]*grad_c2_2[j])*(1 - beta2_value) + beta2_value*v_c2_in;
-            m_c2[j] = x0;
-            v_c2[j] = x1;
-            c2[j] = c2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_W1 = beta1*m_W1 + grad_W1_2*(1 - beta1) */
-    /* v_W1 = beta2*v_W1 + grad_W1_2**2*(1 - beta2) */
-    /* W1 = W1 - lr*(beta1*m_W1 + grad_W1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W1 + grad_W1_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const CNN_DIGITS_REAL beta1_value = beta1[0];
-        const CNN_DIGITS_REAL beta2_value = beta2[0];
-        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
-        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
-        const CNN_DIGITS_REAL lr_value = lr[0];
-        const CNN_DIGITS_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 128; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const CNN_DIGITS_REAL m_W1_in = m_W1[64*i + j];
-                const CNN_DIGITS_REAL v_W1_in = v_W1[64*i + j];
-                const CNN_DIGITS_REAL W1_in = W1[64*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_W1_in + grad_W1_2[64*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_W1_2[64*i + j]*grad_W1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
-                m_W1[64*i + j] = x0;
-                v_W1[64*i + j] = x1;
-                W1[64*i + j] = W1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_b1 = beta1*m_b1 + grad_b1_2*(1 - beta1) */
-    /* v_b1 = beta2*v_b1 + grad_b1_2**2*(1 - beta2) */
-    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1 + grad_b1_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const CNN_DIGITS_REAL beta1_value = beta1[0];
-        const CNN_DIGITS_REAL beta2_value = beta2[0];
-        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
-        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
-        const CNN_DIGITS_REAL lr_value = lr[0];
-        const CNN_DIGITS_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL m_b1_in = m_b1[j];
-            const CNN_DIGITS_REAL v_b1_in = v_b1[j];
-            const CNN_DIGITS_REAL b1_in = b1[j];
-            const CNN_DIGITS_REAL x0 = beta1_value*m_b1_in + grad_b1_2[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_b1_2[j]*grad_b1_2[j])*(1 - beta2_value) + beta2_value*v_b1_in;
-            m_b1[j] = x0;
-            v_b1[j] = x1;
-            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_W2 = beta1*m_W2 + grad_W2_2*(1 - beta1) */
-    /* v_W2 = beta2*v_W2 + grad_W2_2**2*(1 - beta2) */
-    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W2 + grad_W2_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const CNN_DIGITS_REAL beta1_value = beta1[0];
-        const CNN_DIGITS_REAL beta2_value = beta2[0];
-        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
-        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
-        const CNN_DIGITS_REAL lr_value = lr[0];
-        const CNN_DIGITS_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 10; ++j) {
-                const CNN_DIGITS_REAL m_W2_in = m_W2[10*i + j];
-                const CNN_DIGITS_REAL v_W2_in = v_W2[10*i + j];
-                const CNN_DIGITS_REAL W2_in = W2[10*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_W2_in + grad_W2_2[10*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_W2_2[10*i + j]*grad_W2_2[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
-                m_W2[10*i + j] = x0;
-                v_W2[10*i + j] = x1;
-                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_b2 = beta1*m_b2 + grad_b2_2*(1 - beta1) */
-    /* v_b2 = beta2*v_b2 + grad_b2_2**2*(1 - beta2) */
-    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b2 + grad_b2_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const CNN_DIGITS_REAL beta1_value = beta1[0];
-        const CNN_DIGITS_REAL beta2_value = beta2[0];
-        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
-        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
-        const CNN_DIGITS_REAL lr_value = lr[0];
-        const CNN_DIGITS_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL m_b2_in = m_b2[j];
-            const CNN_DIGITS_REAL v_b2_in = v_b2[j];
-            const CNN_DIGITS_REAL b2_in = b2[j];
-            const CNN_DIGITS_REAL x0 = beta1_value*m_b2_in + grad_b2_2[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_b2_2[j]*grad_b2_2[j])*(1 - beta2_value) + beta2_value*v_b2_in;
-            m_b2[j] = x0;
-            v_b2[j] = x1;
-            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-}
-#endif
-
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* One training step: the loss, then the optimizer updates the parameters and its state in place. */
 int cnn_digits_train_step(
     int64_t n,
@@ -1740,8 +919,336 @@ int cnn_digits_train_step(
     if (n < 1) {
         return 1;
     }
-    cnn_digits_train_step_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, weight_decay, loss, work);
-    cnn_digits_train_step_part2(n, K1, c1, K2, c2, W1, b1, W2, b2, lr, beta1, beta2, eps, weight_decay, step, m_K1, v_K1, m_c1, v_c1, m_K2, v_K2, m_c2, v_c2, m_W1, v_W1, m_b1, v_b1, m_W2, v_W2, m_b2, v_b2, work);
+
+    /* where each buffer lies in work */
+    CNN_DIGITS_REAL *grad_K1_3 = work; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_c1_3 = grad_K1_3 + 144; /* 1 x 16 */
+    CNN_DIGITS_REAL *grad_K2_3 = grad_c1_3 + 16; /* 32 x 144 */
+    CNN_DIGITS_REAL *grad_c2_3 = grad_K2_3 + 4608; /* 1 x 32 */
+    CNN_DIGITS_REAL *grad_W1_3 = grad_c2_3 + 32; /* 128 x 64 */
+    CNN_DIGITS_REAL *grad_b1_3 = grad_W1_3 + 8192; /* 1 x 64 */
+    CNN_DIGITS_REAL *grad_W2_3 = grad_b1_3 + 64; /* 64 x 10 */
+    CNN_DIGITS_REAL *grad_b2_3 = grad_W2_3 + 640; /* 1 x 10 */
+    CNN_DIGITS_REAL *bias_correction1 = grad_b2_3 + 10; /* 1 x 1 */
+    CNN_DIGITS_REAL *bias_correction2 = bias_correction1 + 1; /* 1 x 1 */
+
+    /* the gradient, in work after the buffers above */
+    CNN_DIGITS_REAL *grad_K1 = work + 13708; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_c1 = grad_K1 + 16*9; /* 1 x 16 */
+    CNN_DIGITS_REAL *grad_K2 = grad_c1 + 1*16; /* 32 x 144 */
+    CNN_DIGITS_REAL *grad_c2 = grad_K2 + 32*144; /* 1 x 32 */
+    CNN_DIGITS_REAL *grad_W1 = grad_c2 + 1*32; /* 128 x 64 */
+    CNN_DIGITS_REAL *grad_b1 = grad_W1 + 128*64; /* 1 x 64 */
+    CNN_DIGITS_REAL *grad_W2 = grad_b1 + 1*64; /* 64 x 10 */
+    CNN_DIGITS_REAL *grad_b2 = grad_W2 + 64*10; /* 1 x 10 */
+
+    const int status = cnn_digits_value_and_grad(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss,
+            grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, grad_b2 + 1*10);
+    if (status != 0) {
+        return status; /* (it writes nothing then) */
+    }
+
+    /* grad_K1_3 = K1*weight_decay + grad_K1 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        for (int64_t i = 0; i < 16; ++i) {
+            for (int64_t j = 0; j < 9; ++j) {
+                grad_K1_3[9*i + j] = grad_K1[9*i + j] + weight_decay_value*K1[9*i + j];
+            }
+        }
+    }
+
+    /* grad_c1_3 = c1*weight_decay + grad_c1 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 16; ++j) {
+            grad_c1_3[j] = grad_c1[j] + weight_decay_value*c1[j];
+        }
+    }
+
+    /* grad_K2_3 = K2*weight_decay + grad_K2 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        for (int64_t i = 0; i < 32; ++i) {
+            for (int64_t j = 0; j < 144; ++j) {
+                grad_K2_3[144*i + j] = grad_K2[144*i + j] + weight_decay_value*K2[144*i + j];
+            }
+        }
+    }
+
+    /* grad_c2_3 = c2*weight_decay + grad_c2 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 32; ++j) {
+            grad_c2_3[j] = grad_c2[j] + weight_decay_value*c2[j];
+        }
+    }
+
+    /* grad_W1_3 = W1*weight_decay + grad_W1 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 128; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                grad_W1_3[64*i + j] = grad_W1[64*i + j] + weight_decay_value*W1[64*i + j];
+            }
+        }
+    }
+
+    /* grad_b1_3 = b1*weight_decay + grad_b1 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_b1_3[j] = grad_b1[j] + weight_decay_value*b1[j];
+        }
+    }
+
+    /* grad_W2_3 = W2*weight_decay + grad_W2 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 10; ++j) {
+                grad_W2_3[10*i + j] = grad_W2[10*i + j] + weight_decay_value*W2[10*i + j];
+            }
+        }
+    }
+
+    /* grad_b2_3 = b2*weight_decay + grad_b2 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 10; ++j) {
+            grad_b2_3[j] = grad_b2[j] + weight_decay_value*b2[j];
+        }
+    }
+
+    /* m_K1 = beta1*m_K1 + grad_K1_3*(1 - beta1) */
+    /* v_K1 = beta2*v_K1 + grad_K1_3**2*(1 - beta2) */
+    {
+        const CNN_DIGITS_REAL beta1_value = beta1[0];
+        const CNN_DIGITS_REAL beta2_value = beta2[0];
+        for (int64_t i = 0; i < 16; ++i) {
+            for (int64_t j = 0; j < 9; ++j) {
+                const CNN_DIGITS_REAL m_K1_in = m_K1[9*i + j];
+                const CNN_DIGITS_REAL v_K1_in = v_K1[9*i + j];
+                m_K1[9*i + j] = beta1_value*m_K1_in + grad_K1_3[9*i + j]*(1 - beta1_value);
+                v_K1[9*i + j] = (grad_K1_3[9*i + j]*grad_K1_3[9*i + j])*(1 - beta2_value) +
+                        beta2_value*v_K1_in;
+            }
+        }
+    }
+
+    /* step = step + 1 */
+    /* bias_correction1 = 1 - beta1**(step + 1) */
+    /* bias_correction2 = 1 - beta2**(step + 1) */
+    {
+        const CNN_DIGITS_REAL step_in = step[0];
+        const CNN_DIGITS_REAL x0 = step_in + 1;
+        step[0] = x0;
+        bias_correction1[0] = 1 - pow(beta1[0], x0);
+        bias_correction2[0] = 1 - pow(beta2[0], x0);
+    }
+
+    /* K1 = K1 - lr*m_K1/(bias_correction1*(eps + sqrt(v_K1/bias_correction2))) */
+    {
+        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
+        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
+        const CNN_DIGITS_REAL lr_value = lr[0];
+        const CNN_DIGITS_REAL eps_value = eps[0];
+        for (int64_t i = 0; i < 16; ++i) {
+            for (int64_t j = 0; j < 9; ++j) {
+                const CNN_DIGITS_REAL K1_in = K1[9*i + j];
+                K1[9*i + j] = -m_K1[9*i + j]*lr_value/(bias_correction1_value*(eps_value +
+                        sqrt(v_K1[9*i + j]/bias_correction2_value))) + K1_in;
+            }
+        }
+    }
+
+    /* m_c1 = beta1*m_c1 + grad_c1_3*(1 - beta1) */
+    /* v_c1 = beta2*v_c1 + grad_c1_3**2*(1 - beta2) */
+    /* c1 = c1 - lr*(beta1*m_c1 + grad_c1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c1 + grad_c1_3**2*(1 - beta2))/bias_correction2))) */
+    {
+        const CNN_DIGITS_REAL beta1_value = beta1[0];
+        const CNN_DIGITS_REAL beta2_value = beta2[0];
+        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
+        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
+        const CNN_DIGITS_REAL lr_value = lr[0];
+        const CNN_DIGITS_REAL eps_value = eps[0];
+        for (int64_t j = 0; j < 16; ++j) {
+            const CNN_DIGITS_REAL m_c1_in = m_c1[j];
+            const CNN_DIGITS_REAL v_c1_in = v_c1[j];
+            const CNN_DIGITS_REAL c1_in = c1[j];
+            const CNN_DIGITS_REAL x0 = beta1_value*m_c1_in + grad_c1_3[j]*(1 - beta1_value);
+            const CNN_DIGITS_REAL x1 = (grad_c1_3[j]*grad_c1_3[j])*(1 - beta2_value) +
+                    beta2_value*v_c1_in;
+            m_c1[j] = x0;
+            v_c1[j] = x1;
+            c1[j] = c1_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
+        }
+    }
+
+    /* m_K2 = beta1*m_K2 + grad_K2_3*(1 - beta1) */
+    /* v_K2 = beta2*v_K2 + grad_K2_3**2*(1 - beta2) */
+    /* K2 = K2 - lr*(beta1*m_K2 + grad_K2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_K2 + grad_K2_3**2*(1 - beta2))/bias_correction2))) */
+    {
+        const CNN_DIGITS_REAL beta1_value = beta1[0];
+        const CNN_DIGITS_REAL beta2_value = beta2[0];
+        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
+        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
+        const CNN_DIGITS_REAL lr_value = lr[0];
+        const CNN_DIGITS_REAL eps_value = eps[0];
+        for (int64_t i = 0; i < 32; ++i) {
+            for (int64_t j = 0; j < 144; ++j) {
+                const CNN_DIGITS_REAL m_K2_in = m_K2[144*i + j];
+                const CNN_DIGITS_REAL v_K2_in = v_K2[144*i + j];
+                const CNN_DIGITS_REAL K2_in = K2[144*i + j];
+                const CNN_DIGITS_REAL x0 = beta1_value*m_K2_in + grad_K2_3[144*i + j]*(1 -
+                        beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_K2_3[144*i + j]*grad_K2_3[144*i + j])*(1 -
+                        beta2_value) + beta2_value*v_K2_in;
+                m_K2[144*i + j] = x0;
+                v_K2[144*i + j] = x1;
+                K2[144*i + j] = K2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
+            }
+        }
+    }
+
+    /* m_c2 = beta1*m_c2 + grad_c2_3*(1 - beta1) */
+    /* v_c2 = beta2*v_c2 + grad_c2_3**2*(1 - beta2) */
+    /* c2 = c2 - lr*(beta1*m_c2 + grad_c2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c2 + grad_c2_3**2*(1 - beta2))/bias_correction2))) */
+    {
+        const CNN_DIGITS_REAL beta1_value = beta1[0];
+        const CNN_DIGITS_REAL beta2_value = beta2[0];
+        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
+        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
+        const CNN_DIGITS_REAL lr_value = lr[0];
+        const CNN_DIGITS_REAL eps_value = eps[0];
+        for (int64_t j = 0; j < 32; ++j) {
+            const CNN_DIGITS_REAL m_c2_in = m_c2[j];
+            const CNN_DIGITS_REAL v_c2_in = v_c2[j];
+            const CNN_DIGITS_REAL c2_in = c2[j];
+            const CNN_DIGITS_REAL x0 = beta1_value*m_c2_in + grad_c2_3[j]*(1 - beta1_value);
+            const CNN_DIGITS_REAL x1 = (grad_c2_3[j]*grad_c2_3[j])*(1 - beta2_value) +
+                    beta2_value*v_c2_in;
+            m_c2[j] = x0;
+            v_c2[j] = x1;
+            c2[j] = c2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
+        }
+    }
+
+    /* m_W1 = beta1*m_W1 + grad_W1_3*(1 - beta1) */
+    /* v_W1 = beta2*v_W1 + grad_W1_3**2*(1 - beta2) */
+    /* W1 = W1 - lr*(beta1*m_W1 + grad_W1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W1 + grad_W1_3**2*(1 - beta2))/bias_correction2))) */
+    {
+        const CNN_DIGITS_REAL beta1_value = beta1[0];
+        const CNN_DIGITS_REAL beta2_value = beta2[0];
+        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
+        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
+        const CNN_DIGITS_REAL lr_value = lr[0];
+        const CNN_DIGITS_REAL eps_value = eps[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 128; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                const CNN_DIGITS_REAL m_W1_in = m_W1[64*i + j];
+                const CNN_DIGITS_REAL v_W1_in = v_W1[64*i + j];
+                const CNN_DIGITS_REAL W1_in = W1[64*i + j];
+                const CNN_DIGITS_REAL x0 = beta1_value*m_W1_in + grad_W1_3[64*i + j]*(1 -
+                        beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_W1_3[64*i + j]*grad_W1_3[64*i + j])*(1 -
+                        beta2_value) + beta2_value*v_W1_in;
+                m_W1[64*i + j] = x0;
+                v_W1[64*i + j] = x1;
+                W1[64*i + j] = W1_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
+            }
+        }
+    }
+
+    /* m_b1 = beta1*m_b1 + grad_b1_3*(1 - beta1) */
+    /* v_b1 = beta2*v_b1 + grad_b1_3**2*(1 - beta2) */
+    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1 + grad_b1_3**2*(1 - beta2))/bias_correction2))) */
+    {
+        const CNN_DIGITS_REAL beta1_value = beta1[0];
+        const CNN_DIGITS_REAL beta2_value = beta2[0];
+        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
+        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
+        const CNN_DIGITS_REAL lr_value = lr[0];
+        const CNN_DIGITS_REAL eps_value = eps[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            const CNN_DIGITS_REAL m_b1_in = m_b1[j];
+            const CNN_DIGITS_REAL v_b1_in = v_b1[j];
+            const CNN_DIGITS_REAL b1_in = b1[j];
+            const CNN_DIGITS_REAL x0 = beta1_value*m_b1_in + grad_b1_3[j]*(1 - beta1_value);
+            const CNN_DIGITS_REAL x1 = (grad_b1_3[j]*grad_b1_3[j])*(1 - beta2_value) +
+                    beta2_value*v_b1_in;
+            m_b1[j] = x0;
+            v_b1[j] = x1;
+            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
+        }
+    }
+
+    /* m_W2 = beta1*m_W2 + grad_W2_3*(1 - beta1) */
+    /* v_W2 = beta2*v_W2 + grad_W2_3**2*(1 - beta2) */
+    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W2 + grad_W2_3**2*(1 - beta2))/bias_correction2))) */
+    {
+        const CNN_DIGITS_REAL beta1_value = beta1[0];
+        const CNN_DIGITS_REAL beta2_value = beta2[0];
+        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
+        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
+        const CNN_DIGITS_REAL lr_value = lr[0];
+        const CNN_DIGITS_REAL eps_value = eps[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 10; ++j) {
+                const CNN_DIGITS_REAL m_W2_in = m_W2[10*i + j];
+                const CNN_DIGITS_REAL v_W2_in = v_W2[10*i + j];
+                const CNN_DIGITS_REAL W2_in = W2[10*i + j];
+                const CNN_DIGITS_REAL x0 = beta1_value*m_W2_in + grad_W2_3[10*i + j]*(1 -
+                        beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_W2_3[10*i + j]*grad_W2_3[10*i + j])*(1 -
+                        beta2_value) + beta2_value*v_W2_in;
+                m_W2[10*i + j] = x0;
+                v_W2[10*i + j] = x1;
+                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
+            }
+        }
+    }
+
+    /* m_b2 = beta1*m_b2 + grad_b2_3*(1 - beta1) */
+    /* v_b2 = beta2*v_b2 + grad_b2_3**2*(1 - beta2) */
+    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b2 + grad_b2_3**2*(1 - beta2))/bias_correction2))) */
+    {
+        const CNN_DIGITS_REAL beta1_value = beta1[0];
+        const CNN_DIGITS_REAL beta2_value = beta2[0];
+        const CNN_DIGITS_REAL bias_correction1_value = bias_correction1[0];
+        const CNN_DIGITS_REAL bias_correction2_value = bias_correction2[0];
+        const CNN_DIGITS_REAL lr_value = lr[0];
+        const CNN_DIGITS_REAL eps_value = eps[0];
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL m_b2_in = m_b2[j];
+            const CNN_DIGITS_REAL v_b2_in = v_b2[j];
+            const CNN_DIGITS_REAL b2_in = b2[j];
+            const CNN_DIGITS_REAL x0 = beta1_value*m_b2_in + grad_b2_3[j]*(1 - beta1_value);
+            const CNN_DIGITS_REAL x1 = (grad_b2_3[j]*grad_b2_3[j])*(1 - beta2_value) +
+                    beta2_value*v_b2_in;
+            m_b2[j] = x0;
+            v_b2[j] = x1;
+            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
+        }
+    }
     return 0;
 }
 #endif
@@ -1828,7 +1335,8 @@ int cnn_digits_train_epoch(
         batch = rows;
     }
     CNN_DIGITS_REAL *X_rows = work + cnn_digits_train_epoch_step_len(rows, batch); /* batch x 64 */
-    CNN_DIGITS_REAL *T_rows = work + cnn_digits_train_epoch_step_len(rows, batch) + batch*64; /* batch x 10 */
+    CNN_DIGITS_REAL *T_rows = work + cnn_digits_train_epoch_step_len(rows, batch) + batch*64; /*
+            batch x 10 */
     int64_t b = 0;
     for (int64_t start = 0; start < rows; start += batch) {
         const int64_t n = rows - start < batch ? rows - start : batch;
@@ -1984,9 +1492,11 @@ size_t cnn_digits_forward_call_work_len(const int64_t *dims)
 }
 
 /* cnn_digits_forward with its arrays in arrays (see cnn_digits.h). */
-int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work)
+int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && cnn_digits_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            cnn_digits_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 10; ++i) {
@@ -2001,8 +1511,10 @@ int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *co
     }
     return cnn_digits_forward(
         dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1],
-        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL *)in[4],
-        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL *)in[7],
+        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL
+                *)in[4],
+        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL
+                *)in[7],
         (const CNN_DIGITS_REAL *)in[8], (const CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)out[0],
         (CNN_DIGITS_REAL *)out[1], work
     );
@@ -2094,9 +1606,11 @@ size_t cnn_digits_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* cnn_digits_value_and_grad with its arrays in arrays (see cnn_digits.h). */
-int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work)
+int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && cnn_digits_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            cnn_digits_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 10; ++i) {
@@ -2111,8 +1625,10 @@ int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, v
     }
     return cnn_digits_value_and_grad(
         dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1],
-        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL *)in[4],
-        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL *)in[7],
+        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL
+                *)in[4],
+        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL
+                *)in[7],
         (const CNN_DIGITS_REAL *)in[8], (const CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)out[0],
         (CNN_DIGITS_REAL *)out[1], (CNN_DIGITS_REAL *)out[2], (CNN_DIGITS_REAL *)out[3],
         (CNN_DIGITS_REAL *)out[4], (CNN_DIGITS_REAL *)out[5], (CNN_DIGITS_REAL *)out[6],
@@ -2154,7 +1670,8 @@ const char *cnn_digits_train_step_name_out(int64_t i)
 
 int cnn_digits_train_step_kind_in(int64_t i)
 {
-    static const int kinds[] = {0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    static const int kinds[] = {0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2};
     return i >= 0 && i < 32 ? kinds[i] : -1;
 }
 
@@ -2221,9 +1738,11 @@ size_t cnn_digits_train_step_call_work_len(const int64_t *dims)
 }
 
 /* cnn_digits_train_step with its arrays in arrays (see cnn_digits.h). */
-int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work)
+int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && cnn_digits_train_step_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            cnn_digits_train_step_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 32; ++i) {
@@ -2237,11 +1756,13 @@ int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return cnn_digits_train_step(
-        dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1], (CNN_DIGITS_REAL *)in[2],
+        dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1], (CNN_DIGITS_REAL
+                *)in[2],
         (CNN_DIGITS_REAL *)in[3], (CNN_DIGITS_REAL *)in[4], (CNN_DIGITS_REAL *)in[5],
         (CNN_DIGITS_REAL *)in[6], (CNN_DIGITS_REAL *)in[7], (CNN_DIGITS_REAL *)in[8],
         (CNN_DIGITS_REAL *)in[9], (const CNN_DIGITS_REAL *)in[10], (const CNN_DIGITS_REAL *)in[11],
-        (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL *)in[13], (const CNN_DIGITS_REAL *)in[14],
+        (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL *)in[13], (const CNN_DIGITS_REAL
+                *)in[14],
         (CNN_DIGITS_REAL *)in[15], (CNN_DIGITS_REAL *)in[16], (CNN_DIGITS_REAL *)in[17],
         (CNN_DIGITS_REAL *)in[18], (CNN_DIGITS_REAL *)in[19], (CNN_DIGITS_REAL *)in[20],
         (CNN_DIGITS_REAL *)in[21], (CNN_DIGITS_REAL *)in[22], (CNN_DIGITS_REAL *)in[23],
@@ -2286,7 +1807,8 @@ const char *cnn_digits_train_epoch_name_out(int64_t i)
 
 int cnn_digits_train_epoch_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    static const int kinds[] = {1, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
     return i >= 0 && i < 33 ? kinds[i] : -1;
 }
 
@@ -2356,9 +1878,11 @@ size_t cnn_digits_train_epoch_call_work_len(const int64_t *dims)
 }
 
 /* cnn_digits_train_epoch with its arrays in arrays (see cnn_digits.h). */
-int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work)
+int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && cnn_digits_train_epoch_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            cnn_digits_train_epoch_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 1; i < 33; ++i) { /* order may be NULL */
@@ -2376,7 +1900,8 @@ int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void
         (const CNN_DIGITS_REAL *)in[2], (CNN_DIGITS_REAL *)in[3], (CNN_DIGITS_REAL *)in[4],
         (CNN_DIGITS_REAL *)in[5], (CNN_DIGITS_REAL *)in[6], (CNN_DIGITS_REAL *)in[7],
         (CNN_DIGITS_REAL *)in[8], (CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)in[10],
-        (const CNN_DIGITS_REAL *)in[11], (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL *)in[13],
+        (const CNN_DIGITS_REAL *)in[11], (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL
+                *)in[13],
         (const CNN_DIGITS_REAL *)in[14], (const CNN_DIGITS_REAL *)in[15], (CNN_DIGITS_REAL *)in[16],
         (CNN_DIGITS_REAL *)in[17], (CNN_DIGITS_REAL *)in[18], (CNN_DIGITS_REAL *)in[19],
         (CNN_DIGITS_REAL *)in[20], (CNN_DIGITS_REAL *)in[21], (CNN_DIGITS_REAL *)in[22],

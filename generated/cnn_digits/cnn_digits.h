@@ -87,7 +87,11 @@ const char *cnn_digits_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t cnn_digits_forward_work_len(int64_t n);
-int cnn_digits_forward(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const CNN_DIGITS_REAL *K1, const CNN_DIGITS_REAL *c1, const CNN_DIGITS_REAL *K2, const CNN_DIGITS_REAL *c2, const CNN_DIGITS_REAL *W1, const CNN_DIGITS_REAL *b1, const CNN_DIGITS_REAL *W2, const CNN_DIGITS_REAL *b2, CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL *logits, CNN_DIGITS_REAL *work);
+int cnn_digits_forward(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const
+        CNN_DIGITS_REAL *K1, const CNN_DIGITS_REAL *c1, const CNN_DIGITS_REAL *K2, const
+        CNN_DIGITS_REAL *c2, const CNN_DIGITS_REAL *W1, const CNN_DIGITS_REAL *b1, const
+        CNN_DIGITS_REAL *W2, const CNN_DIGITS_REAL *b2, CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL
+        *logits, CNN_DIGITS_REAL *work);
 int cnn_digits_forward_n_dims(void);
 const char *cnn_digits_forward_name_dim(int64_t i);
 int cnn_digits_forward_n_in(void);
@@ -98,7 +102,8 @@ int cnn_digits_forward_kind_in(int64_t i);
 int cnn_digits_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int cnn_digits_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t cnn_digits_forward_call_work_len(const int64_t *dims);
-int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work);
+int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   X: input, n x 64
@@ -124,7 +129,13 @@ int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *co
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t cnn_digits_value_and_grad_work_len(int64_t n);
-int cnn_digits_value_and_grad(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const CNN_DIGITS_REAL *K1, const CNN_DIGITS_REAL *c1, const CNN_DIGITS_REAL *K2, const CNN_DIGITS_REAL *c2, const CNN_DIGITS_REAL *W1, const CNN_DIGITS_REAL *b1, const CNN_DIGITS_REAL *W2, const CNN_DIGITS_REAL *b2, CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL *grad_K1, CNN_DIGITS_REAL *grad_c1, CNN_DIGITS_REAL *grad_K2, CNN_DIGITS_REAL *grad_c2, CNN_DIGITS_REAL *grad_W1, CNN_DIGITS_REAL *grad_b1, CNN_DIGITS_REAL *grad_W2, CNN_DIGITS_REAL *grad_b2, CNN_DIGITS_REAL *work);
+int cnn_digits_value_and_grad(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const
+        CNN_DIGITS_REAL *K1, const CNN_DIGITS_REAL *c1, const CNN_DIGITS_REAL *K2, const
+        CNN_DIGITS_REAL *c2, const CNN_DIGITS_REAL *W1, const CNN_DIGITS_REAL *b1, const
+        CNN_DIGITS_REAL *W2, const CNN_DIGITS_REAL *b2, CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL
+        *grad_K1, CNN_DIGITS_REAL *grad_c1, CNN_DIGITS_REAL *grad_K2, CNN_DIGITS_REAL *grad_c2,
+        CNN_DIGITS_REAL *grad_W1, CNN_DIGITS_REAL *grad_b1, CNN_DIGITS_REAL *grad_W2,
+        CNN_DIGITS_REAL *grad_b2, CNN_DIGITS_REAL *work);
 int cnn_digits_value_and_grad_n_dims(void);
 const char *cnn_digits_value_and_grad_name_dim(int64_t i);
 int cnn_digits_value_and_grad_n_in(void);
@@ -135,7 +146,8 @@ int cnn_digits_value_and_grad_kind_in(int64_t i);
 int cnn_digits_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int cnn_digits_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t cnn_digits_value_and_grad_call_work_len(const int64_t *dims);
-int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work);
+int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work);
 
 /* One training step: the loss, then the optimizer updates the parameters and its state in place.
  *   X: input, n x 64
@@ -175,7 +187,16 @@ int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, v
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t cnn_digits_train_step_work_len(int64_t n);
-int cnn_digits_train_step(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, CNN_DIGITS_REAL *K1, CNN_DIGITS_REAL *c1, CNN_DIGITS_REAL *K2, CNN_DIGITS_REAL *c2, CNN_DIGITS_REAL *W1, CNN_DIGITS_REAL *b1, CNN_DIGITS_REAL *W2, CNN_DIGITS_REAL *b2, const CNN_DIGITS_REAL *lr, const CNN_DIGITS_REAL *beta1, const CNN_DIGITS_REAL *beta2, const CNN_DIGITS_REAL *eps, const CNN_DIGITS_REAL *weight_decay, CNN_DIGITS_REAL *step, CNN_DIGITS_REAL *m_K1, CNN_DIGITS_REAL *v_K1, CNN_DIGITS_REAL *m_c1, CNN_DIGITS_REAL *v_c1, CNN_DIGITS_REAL *m_K2, CNN_DIGITS_REAL *v_K2, CNN_DIGITS_REAL *m_c2, CNN_DIGITS_REAL *v_c2, CNN_DIGITS_REAL *m_W1, CNN_DIGITS_REAL *v_W1, CNN_DIGITS_REAL *m_b1, CNN_DIGITS_REAL *v_b1, CNN_DIGITS_REAL *m_W2, CNN_DIGITS_REAL *v_W2, CNN_DIGITS_REAL *m_b2, CNN_DIGITS_REAL *v_b2, CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL *work);
+int cnn_digits_train_step(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T,
+        CNN_DIGITS_REAL *K1, CNN_DIGITS_REAL *c1, CNN_DIGITS_REAL *K2, CNN_DIGITS_REAL *c2,
+        CNN_DIGITS_REAL *W1, CNN_DIGITS_REAL *b1, CNN_DIGITS_REAL *W2, CNN_DIGITS_REAL *b2, const
+        CNN_DIGITS_REAL *lr, const CNN_DIGITS_REAL *beta1, const CNN_DIGITS_REAL *beta2, const
+        CNN_DIGITS_REAL *eps, const CNN_DIGITS_REAL *weight_decay, CNN_DIGITS_REAL *step,
+        CNN_DIGITS_REAL *m_K1, CNN_DIGITS_REAL *v_K1, CNN_DIGITS_REAL *m_c1, CNN_DIGITS_REAL *v_c1,
+        CNN_DIGITS_REAL *m_K2, CNN_DIGITS_REAL *v_K2, CNN_DIGITS_REAL *m_c2, CNN_DIGITS_REAL *v_c2,
+        CNN_DIGITS_REAL *m_W1, CNN_DIGITS_REAL *v_W1, CNN_DIGITS_REAL *m_b1, CNN_DIGITS_REAL *v_b1,
+        CNN_DIGITS_REAL *m_W2, CNN_DIGITS_REAL *v_W2, CNN_DIGITS_REAL *m_b2, CNN_DIGITS_REAL *v_b2,
+        CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL *work);
 int cnn_digits_train_step_n_dims(void);
 const char *cnn_digits_train_step_name_dim(int64_t i);
 int cnn_digits_train_step_n_in(void);
@@ -186,7 +207,8 @@ int cnn_digits_train_step_kind_in(int64_t i);
 int cnn_digits_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int cnn_digits_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t cnn_digits_train_step_call_work_len(const int64_t *dims);
-int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work);
+int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work);
 
 /* One epoch: train_step on each minibatch in turn; losses[b] is the loss of minibatch b.
  *   rows: rows of X, T; batch: rows a minibatch (the last may have fewer)
@@ -203,7 +225,16 @@ int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void 
  *   cnn_digits_train_step's with all the rows of its data; its output losses.
  */
 size_t cnn_digits_train_epoch_work_len(int64_t rows, int64_t batch);
-int cnn_digits_train_epoch(int64_t rows, int64_t batch, const int64_t *order, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, CNN_DIGITS_REAL *K1, CNN_DIGITS_REAL *c1, CNN_DIGITS_REAL *K2, CNN_DIGITS_REAL *c2, CNN_DIGITS_REAL *W1, CNN_DIGITS_REAL *b1, CNN_DIGITS_REAL *W2, CNN_DIGITS_REAL *b2, const CNN_DIGITS_REAL *lr, const CNN_DIGITS_REAL *beta1, const CNN_DIGITS_REAL *beta2, const CNN_DIGITS_REAL *eps, const CNN_DIGITS_REAL *weight_decay, CNN_DIGITS_REAL *step, CNN_DIGITS_REAL *m_K1, CNN_DIGITS_REAL *v_K1, CNN_DIGITS_REAL *m_c1, CNN_DIGITS_REAL *v_c1, CNN_DIGITS_REAL *m_K2, CNN_DIGITS_REAL *v_K2, CNN_DIGITS_REAL *m_c2, CNN_DIGITS_REAL *v_c2, CNN_DIGITS_REAL *m_W1, CNN_DIGITS_REAL *v_W1, CNN_DIGITS_REAL *m_b1, CNN_DIGITS_REAL *v_b1, CNN_DIGITS_REAL *m_W2, CNN_DIGITS_REAL *v_W2, CNN_DIGITS_REAL *m_b2, CNN_DIGITS_REAL *v_b2, CNN_DIGITS_REAL *losses, CNN_DIGITS_REAL *work);
+int cnn_digits_train_epoch(int64_t rows, int64_t batch, const int64_t *order, const CNN_DIGITS_REAL
+        *X, const CNN_DIGITS_REAL *T, CNN_DIGITS_REAL *K1, CNN_DIGITS_REAL *c1, CNN_DIGITS_REAL *K2,
+        CNN_DIGITS_REAL *c2, CNN_DIGITS_REAL *W1, CNN_DIGITS_REAL *b1, CNN_DIGITS_REAL *W2,
+        CNN_DIGITS_REAL *b2, const CNN_DIGITS_REAL *lr, const CNN_DIGITS_REAL *beta1, const
+        CNN_DIGITS_REAL *beta2, const CNN_DIGITS_REAL *eps, const CNN_DIGITS_REAL *weight_decay,
+        CNN_DIGITS_REAL *step, CNN_DIGITS_REAL *m_K1, CNN_DIGITS_REAL *v_K1, CNN_DIGITS_REAL *m_c1,
+        CNN_DIGITS_REAL *v_c1, CNN_DIGITS_REAL *m_K2, CNN_DIGITS_REAL *v_K2, CNN_DIGITS_REAL *m_c2,
+        CNN_DIGITS_REAL *v_c2, CNN_DIGITS_REAL *m_W1, CNN_DIGITS_REAL *v_W1, CNN_DIGITS_REAL *m_b1,
+        CNN_DIGITS_REAL *v_b1, CNN_DIGITS_REAL *m_W2, CNN_DIGITS_REAL *v_W2, CNN_DIGITS_REAL *m_b2,
+        CNN_DIGITS_REAL *v_b2, CNN_DIGITS_REAL *losses, CNN_DIGITS_REAL *work);
 int cnn_digits_train_epoch_n_dims(void);
 const char *cnn_digits_train_epoch_name_dim(int64_t i);
 int cnn_digits_train_epoch_n_in(void);
@@ -214,7 +245,8 @@ int cnn_digits_train_epoch_kind_in(int64_t i);
 int cnn_digits_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int cnn_digits_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t cnn_digits_train_epoch_call_work_len(const int64_t *dims);
-int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work);
+int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work);
 
 #ifdef __cplusplus
 }

@@ -12,58 +12,6 @@
 #endif
 #include "symbackprop_runtime.h"
 
-/* Its 8 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop0(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = tanh(a1[64*i + j] + a2[j]);
-        }
-    }
-}
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop1(
-    int64_t n,
-    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0,
-    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a3,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = a3[10*i + j] + a4[j];
-            a0[10*i + j] = x0;
-            a1[10*i + j] = a2[10*i + j]*x0;
-        }
-    }
-}
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop2(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop3(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
-            a0[10*i + j] = a1[10*i + j]*x0 - a2[10*i + j]*x0;
-        }
-    }
-}
-
 static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
@@ -96,84 +44,111 @@ static int digits_mlp_run(
         return 1;
     }
 
-    /* t0 = X @ W1 */
-    DIGITS_MLP_REAL *t0 = work; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, t0);
+    /* where each buffer lies in work */
+    DIGITS_MLP_REAL *mm_W1 = work; /* n x 64 */
+    DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
+    DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
+    DIGITS_MLP_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
+    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
+    DIGITS_MLP_REAL *softmax_axis_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
+    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
 
-    /* t1 = tanh(b1 + t0) */
-    DIGITS_MLP_REAL *t1 = t0 + 64*n; /* n x 64 */
-    digits_mlp_loop0(n, t1, t0, b1);
+    /* mm_W1 = X @ W1 */
+    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
 
-    /* t2 = t1 @ W2 */
-    DIGITS_MLP_REAL *t2 = t1 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t1, 64, 1, W2, 10, 1, t2);
-
-    /* logits = b2 + t2 */
-    /* t3 = T*(b2 + t2) */
-    DIGITS_MLP_REAL *t3 = t2 + 10*n; /* n x 10 */
-    digits_mlp_loop1(n, logits, t3, T, t2, b2);
-
-    /* t4 = sum of t3 along each row */
-    DIGITS_MLP_REAL *t4 = t3 + 10*n; /* n x 1 */
+    /* tanh_W1 = tanh(b1 + mm_W1) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
+        for (int64_t j = 0; j < 64; ++j) {
+            tanh_W1[64*i + j] = tanh(mm_W1[64*i + j] + b1[j]);
+        }
     }
 
-    /* t5 = softmax of logits along each row, its max subtracted first */
-    DIGITS_MLP_REAL *t5 = t2; /* n x 10, in t2's memory */
-    for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t5 + 10*i, 1);
-    }
+    /* mm_W2 = tanh_W1 @ W2 */
+    symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
 
-    /* t6 = log(sum(exp(logits))) along each row, its max subtracted first */
-    DIGITS_MLP_REAL *t6 = t4 + n; /* n x 1 */
+    /* logits = b2 + mm_W2 */
+    /* mul_logits = T*(b2 + mm_W2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t6[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t5 + 10*i, 1);
+        for (int64_t j = 0; j < 10; ++j) {
+            const DIGITS_MLP_REAL x0 = mm_W2[10*i + j] + b2[j];
+            logits[10*i + j] = x0;
+            mul_logits[10*i + j] = T[10*i + j]*x0;
+        }
     }
 
-    /* t7 = -t4 + t6 */
-    DIGITS_MLP_REAL *t7 = t6 + n; /* n x 1 */
-    digits_mlp_loop2(n, t7, t4, t6);
+    /* rowsum_logits = sum of mul_logits along each row */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
+    }
 
-    /* t8 = sum of t7 down each column */
-    DIGITS_MLP_REAL *t8 = t7 + n; /* 1 x 1 */
-    t8[0] = symbackprop_f64_sum(t7, n, 1);
+    /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
+    for (int64_t i = 0; i < n; ++i) {
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1);
+    }
 
-    /* loss = t8/n */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, softmax_axis_logits +
+                10*i, 1);
+    }
+
+    /* add_logits = rowlse_logits - rowsum_logits */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
+    }
+
+    /* colsum_logits = sum of add_logits down each column */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
+
+    /* loss = colsum_logits/n */
     {
-        loss[0] = t8[0]/((DIGITS_MLP_REAL)n);
+        loss[0] = colsum_logits[0]/((DIGITS_MLP_REAL)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_logits = -T/n + t5/n */
-    DIGITS_MLP_REAL *grad_logits = t3; /* n x 10, in t3's memory */
-    digits_mlp_loop3(n, grad_logits, t5, T);
+    /* the gradient's buffers in work */
+    DIGITS_MLP_REAL *grad_logits = mul_logits; /* n x 10, in mul_logits's memory */
+    DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
 
-    /* grad_t1 = grad_logits @ W2^T */
-    DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
-
-    /* grad_t1 = grad_t1*(1 - t1**2) */
+    /* grad_logits = -T/n + softmax_axis_logits/n */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t1[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
+        for (int64_t j = 0; j < 10; ++j) {
+            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
+            grad_logits[10*i + j] = softmax_axis_logits[10*i + j]*x0 - T[10*i + j]*x0;
         }
     }
 
-    /* grad_W1 = X^T @ grad_t1 */
-    symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_t1, 64, 1, grad_W1);
+    /* grad_tanh_W1 = grad_logits @ W2^T */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
-    /* grad_b1 = sum of grad_t1 down each column */
-    symbackprop_f64_sum_columns(grad_t1, n, 64, 64, grad_b1);
+    /* grad_tanh_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_tanh_W1[64*i + j] = grad_tanh_W1[64*i + j]*(1 -
+                    (tanh_W1[64*i + j]*tanh_W1[64*i + j]));
+        }
+    }
 
-    /* grad_W2 = t1^T @ grad_logits */
-    symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2);
+    /* grad_W1 = X^T @ grad_tanh_W1 */
+    symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_tanh_W1, 64, 1, grad_W1);
+
+    /* grad_b1 = sum of grad_tanh_W1 down each column */
+    symbackprop_f64_sum_columns(grad_tanh_W1, n, 64, 64, grad_b1);
+
+    /* grad_W2 = tanh_W1^T @ grad_logits */
+    symbackprop_f64_matmul(64, 10, n, tanh_W1, 1, 64, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2);
@@ -236,7 +211,8 @@ int digits_mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1),
+            grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
 
 size_t digits_mlp_train_step_work_len(int64_t n)
@@ -244,7 +220,7 @@ size_t digits_mlp_train_step_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(225*n + 9622);
+    return (size_t)(4812 + 64*64 + 1*64 + 64*10 + 1*10 + digits_mlp_value_and_grad_work_len(n));
 }
 
 /* One training step: the loss, then the optimizer updates the parameters and its state in place. */
@@ -278,134 +254,66 @@ int digits_mlp_train_step(
         return 1;
     }
 
-    /* t0 = X @ W1 */
-    DIGITS_MLP_REAL *t0 = work; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, t0);
+    /* where each buffer lies in work */
+    DIGITS_MLP_REAL *grad_W1_3 = work; /* 64 x 64 */
+    DIGITS_MLP_REAL *grad_b1_3 = grad_W1_3 + 4096; /* 1 x 64 */
+    DIGITS_MLP_REAL *grad_W2_3 = grad_b1_3 + 64; /* 64 x 10 */
+    DIGITS_MLP_REAL *grad_b2_3 = grad_W2_3 + 640; /* 1 x 10 */
+    DIGITS_MLP_REAL *bias_correction1 = grad_b2_3 + 10; /* 1 x 1 */
+    DIGITS_MLP_REAL *bias_correction2 = bias_correction1 + 1; /* 1 x 1 */
 
-    /* t1 = tanh(b1 + t0) */
-    DIGITS_MLP_REAL *t1 = t0 + 64*n; /* n x 64 */
-    digits_mlp_loop0(n, t1, t0, b1);
+    /* the gradient, in work after the buffers above */
+    DIGITS_MLP_REAL *grad_W1 = work + 4812; /* 64 x 64 */
+    DIGITS_MLP_REAL *grad_b1 = grad_W1 + 64*64; /* 1 x 64 */
+    DIGITS_MLP_REAL *grad_W2 = grad_b1 + 1*64; /* 64 x 10 */
+    DIGITS_MLP_REAL *grad_b2 = grad_W2 + 64*10; /* 1 x 10 */
 
-    /* t2 = t1 @ W2 */
-    DIGITS_MLP_REAL *t2 = t1 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t1, 64, 1, W2, 10, 1, t2);
-
-    /* logits = b2 + t2 */
-    /* t3 = T*(b2 + t2) */
-    DIGITS_MLP_REAL *logits = t2 + 10*n; /* n x 10 */
-    DIGITS_MLP_REAL *t3 = logits + 10*n; /* n x 10 */
-    digits_mlp_loop1(n, logits, t3, T, t2, b2);
-
-    /* t4 = sum of t3 along each row */
-    DIGITS_MLP_REAL *t4 = t3 + 10*n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
+    const int status = digits_mlp_value_and_grad(n, X, T, W1, b1, W2, b2, loss, grad_W1, grad_b1,
+            grad_W2, grad_b2, grad_b2 + 1*10);
+    if (status != 0) {
+        return status; /* (it writes nothing then) */
     }
 
-    /* t5 = softmax of logits along each row, its max subtracted first */
-    DIGITS_MLP_REAL *t5 = t2; /* n x 10, in t2's memory */
-    for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t5 + 10*i, 1);
-    }
-
-    /* t6 = log(sum(exp(logits))) along each row, its max subtracted first */
-    DIGITS_MLP_REAL *t6 = t4 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t6[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t5 + 10*i, 1);
-    }
-
-    /* t7 = -t4 + t6 */
-    DIGITS_MLP_REAL *t7 = t6 + n; /* n x 1 */
-    digits_mlp_loop2(n, t7, t4, t6);
-
-    /* t8 = sum of t7 down each column */
-    DIGITS_MLP_REAL *t8 = t7 + n; /* 1 x 1 */
-    t8[0] = symbackprop_f64_sum(t7, n, 1);
-
-    /* loss = t8/n */
-    {
-        loss[0] = t8[0]/((DIGITS_MLP_REAL)n);
-    }
-
-    /* grad_logits = -T/n + t5/n */
-    DIGITS_MLP_REAL *grad_logits = t3; /* n x 10, in t3's memory */
-    digits_mlp_loop3(n, grad_logits, t5, T);
-
-    /* grad_t1 = grad_logits @ W2^T */
-    DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
-
-    /* g0 = grad_t1*(1 - t1**2) */
-    DIGITS_MLP_REAL *g0 = t8 + 1; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            g0[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
-        }
-    }
-
-    /* grad_W1_1 = X^T @ g0 */
-    DIGITS_MLP_REAL *grad_W1_1 = g0 + 64*n; /* 64 x 64 */
-    symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1_1);
-
-    /* grad_W1_2 = W1*weight_decay + grad_W1_1 */
-    DIGITS_MLP_REAL *grad_W1_2 = grad_W1_1 + 4096; /* 64 x 64 */
+    /* grad_W1_3 = W1*weight_decay + grad_W1 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W1_2[64*i + j] = grad_W1_1[64*i + j] + weight_decay_value*W1[64*i + j];
+                grad_W1_3[64*i + j] = grad_W1[64*i + j] + weight_decay_value*W1[64*i + j];
             }
         }
     }
 
-    /* grad_b1_1 = sum of g0 down each column */
-    DIGITS_MLP_REAL *grad_b1_1 = grad_W1_2 + 4096; /* 1 x 64 */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1_1);
-
-    /* grad_b1_2 = b1*weight_decay + grad_b1_1 */
-    DIGITS_MLP_REAL *grad_b1_2 = grad_b1_1 + 64; /* 1 x 64 */
+    /* grad_b1_3 = b1*weight_decay + grad_b1 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1_2[j] = grad_b1_1[j] + weight_decay_value*b1[j];
+            grad_b1_3[j] = grad_b1[j] + weight_decay_value*b1[j];
         }
     }
 
-    /* grad_W2_1 = t1^T @ grad_logits */
-    DIGITS_MLP_REAL *grad_W2_1 = grad_b1_2 + 64; /* 64 x 10 */
-    symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2_1);
-
-    /* grad_W2_2 = W2*weight_decay + grad_W2_1 */
-    DIGITS_MLP_REAL *grad_W2_2 = grad_W2_1 + 640; /* 64 x 10 */
+    /* grad_W2_3 = W2*weight_decay + grad_W2 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 10; ++j) {
-                grad_W2_2[10*i + j] = grad_W2_1[10*i + j] + weight_decay_value*W2[10*i + j];
+                grad_W2_3[10*i + j] = grad_W2[10*i + j] + weight_decay_value*W2[10*i + j];
             }
         }
     }
 
-    /* grad_b2_1 = sum of grad_logits down each column */
-    DIGITS_MLP_REAL *grad_b2_1 = grad_W2_2 + 640; /* 1 x 10 */
-    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_1);
-
-    /* grad_b2_2 = b2*weight_decay + grad_b2_1 */
-    DIGITS_MLP_REAL *grad_b2_2 = grad_b2_1 + 10; /* 1 x 10 */
+    /* grad_b2_3 = b2*weight_decay + grad_b2 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2_2[j] = grad_b2_1[j] + weight_decay_value*b2[j];
+            grad_b2_3[j] = grad_b2[j] + weight_decay_value*b2[j];
         }
     }
 
-    /* m_W1 = beta1*m_W1 + grad_W1_2*(1 - beta1) */
-    /* v_W1 = beta2*v_W1 + grad_W1_2**2*(1 - beta2) */
+    /* m_W1 = beta1*m_W1 + grad_W1_3*(1 - beta1) */
+    /* v_W1 = beta2*v_W1 + grad_W1_3**2*(1 - beta2) */
     {
         const DIGITS_MLP_REAL beta1_value = beta1[0];
         const DIGITS_MLP_REAL beta2_value = beta2[0];
@@ -414,8 +322,9 @@ int digits_mlp_train_step(
             for (int64_t j = 0; j < 64; ++j) {
                 const DIGITS_MLP_REAL m_W1_in = m_W1[64*i + j];
                 const DIGITS_MLP_REAL v_W1_in = v_W1[64*i + j];
-                m_W1[64*i + j] = beta1_value*m_W1_in + grad_W1_2[64*i + j]*(1 - beta1_value);
-                v_W1[64*i + j] = (grad_W1_2[64*i + j]*grad_W1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
+                m_W1[64*i + j] = beta1_value*m_W1_in + grad_W1_3[64*i + j]*(1 - beta1_value);
+                v_W1[64*i + j] = (grad_W1_3[64*i + j]*grad_W1_3[64*i + j])*(1 - beta2_value) +
+                        beta2_value*v_W1_in;
             }
         }
     }
@@ -423,8 +332,6 @@ int digits_mlp_train_step(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    DIGITS_MLP_REAL *bias_correction1 = t8; /* 1 x 1, in t8's memory */
-    DIGITS_MLP_REAL *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
     {
         const DIGITS_MLP_REAL step_in = step[0];
         const DIGITS_MLP_REAL x0 = step_in + 1;
@@ -443,15 +350,16 @@ int digits_mlp_train_step(
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
                 const DIGITS_MLP_REAL W1_in = W1[64*i + j];
-                W1[64*i + j] = -m_W1[64*i + j]*lr_value/(bias_correction1_value*(eps_value + sqrt(v_W1[64*i + j]/bias_correction2_value))) + W1_in;
+                W1[64*i + j] = -m_W1[64*i + j]*lr_value/(bias_correction1_value*(eps_value +
+                        sqrt(v_W1[64*i + j]/bias_correction2_value))) + W1_in;
             }
         }
     }
 
-    /* m_b1 = beta1*m_b1 + grad_b1_2*(1 - beta1) */
-    /* v_b1 = beta2*v_b1 + grad_b1_2**2*(1 - beta2) */
-    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1 + grad_b1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b1 = beta1*m_b1 + grad_b1_3*(1 - beta1) */
+    /* v_b1 = beta2*v_b1 + grad_b1_3**2*(1 - beta2) */
+    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1 + grad_b1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const DIGITS_MLP_REAL beta1_value = beta1[0];
         const DIGITS_MLP_REAL beta2_value = beta2[0];
@@ -463,18 +371,20 @@ int digits_mlp_train_step(
             const DIGITS_MLP_REAL m_b1_in = m_b1[j];
             const DIGITS_MLP_REAL v_b1_in = v_b1[j];
             const DIGITS_MLP_REAL b1_in = b1[j];
-            const DIGITS_MLP_REAL x0 = beta1_value*m_b1_in + grad_b1_2[j]*(1 - beta1_value);
-            const DIGITS_MLP_REAL x1 = (grad_b1_2[j]*grad_b1_2[j])*(1 - beta2_value) + beta2_value*v_b1_in;
+            const DIGITS_MLP_REAL x0 = beta1_value*m_b1_in + grad_b1_3[j]*(1 - beta1_value);
+            const DIGITS_MLP_REAL x1 = (grad_b1_3[j]*grad_b1_3[j])*(1 - beta2_value) +
+                    beta2_value*v_b1_in;
             m_b1[j] = x0;
             v_b1[j] = x1;
-            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_W2 = beta1*m_W2 + grad_W2_2*(1 - beta1) */
-    /* v_W2 = beta2*v_W2 + grad_W2_2**2*(1 - beta2) */
-    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W2 + grad_W2_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_W2 = beta1*m_W2 + grad_W2_3*(1 - beta1) */
+    /* v_W2 = beta2*v_W2 + grad_W2_3**2*(1 - beta2) */
+    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W2 + grad_W2_3**2*(1 - beta2))/bias_correction2))) */
     {
         const DIGITS_MLP_REAL beta1_value = beta1[0];
         const DIGITS_MLP_REAL beta2_value = beta2[0];
@@ -488,19 +398,22 @@ int digits_mlp_train_step(
                 const DIGITS_MLP_REAL m_W2_in = m_W2[10*i + j];
                 const DIGITS_MLP_REAL v_W2_in = v_W2[10*i + j];
                 const DIGITS_MLP_REAL W2_in = W2[10*i + j];
-                const DIGITS_MLP_REAL x0 = beta1_value*m_W2_in + grad_W2_2[10*i + j]*(1 - beta1_value);
-                const DIGITS_MLP_REAL x1 = (grad_W2_2[10*i + j]*grad_W2_2[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
+                const DIGITS_MLP_REAL x0 = beta1_value*m_W2_in + grad_W2_3[10*i + j]*(1 -
+                        beta1_value);
+                const DIGITS_MLP_REAL x1 = (grad_W2_3[10*i + j]*grad_W2_3[10*i + j])*(1 -
+                        beta2_value) + beta2_value*v_W2_in;
                 m_W2[10*i + j] = x0;
                 v_W2[10*i + j] = x1;
-                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
             }
         }
     }
 
-    /* m_b2 = beta1*m_b2 + grad_b2_2*(1 - beta1) */
-    /* v_b2 = beta2*v_b2 + grad_b2_2**2*(1 - beta2) */
-    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b2 + grad_b2_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b2 = beta1*m_b2 + grad_b2_3*(1 - beta1) */
+    /* v_b2 = beta2*v_b2 + grad_b2_3**2*(1 - beta2) */
+    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b2 + grad_b2_3**2*(1 - beta2))/bias_correction2))) */
     {
         const DIGITS_MLP_REAL beta1_value = beta1[0];
         const DIGITS_MLP_REAL beta2_value = beta2[0];
@@ -512,11 +425,13 @@ int digits_mlp_train_step(
             const DIGITS_MLP_REAL m_b2_in = m_b2[j];
             const DIGITS_MLP_REAL v_b2_in = v_b2[j];
             const DIGITS_MLP_REAL b2_in = b2[j];
-            const DIGITS_MLP_REAL x0 = beta1_value*m_b2_in + grad_b2_2[j]*(1 - beta1_value);
-            const DIGITS_MLP_REAL x1 = (grad_b2_2[j]*grad_b2_2[j])*(1 - beta2_value) + beta2_value*v_b2_in;
+            const DIGITS_MLP_REAL x0 = beta1_value*m_b2_in + grad_b2_3[j]*(1 - beta1_value);
+            const DIGITS_MLP_REAL x1 = (grad_b2_3[j]*grad_b2_3[j])*(1 - beta2_value) +
+                    beta2_value*v_b2_in;
             m_b2[j] = x0;
             v_b2[j] = x1;
-            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
         }
     }
     return 0;
@@ -591,7 +506,8 @@ int digits_mlp_train_epoch(
         batch = rows;
     }
     DIGITS_MLP_REAL *X_rows = work + digits_mlp_train_epoch_step_len(rows, batch); /* batch x 64 */
-    DIGITS_MLP_REAL *T_rows = work + digits_mlp_train_epoch_step_len(rows, batch) + batch*64; /* batch x 10 */
+    DIGITS_MLP_REAL *T_rows = work + digits_mlp_train_epoch_step_len(rows, batch) + batch*64; /*
+            batch x 10 */
     int64_t b = 0;
     for (int64_t start = 0; start < rows; start += batch) {
         const int64_t n = rows - start < batch ? rows - start : batch;
@@ -731,9 +647,11 @@ size_t digits_mlp_forward_call_work_len(const int64_t *dims)
 }
 
 /* digits_mlp_forward with its arrays in arrays (see digits_mlp.h). */
-int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            digits_mlp_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -748,7 +666,8 @@ int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *co
     }
     return digits_mlp_forward(
         dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1],
-        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL *)in[4],
+        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL
+                *)in[4],
         (const DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)out[0], (DIGITS_MLP_REAL *)out[1], work
     );
 }
@@ -831,9 +750,11 @@ size_t digits_mlp_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* digits_mlp_value_and_grad with its arrays in arrays (see digits_mlp.h). */
-int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            digits_mlp_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -848,7 +769,8 @@ int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, v
     }
     return digits_mlp_value_and_grad(
         dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1],
-        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL *)in[4],
+        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL
+                *)in[4],
         (const DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)out[0], (DIGITS_MLP_REAL *)out[1],
         (DIGITS_MLP_REAL *)out[2], (DIGITS_MLP_REAL *)out[3], (DIGITS_MLP_REAL *)out[4], work
     );
@@ -943,9 +865,11 @@ size_t digits_mlp_train_step_call_work_len(const int64_t *dims)
 }
 
 /* digits_mlp_train_step with its arrays in arrays (see digits_mlp.h). */
-int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_train_step_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            digits_mlp_train_step_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 20; ++i) {
@@ -959,9 +883,11 @@ int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return digits_mlp_train_step(
-        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1], (DIGITS_MLP_REAL *)in[2],
+        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1], (DIGITS_MLP_REAL
+                *)in[2],
         (DIGITS_MLP_REAL *)in[3], (DIGITS_MLP_REAL *)in[4], (DIGITS_MLP_REAL *)in[5],
-        (const DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7], (const DIGITS_MLP_REAL *)in[8],
+        (const DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7], (const DIGITS_MLP_REAL
+                *)in[8],
         (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL *)in[10], (DIGITS_MLP_REAL *)in[11],
         (DIGITS_MLP_REAL *)in[12], (DIGITS_MLP_REAL *)in[13], (DIGITS_MLP_REAL *)in[14],
         (DIGITS_MLP_REAL *)in[15], (DIGITS_MLP_REAL *)in[16], (DIGITS_MLP_REAL *)in[17],
@@ -1062,9 +988,11 @@ size_t digits_mlp_train_epoch_call_work_len(const int64_t *dims)
 }
 
 /* digits_mlp_train_epoch with its arrays in arrays (see digits_mlp.h). */
-int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_train_epoch_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            digits_mlp_train_epoch_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 1; i < 21; ++i) { /* order may be NULL */
@@ -1081,7 +1009,8 @@ int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void
         dims[0], dims[1], (const int64_t *)in[0], (const DIGITS_MLP_REAL *)in[1],
         (const DIGITS_MLP_REAL *)in[2], (DIGITS_MLP_REAL *)in[3], (DIGITS_MLP_REAL *)in[4],
         (DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7],
-        (const DIGITS_MLP_REAL *)in[8], (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL *)in[10],
+        (const DIGITS_MLP_REAL *)in[8], (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL
+                *)in[10],
         (const DIGITS_MLP_REAL *)in[11], (DIGITS_MLP_REAL *)in[12], (DIGITS_MLP_REAL *)in[13],
         (DIGITS_MLP_REAL *)in[14], (DIGITS_MLP_REAL *)in[15], (DIGITS_MLP_REAL *)in[16],
         (DIGITS_MLP_REAL *)in[17], (DIGITS_MLP_REAL *)in[18], (DIGITS_MLP_REAL *)in[19],

@@ -83,7 +83,9 @@ const char *digits_mlp_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t digits_mlp_forward_work_len(int64_t n);
-int digits_mlp_forward(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, const DIGITS_MLP_REAL *W1, const DIGITS_MLP_REAL *b1, const DIGITS_MLP_REAL *W2, const DIGITS_MLP_REAL *b2, DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *logits, DIGITS_MLP_REAL *work);
+int digits_mlp_forward(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, const
+        DIGITS_MLP_REAL *W1, const DIGITS_MLP_REAL *b1, const DIGITS_MLP_REAL *W2, const
+        DIGITS_MLP_REAL *b2, DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *logits, DIGITS_MLP_REAL *work);
 int digits_mlp_forward_n_dims(void);
 const char *digits_mlp_forward_name_dim(int64_t i);
 int digits_mlp_forward_n_in(void);
@@ -94,7 +96,8 @@ int digits_mlp_forward_kind_in(int64_t i);
 int digits_mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t digits_mlp_forward_call_work_len(const int64_t *dims);
-int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work);
+int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   X: input, n x 64
@@ -112,7 +115,10 @@ int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *co
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t digits_mlp_value_and_grad_work_len(int64_t n);
-int digits_mlp_value_and_grad(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, const DIGITS_MLP_REAL *W1, const DIGITS_MLP_REAL *b1, const DIGITS_MLP_REAL *W2, const DIGITS_MLP_REAL *b2, DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *grad_W1, DIGITS_MLP_REAL *grad_b1, DIGITS_MLP_REAL *grad_W2, DIGITS_MLP_REAL *grad_b2, DIGITS_MLP_REAL *work);
+int digits_mlp_value_and_grad(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, const
+        DIGITS_MLP_REAL *W1, const DIGITS_MLP_REAL *b1, const DIGITS_MLP_REAL *W2, const
+        DIGITS_MLP_REAL *b2, DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *grad_W1, DIGITS_MLP_REAL
+        *grad_b1, DIGITS_MLP_REAL *grad_W2, DIGITS_MLP_REAL *grad_b2, DIGITS_MLP_REAL *work);
 int digits_mlp_value_and_grad_n_dims(void);
 const char *digits_mlp_value_and_grad_name_dim(int64_t i);
 int digits_mlp_value_and_grad_n_in(void);
@@ -123,7 +129,8 @@ int digits_mlp_value_and_grad_kind_in(int64_t i);
 int digits_mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t digits_mlp_value_and_grad_call_work_len(const int64_t *dims);
-int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work);
+int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work);
 
 /* One training step: the loss, then the optimizer updates the parameters and its state in place.
  *   X: input, n x 64
@@ -151,7 +158,13 @@ int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, v
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t digits_mlp_train_step_work_len(int64_t n);
-int digits_mlp_train_step(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, DIGITS_MLP_REAL *W1, DIGITS_MLP_REAL *b1, DIGITS_MLP_REAL *W2, DIGITS_MLP_REAL *b2, const DIGITS_MLP_REAL *lr, const DIGITS_MLP_REAL *beta1, const DIGITS_MLP_REAL *beta2, const DIGITS_MLP_REAL *eps, const DIGITS_MLP_REAL *weight_decay, DIGITS_MLP_REAL *step, DIGITS_MLP_REAL *m_W1, DIGITS_MLP_REAL *v_W1, DIGITS_MLP_REAL *m_b1, DIGITS_MLP_REAL *v_b1, DIGITS_MLP_REAL *m_W2, DIGITS_MLP_REAL *v_W2, DIGITS_MLP_REAL *m_b2, DIGITS_MLP_REAL *v_b2, DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *work);
+int digits_mlp_train_step(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T,
+        DIGITS_MLP_REAL *W1, DIGITS_MLP_REAL *b1, DIGITS_MLP_REAL *W2, DIGITS_MLP_REAL *b2, const
+        DIGITS_MLP_REAL *lr, const DIGITS_MLP_REAL *beta1, const DIGITS_MLP_REAL *beta2, const
+        DIGITS_MLP_REAL *eps, const DIGITS_MLP_REAL *weight_decay, DIGITS_MLP_REAL *step,
+        DIGITS_MLP_REAL *m_W1, DIGITS_MLP_REAL *v_W1, DIGITS_MLP_REAL *m_b1, DIGITS_MLP_REAL *v_b1,
+        DIGITS_MLP_REAL *m_W2, DIGITS_MLP_REAL *v_W2, DIGITS_MLP_REAL *m_b2, DIGITS_MLP_REAL *v_b2,
+        DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *work);
 int digits_mlp_train_step_n_dims(void);
 const char *digits_mlp_train_step_name_dim(int64_t i);
 int digits_mlp_train_step_n_in(void);
@@ -162,7 +175,8 @@ int digits_mlp_train_step_kind_in(int64_t i);
 int digits_mlp_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t digits_mlp_train_step_call_work_len(const int64_t *dims);
-int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work);
+int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work);
 
 /* One epoch: train_step on each minibatch in turn; losses[b] is the loss of minibatch b.
  *   rows: rows of X, T; batch: rows a minibatch (the last may have fewer)
@@ -179,7 +193,13 @@ int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void 
  *   digits_mlp_train_step's with all the rows of its data; its output losses.
  */
 size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch);
-int digits_mlp_train_epoch(int64_t rows, int64_t batch, const int64_t *order, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, DIGITS_MLP_REAL *W1, DIGITS_MLP_REAL *b1, DIGITS_MLP_REAL *W2, DIGITS_MLP_REAL *b2, const DIGITS_MLP_REAL *lr, const DIGITS_MLP_REAL *beta1, const DIGITS_MLP_REAL *beta2, const DIGITS_MLP_REAL *eps, const DIGITS_MLP_REAL *weight_decay, DIGITS_MLP_REAL *step, DIGITS_MLP_REAL *m_W1, DIGITS_MLP_REAL *v_W1, DIGITS_MLP_REAL *m_b1, DIGITS_MLP_REAL *v_b1, DIGITS_MLP_REAL *m_W2, DIGITS_MLP_REAL *v_W2, DIGITS_MLP_REAL *m_b2, DIGITS_MLP_REAL *v_b2, DIGITS_MLP_REAL *losses, DIGITS_MLP_REAL *work);
+int digits_mlp_train_epoch(int64_t rows, int64_t batch, const int64_t *order, const DIGITS_MLP_REAL
+        *X, const DIGITS_MLP_REAL *T, DIGITS_MLP_REAL *W1, DIGITS_MLP_REAL *b1, DIGITS_MLP_REAL *W2,
+        DIGITS_MLP_REAL *b2, const DIGITS_MLP_REAL *lr, const DIGITS_MLP_REAL *beta1, const
+        DIGITS_MLP_REAL *beta2, const DIGITS_MLP_REAL *eps, const DIGITS_MLP_REAL *weight_decay,
+        DIGITS_MLP_REAL *step, DIGITS_MLP_REAL *m_W1, DIGITS_MLP_REAL *v_W1, DIGITS_MLP_REAL *m_b1,
+        DIGITS_MLP_REAL *v_b1, DIGITS_MLP_REAL *m_W2, DIGITS_MLP_REAL *v_W2, DIGITS_MLP_REAL *m_b2,
+        DIGITS_MLP_REAL *v_b2, DIGITS_MLP_REAL *losses, DIGITS_MLP_REAL *work);
 int digits_mlp_train_epoch_n_dims(void);
 const char *digits_mlp_train_epoch_name_dim(int64_t i);
 int digits_mlp_train_epoch_n_in(void);
@@ -190,7 +210,8 @@ int digits_mlp_train_epoch_kind_in(int64_t i);
 int digits_mlp_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int digits_mlp_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t digits_mlp_train_epoch_call_work_len(const int64_t *dims);
-int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work);
+int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work);
 
 #ifdef __cplusplus
 }

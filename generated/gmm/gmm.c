@@ -16,7 +16,8 @@
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void gmm_loop0(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL *SYMBACKPROP_RESTRICT a1, const GMM_REAL *SYMBACKPROP_RESTRICT a2)
+void gmm_grad_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL
+        *SYMBACKPROP_RESTRICT a1, const GMM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
@@ -61,19 +62,30 @@ static int gmm_run(
         return 1;
     }
 
-    /* t0 = softmax of alpha down each column, its max subtracted first */
-    GMM_REAL *t0 = work; /* K x 1 */
-    symbackprop_f64_softmax_axis(alpha, K, 1, t0, 1);
+    /* where each buffer lies in work */
+    GMM_REAL *softmax_axis_alpha = work; /* K x 1 */
+    GMM_REAL *collse_alpha = softmax_axis_alpha + K; /* 1 x 1 */
+    GMM_REAL *X_by_column = collse_alpha + 1; /* 3 x N */
+    GMM_REAL *softmax_axis_log_density = X_by_column + 3*N; /* N x K */
+    GMM_REAL *rowlse_log_density = softmax_axis_log_density + K*N; /* N x 1 */
+    GMM_REAL *colsum_log_density = rowlse_log_density + N; /* 1 x 1 */
+    GMM_REAL *exp_qd = colsum_log_density + 1; /* K x 3 */
+    GMM_REAL *colsum_qd = exp_qd + 3*K; /* 1 x 3 */
+    GMM_REAL *rowsum_qd = colsum_qd + 3; /* 1 x 1 */
+    GMM_REAL *sq_ql = with_grads ? rowsum_qd + 1 : exp_qd; /* K x 3 */
+    GMM_REAL *colsum_ql = colsum_qd; /* 1 x 3, in colsum_qd's memory */
+    GMM_REAL *rowsum_ql = with_grads ? sq_ql + 3*K : rowsum_qd + 1; /* 1 x 1 */
 
-    /* t1 = log(sum(exp(alpha))) down each column, its max subtracted first */
-    GMM_REAL *t1 = t0 + K; /* 1 x 1 */
-    t1[0] = symbackprop_f64_logsumexp(alpha, K, 1, t0, 1);
+    /* softmax_axis_alpha = softmax of alpha down each column, its max subtracted first */
+    symbackprop_f64_softmax_axis(alpha, K, 1, softmax_axis_alpha, 1);
+
+    /* collse_alpha = log(sum(exp(alpha))) down each column, its max subtracted first */
+    collse_alpha[0] = symbackprop_f64_logsumexp(alpha, K, 1, softmax_axis_alpha, 1);
 
     /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] -
      * means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
      * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
-    GMM_REAL *X_by_column = t1 + 1; /* 3 x N */
     /* X_by_column: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
         X_by_column[i] = X[3*i];
@@ -102,76 +114,76 @@ static int gmm_run(
         for (int64_t i = 0; i < N; ++i) {
             const GMM_REAL x14 = X_by_column[i] - x0;
             const GMM_REAL x15 = X_by_column[i + N] - x1;
-            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) - 1.0/2.0*pow(x11*(X_by_column[i + 2*N] - x2) + x7*x14 + x8*x15, 2);
+            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) -
+                    1.0/2.0*pow(x11*(X_by_column[i + 2*N] - x2) + x7*x14 + x8*x15, 2);
         }
     }
 
-    /* t2 = softmax of log_density along each row, its max subtracted first */
-    GMM_REAL *t2 = X_by_column + 3*N; /* N x K */
+    /* softmax_axis_log_density = softmax of log_density along each row, its max subtracted first */
     for (int64_t i = 0; i < N; ++i) {
-        symbackprop_f64_softmax_axis(log_density + K*i, K, 1, t2 + K*i, 1);
+        symbackprop_f64_softmax_axis(log_density + K*i, K, 1, softmax_axis_log_density + K*i, 1);
     }
 
-    /* t3 = log(sum(exp(log_density))) along each row, its max subtracted first */
-    GMM_REAL *t3 = t2 + K*N; /* N x 1 */
+    /* rowlse_log_density = log(sum(exp(log_density))) along each row, its max subtracted first */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
-        t3[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1, t2 + K*i, 1);
+        rowlse_log_density[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1,
+                softmax_axis_log_density + K*i, 1);
     }
 
-    /* t4 = sum of t3 down each column */
-    GMM_REAL *t4 = t3 + N; /* 1 x 1 */
-    t4[0] = symbackprop_f64_sum(t3, N, 1);
+    /* colsum_log_density = sum of rowlse_log_density down each column */
+    colsum_log_density[0] = symbackprop_f64_sum(rowlse_log_density, N, 1);
 
-    /* t5 = exp(2*qd) */
-    GMM_REAL *t5 = t4 + 1; /* K x 3 */
+    /* exp_qd = exp(2*qd) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t5[3*i + j] = exp(2*qd[3*i + j]);
+            exp_qd[3*i + j] = exp(2*qd[3*i + j]);
         }
     }
 
-    /* t6 = sum of t5 down each column */
-    GMM_REAL *t6 = t5 + 3*K; /* 1 x 3 */
-    symbackprop_f64_sum_columns(t5, K, 3, 3, t6);
+    /* colsum_qd = sum of exp_qd down each column */
+    symbackprop_f64_sum_columns(exp_qd, K, 3, 3, colsum_qd);
 
-    /* t7 = sum of t6 along each row */
-    GMM_REAL *t7 = t6 + 3; /* 1 x 1 */
-    t7[0] = symbackprop_f64_sum(t6, 3, 1);
+    /* rowsum_qd = sum of colsum_qd along each row */
+    rowsum_qd[0] = symbackprop_f64_sum(colsum_qd, 3, 1);
 
-    /* t8 = ql**2 */
-    GMM_REAL *t8 = with_grads ? t7 + 1 : t5; /* K x 3 */
+    /* sq_ql = ql**2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t8[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
+            sq_ql[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
         }
     }
 
-    /* t9 = sum of t8 down each column */
-    GMM_REAL *t9 = t6; /* 1 x 3, in t6's memory */
-    symbackprop_f64_sum_columns(t8, K, 3, 3, t9);
+    /* colsum_ql = sum of sq_ql down each column */
+    symbackprop_f64_sum_columns(sq_ql, K, 3, 3, colsum_ql);
 
-    /* t10 = sum of t9 along each row */
-    GMM_REAL *t10 = with_grads ? t8 + 3*K : t7 + 1; /* 1 x 1 */
-    t10[0] = symbackprop_f64_sum(t9, 3, 1);
+    /* rowsum_ql = sum of colsum_ql along each row */
+    rowsum_ql[0] = symbackprop_f64_sum(colsum_ql, 3, 1);
 
-    /* loss = N*t1 + 3*N*log(2*pi)/2 + t10/2 - t4 + t7/2 */
+    /* loss = N*collse_alpha + 3*N*log(2*pi)/2 - colsum_log_density + rowsum_qd/2 + rowsum_ql/2 */
     {
-        loss[0] = ((GMM_REAL)N)*t1[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932) - t4[0] + (1.0/2.0)*t7[0] + (1.0/2.0)*t10[0];
+        loss[0] = ((GMM_REAL)N)*collse_alpha[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932)
+                - colsum_log_density[0] + (1.0/2.0)*rowsum_qd[0] + (1.0/2.0)*rowsum_ql[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_log_density = -t2 */
-    GMM_REAL *grad_log_density = t10 + 1; /* N x K */
+    /* the gradient's buffers in work */
+    GMM_REAL *grad_log_density = rowsum_ql + 1; /* N x K */
+    GMM_REAL *X_by_column_2 = X_by_column; /* 3 x N, in X_by_column's memory */
+    GMM_REAL *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
+    GMM_REAL *grad_qd_part = sq_ql; /* K x 3, in sq_ql's memory */
+    GMM_REAL *grad_ql_part = grad_alpha_part + K; /* K x 3 */
+
+    /* grad_log_density = -softmax_axis_log_density */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
-            grad_log_density[K*i + j] = -t2[K*i + j];
+            grad_log_density[K*i + j] = -softmax_axis_log_density[K*i + j];
         }
     }
 
@@ -194,15 +206,11 @@ static int gmm_run(
      * means[j, 0])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
      * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), grad_log_density[i, j]*(X[i, 1] -
      * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
-    GMM_REAL *X_by_column_1 = X_by_column; /* 3 x N, in X_by_column's memory */
-    GMM_REAL *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
-    GMM_REAL *grad_qd_part = t8; /* K x 3, in t8's memory */
-    GMM_REAL *grad_ql_part = grad_alpha_part + K; /* K x 3 */
-    /* X_by_column_1: the rows of X the inner loop reads, by column */
+    /* X_by_column_2: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
-        X_by_column_1[i] = X[3*i];
-        X_by_column_1[i + N] = X[3*i + 1];
-        X_by_column_1[i + 2*N] = X[3*i + 2];
+        X_by_column_2[i] = X[3*i];
+        X_by_column_2[i + N] = X[3*i + 1];
+        X_by_column_2[i + 2*N] = X[3*i + 2];
     }
     for (int64_t i = 0; i < K; ++i) {
         grad_alpha_part[i] = 0;
@@ -244,11 +252,11 @@ static int gmm_run(
         for (; k + 8 <= N; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 const int64_t i = k + l;
-                const GMM_REAL x12 = X_by_column_1[i] - x0;
-                const GMM_REAL x13 = X_by_column_1[i + N] - x1;
+                const GMM_REAL x12 = X_by_column_2[i] - x0;
+                const GMM_REAL x13 = X_by_column_2[i + N] - x1;
                 const GMM_REAL x14 = x13*x9;
                 const GMM_REAL x15 = -x6*x12 - x14;
-                const GMM_REAL x16 = x10*(X_by_column_1[i + 2*N] - x2);
+                const GMM_REAL x16 = x10*(X_by_column_2[i + 2*N] - x2);
                 const GMM_REAL x17 = -x7*x12 - x8*x13 - x16;
                 const GMM_REAL x18 = grad_log_density[K*i + j]*(x6*x15 + x7*x17 + x12*x11);
                 const GMM_REAL x19 = grad_log_density[K*i + j]*(x8*x17 + x9*x15);
@@ -279,11 +287,11 @@ static int gmm_run(
             acc9[0] += acc9[l];
         }
         for (int64_t i = k; i < N; ++i) {
-            const GMM_REAL x12 = X_by_column_1[i] - x0;
-            const GMM_REAL x13 = X_by_column_1[i + N] - x1;
+            const GMM_REAL x12 = X_by_column_2[i] - x0;
+            const GMM_REAL x13 = X_by_column_2[i + N] - x1;
             const GMM_REAL x14 = x13*x9;
             const GMM_REAL x15 = -x6*x12 - x14;
-            const GMM_REAL x16 = x10*(X_by_column_1[i + 2*N] - x2);
+            const GMM_REAL x16 = x10*(X_by_column_2[i + 2*N] - x2);
             const GMM_REAL x17 = -x7*x12 - x8*x13 - x16;
             const GMM_REAL x18 = grad_log_density[K*i + j]*(x6*x15 + x7*x17 + x12*x11);
             const GMM_REAL x19 = grad_log_density[K*i + j]*(x8*x17 + x9*x15);
@@ -312,17 +320,17 @@ static int gmm_run(
         grad_ql_part[3*j + 2] += acc9[0];
     }
 
-    /* grad_alpha = N*t0 + grad_alpha_part */
+    /* grad_alpha = N*softmax_axis_alpha + grad_alpha_part */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
-        grad_alpha[i] = ((GMM_REAL)N)*t0[i] + grad_alpha_part[i];
+        grad_alpha[i] = ((GMM_REAL)N)*softmax_axis_alpha[i] + grad_alpha_part[i];
     }
 
-    /* grad_qd = grad_qd_part + t5 */
-    gmm_loop0(K, grad_qd, t5, grad_qd_part);
+    /* grad_qd = exp_qd + grad_qd_part */
+    gmm_grad_loop(K, grad_qd, exp_qd, grad_qd_part);
 
     /* grad_ql = grad_ql_part + ql */
-    gmm_loop0(K, grad_ql, ql, grad_ql_part);
+    gmm_grad_loop(K, grad_ql, ql, grad_ql_part);
     return 0;
 }
 
@@ -354,7 +362,8 @@ int gmm_forward(
     if (K < 1) {
         return 1;
     }
-    return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work, 0);
+    return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work,
+            0);
 }
 
 size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
@@ -388,7 +397,8 @@ int gmm_value_and_grad(
     if (K < 1) {
         return 1;
     }
-    return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1), grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
+    return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1),
+            grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see gmm.h) --- */
@@ -483,7 +493,8 @@ size_t gmm_forward_call_work_len(const int64_t *dims)
 /* gmm_forward with its arrays in arrays (see gmm.h). */
 int gmm_forward_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && gmm_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            gmm_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 5; ++i) {
@@ -498,7 +509,8 @@ int gmm_forward_call(const int64_t *dims, const void *const *in, void *const *ou
     }
     return gmm_forward(
         dims[0], dims[1], (const GMM_REAL *)in[0], (const GMM_REAL *)in[1], (const GMM_REAL *)in[2],
-        (const GMM_REAL *)in[3], (const GMM_REAL *)in[4], (GMM_REAL *)out[0], (GMM_REAL *)out[1], work
+        (const GMM_REAL *)in[3], (const GMM_REAL *)in[4], (GMM_REAL *)out[0], (GMM_REAL *)out[1],
+                work
     );
 }
 
@@ -581,9 +593,11 @@ size_t gmm_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* gmm_value_and_grad with its arrays in arrays (see gmm.h). */
-int gmm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL *work)
+int gmm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL
+        *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && gmm_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            gmm_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 5; ++i) {

@@ -82,7 +82,9 @@ const char *gmm_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t gmm_forward_work_len(int64_t N, int64_t K);
-int gmm_forward(int64_t N, int64_t K, const GMM_REAL *X, const GMM_REAL *alpha, const GMM_REAL *means, const GMM_REAL *qd, const GMM_REAL *ql, GMM_REAL *loss, GMM_REAL *log_density, GMM_REAL *work);
+int gmm_forward(int64_t N, int64_t K, const GMM_REAL *X, const GMM_REAL *alpha, const GMM_REAL
+        *means, const GMM_REAL *qd, const GMM_REAL *ql, GMM_REAL *loss, GMM_REAL *log_density,
+        GMM_REAL *work);
 int gmm_forward_n_dims(void);
 const char *gmm_forward_name_dim(int64_t i);
 int gmm_forward_n_in(void);
@@ -110,7 +112,9 @@ int gmm_forward_call(const int64_t *dims, const void *const *in, void *const *ou
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t gmm_value_and_grad_work_len(int64_t N, int64_t K);
-int gmm_value_and_grad(int64_t N, int64_t K, const GMM_REAL *X, const GMM_REAL *alpha, const GMM_REAL *means, const GMM_REAL *qd, const GMM_REAL *ql, GMM_REAL *loss, GMM_REAL *grad_alpha, GMM_REAL *grad_means, GMM_REAL *grad_qd, GMM_REAL *grad_ql, GMM_REAL *work);
+int gmm_value_and_grad(int64_t N, int64_t K, const GMM_REAL *X, const GMM_REAL *alpha, const
+        GMM_REAL *means, const GMM_REAL *qd, const GMM_REAL *ql, GMM_REAL *loss, GMM_REAL
+        *grad_alpha, GMM_REAL *grad_means, GMM_REAL *grad_qd, GMM_REAL *grad_ql, GMM_REAL *work);
 int gmm_value_and_grad_n_dims(void);
 const char *gmm_value_and_grad_name_dim(int64_t i);
 int gmm_value_and_grad_n_in(void);
@@ -121,7 +125,8 @@ int gmm_value_and_grad_kind_in(int64_t i);
 int gmm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int gmm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t gmm_value_and_grad_call_work_len(const int64_t *dims);
-int gmm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL *work);
+int gmm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL
+        *work);
 
 #ifdef __cplusplus
 }

@@ -28,26 +28,32 @@
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void lstm_lm_mul_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void lstm_lm_add_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_add_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+#endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+void lstm_lm_mul_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
             a0[30*i + j] = a1[30*i + j]*a2[30*i + j];
         }
-    }
-}
-LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        a0[i] = -a1[i] + a2[i];
     }
 }
 #endif
@@ -65,6 +71,27 @@ size_t lstm_lm_forward_work_len(int64_t T)
 /* lstm_lm_forward, part 1 of 2 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_forward_part1(
+    int64_t T,
+    const LSTM_LM_REAL *X,
+    const LSTM_LM_REAL *W_i,
+    const LSTM_LM_REAL *W_f,
+    const LSTM_LM_REAL *W_g,
+    const LSTM_LM_REAL *W_o,
+    const LSTM_LM_REAL *U_i,
+    const LSTM_LM_REAL *U_f,
+    const LSTM_LM_REAL *U_g,
+    const LSTM_LM_REAL *U_o,
+    const LSTM_LM_REAL *b_i,
+    const LSTM_LM_REAL *b_f,
+    const LSTM_LM_REAL *b_g,
+    const LSTM_LM_REAL *b_o,
+    const LSTM_LM_REAL *V,
+    const LSTM_LM_REAL *c,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *scan_W_i
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part1(
     int64_t T,
@@ -84,203 +111,211 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_W_i
 )
 {
-    /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits */
-    LSTM_LM_REAL *t0 = work; /* 444 x 1 */
+    /* scan_W_i = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of
+     * logits */
     {
-        LSTM_LM_REAL *t0_base = (LSTM_LM_REAL *)(((uintptr_t)t0 + 63) & ~(uintptr_t)63);
-        LSTM_LM_REAL *t0_cur = t0_base;
-        LSTM_LM_REAL *t0_nxt = t0_base + 32;
-        for (int64_t t0_i = 0; t0_i < 16; ++t0_i) {
-            t0_cur[t0_i] = 0;
+        LSTM_LM_REAL *scan_W_i_base = (LSTM_LM_REAL *)(((uintptr_t)scan_W_i + 63) & ~(uintptr_t)63);
+        LSTM_LM_REAL *scan_W_i_cur = scan_W_i_base;
+        LSTM_LM_REAL *scan_W_i_nxt = scan_W_i_base + 32;
+        for (int64_t scan_W_i_i = 0; scan_W_i_i < 16; ++scan_W_i_i) {
+            scan_W_i_cur[scan_W_i_i] = 0;
         }
-        for (int64_t t0_i = 0; t0_i < 16; ++t0_i) {
-            (t0_cur + 16)[t0_i] = 0;
+        for (int64_t scan_W_i_i = 0; scan_W_i_i < 16; ++scan_W_i_i) {
+            (scan_W_i_cur + 16)[scan_W_i_i] = 0;
         }
-        for (int64_t t0_t = 0; t0_t < T; ++t0_t) {
-            const LSTM_LM_REAL *t0_x = X + 30*t0_t;
-            LSTM_LM_REAL *t0_logits_row = logits + 30*t0_t;
-            const LSTM_LM_REAL *t0_h = t0_cur;
-            const LSTM_LM_REAL *t0_cell = t0_cur + 16;
-            LSTM_LM_REAL *t0_h_next = t0_nxt;
-            LSTM_LM_REAL *t0_cell_next = t0_nxt + 16;
-            LSTM_LM_REAL *t0_t1 = t0_base + 64; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t2 = t0_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t3 = t0_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t4 = t0_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t5 = t0_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t6 = t0_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t7 = t0_base + 160; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t8 = t0_base + 176; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t9 = t0_base + 192; /* 1 x 30 */
-            /* t1 = h @ U_o */
+        for (int64_t scan_W_i_t = 0; scan_W_i_t < T; ++scan_W_i_t) {
+            const LSTM_LM_REAL *scan_W_i_x = X + 30*scan_W_i_t;
+            LSTM_LM_REAL *scan_W_i_logits_row = logits + 30*scan_W_i_t;
+            const LSTM_LM_REAL *scan_W_i_h = scan_W_i_cur;
+            const LSTM_LM_REAL *scan_W_i_cell = scan_W_i_cur + 16;
+            LSTM_LM_REAL *scan_W_i_h_next = scan_W_i_nxt;
+            LSTM_LM_REAL *scan_W_i_cell_next = scan_W_i_nxt + 16;
+            LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 96; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 112; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 128; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 144; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 192; /* 1 x 30 */
+            /* mm_h = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t1[16*i + j] = 0;
+                    scan_W_i_mm_h[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t1[16*i + j] += acc * U_o[16*k + j];
+                        scan_W_i_mm_h[16*i + j] += acc * U_o[16*k + j];
                     }
                 }
             }
-            /* t2 = x @ W_o */
+            /* mm_x = x @ W_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t2[16*i + j] = 0;
+                    scan_W_i_mm_x[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
+                    const LSTM_LM_REAL acc = scan_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t2[16*i + j] += acc * W_o[16*k + j];
+                        scan_W_i_mm_x[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
             }
-            /* t3 = h @ U_i */
+            /* mm_h_2 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t3[16*i + j] = 0;
+                    scan_W_i_mm_h_2[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t3[16*i + j] += acc * U_i[16*k + j];
+                        scan_W_i_mm_h_2[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* t4 = x @ W_i */
+            /* mm_x_2 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t4[16*i + j] = 0;
+                    scan_W_i_mm_x_2[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
+                    const LSTM_LM_REAL acc = scan_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t4[16*i + j] += acc * W_i[16*k + j];
+                        scan_W_i_mm_x_2[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
-            /* t5 = h @ U_g */
+            /* mm_h_3 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t5[16*i + j] = 0;
+                    scan_W_i_mm_h_3[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t5[16*i + j] += acc * U_g[16*k + j];
+                        scan_W_i_mm_h_3[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* t6 = x @ W_g */
+            /* mm_x_3 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t6[16*i + j] = 0;
+                    scan_W_i_mm_x_3[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
+                    const LSTM_LM_REAL acc = scan_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t6[16*i + j] += acc * W_g[16*k + j];
+                        scan_W_i_mm_x_3[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* t7 = h @ U_f */
+            /* mm_h_4 = h @ U_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t7[16*i + j] = 0;
+                    scan_W_i_mm_h_4[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t7[16*i + j] += acc * U_f[16*k + j];
+                        scan_W_i_mm_h_4[16*i + j] += acc * U_f[16*k + j];
                     }
                 }
             }
-            /* t8 = x @ W_f */
+            /* mm_x_4 = x @ W_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t8[16*i + j] = 0;
+                    scan_W_i_mm_x_4[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
+                    const LSTM_LM_REAL acc = scan_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t8[16*i + j] += acc * W_f[16*k + j];
+                        scan_W_i_mm_x_4[16*i + j] += acc * W_f[16*k + j];
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i + t3
-             * + t4) */
-            /* h_next = tanh(cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i +
-             * t3 + t4))*sigmoid(b_o + t1 + t2) */
+            /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_3 +
+             * mm_x_3)*sigmoid(b_i + mm_h_2 + mm_x_2) */
+            /* h_next = tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_3 +
+             * mm_x_3)*sigmoid(b_i + mm_h_2 + mm_x_2))*sigmoid(b_o + mm_h + mm_x) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const LSTM_LM_REAL x0 = t0_cell[j]*(((t0_t7[j] + t0_t8[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j])))) + tanh(t0_t5[j] + t0_t6[j] + b_g[j])*(((t0_t3[j] + t0_t4[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))));
-                t0_cell_next[j] = x0;
-                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
+                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j]
+                        + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j])))) + tanh(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
+                        b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 :
+                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
+                scan_W_i_cell_next[j] = x0;
+                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0
+                        ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
             }
-            /* t9 = h_next @ V */
+            /* mm_V = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
-                    t0_t9[30*i + j] = 0;
+                    scan_W_i_mm_V[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h_next[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        t0_t9[30*i + j] += acc * V[30*k + j];
+                        scan_W_i_mm_V[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
-            /* logits_row = c + t9 */
+            /* logits_row = c + mm_V */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 30; ++j) {
-                t0_logits_row[j] = t0_t9[j] + c[j];
+                scan_W_i_logits_row[j] = scan_W_i_mm_V[j] + c[j];
             }
-            LSTM_LM_REAL *t0_swap = t0_cur;
-            t0_cur = t0_nxt;
-            t0_nxt = t0_swap;
+            LSTM_LM_REAL *scan_W_i_swap = scan_W_i_cur;
+            scan_W_i_cur = scan_W_i_nxt;
+            scan_W_i_nxt = scan_W_i_swap;
         }
     }
 }
@@ -289,53 +324,65 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
 /* lstm_lm_forward, part 2 of 2 (kernels 2 to 9): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_forward_part2(
+    int64_t T,
+    const LSTM_LM_REAL *Y,
+    LSTM_LM_REAL *loss,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *mul_logits,
+    LSTM_LM_REAL *rowsum_logits,
+    LSTM_LM_REAL *softmax_axis_logits,
+    LSTM_LM_REAL *rowlse_logits,
+    LSTM_LM_REAL *add_logits,
+    LSTM_LM_REAL *colsum_logits
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *mul_logits,
+    LSTM_LM_REAL *rowsum_logits,
+    LSTM_LM_REAL *softmax_axis_logits,
+    LSTM_LM_REAL *rowlse_logits,
+    LSTM_LM_REAL *add_logits,
+    LSTM_LM_REAL *colsum_logits
 )
 {
-    LSTM_LM_REAL *t0 = work; /* 444 x 1; placed in an earlier part */
-    /* logits: the output 0 of the loop of t0, written by it */
+    /* logits: the output 0 of the loop of scan_W_i, written by it */
 
-    /* t1 = Y*logits */
-    LSTM_LM_REAL *t1 = t0 + 444; /* T x 30 */
-    lstm_lm_loop0(T, t1, Y, logits);
+    /* mul_logits = Y*logits */
+    lstm_lm_mul_loop(T, mul_logits, Y, logits);
 
-    /* t2 = sum of t1 along each row */
-    LSTM_LM_REAL *t2 = t1 + 30*T; /* T x 1 */
+    /* rowsum_logits = sum of mul_logits along each row */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t2[i] = symbackprop_f64_sum(t1 + 30*i, 30, 1);
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 30*i, 30, 1);
     }
 
-    /* t3 = softmax of logits along each row, its max subtracted first */
-    LSTM_LM_REAL *t3 = t1; /* T x 30, in t1's memory */
+    /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < T; ++i) {
-        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, t3 + 30*i, 1);
+        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1);
     }
 
-    /* t4 = log(sum(exp(logits))) along each row, its max subtracted first */
-    LSTM_LM_REAL *t4 = t2 + T; /* T x 1 */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t4[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1, t3 + 30*i, 1);
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1, softmax_axis_logits +
+                30*i, 1);
     }
 
-    /* t5 = -t2 + t4 */
-    LSTM_LM_REAL *t5 = t4 + T; /* T x 1 */
-    lstm_lm_loop1(T, t5, t2, t4);
+    /* add_logits = rowlse_logits - rowsum_logits */
+    lstm_lm_add_loop(T, add_logits, rowsum_logits, rowlse_logits);
 
-    /* t6 = sum of t5 down each column */
-    LSTM_LM_REAL *t6 = t5 + T; /* 1 x 1 */
-    t6[0] = symbackprop_f64_sum(t5, T, 1);
+    /* colsum_logits = sum of add_logits down each column */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, T, 1);
 
-    /* loss = t6/T */
+    /* loss = colsum_logits/T */
     {
-        loss[0] = t6[0]/((LSTM_LM_REAL)T);
+        loss[0] = colsum_logits[0]/((LSTM_LM_REAL)T);
     }
 }
 #endif
@@ -368,8 +415,20 @@ int lstm_lm_forward(
     if (T < 1) {
         return 1;
     }
-    lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, logits, work);
-    lstm_lm_forward_part2(T, Y, loss, logits, work);
+
+    /* where each buffer lies in work */
+    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
+    LSTM_LM_REAL *mul_logits = scan_W_i + 444; /* T x 30 */
+    LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
+    LSTM_LM_REAL *softmax_axis_logits = mul_logits; /* T x 30, in mul_logits's memory */
+    LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
+    LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
+    LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
+
+    lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c,
+            logits, scan_W_i);
+    lstm_lm_forward_part2(T, Y, loss, logits, mul_logits, rowsum_logits, softmax_axis_logits,
+            rowlse_logits, add_logits, colsum_logits);
     return 0;
 }
 #endif
@@ -405,7 +464,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_W_i,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *scan_part_W_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
@@ -425,211 +486,218 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_W_i,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *scan_part_W_i
 )
 {
-    /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits;
-     * one state in 32 kept in t7 */
-    LSTM_LM_REAL *t0 = work; /* 444 x 1 */
-    LSTM_LM_REAL *logits = t0 + 444; /* T x 30 */
-    LSTM_LM_REAL *t7 = logits + 30*T; /* ((T + 31)/32) x 32 */
+    /* scan_W_i = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of
+     * logits; one state in 32 kept in scan_part_W_i */
     {
-        LSTM_LM_REAL *t0_base = (LSTM_LM_REAL *)(((uintptr_t)t0 + 63) & ~(uintptr_t)63);
-        LSTM_LM_REAL *t0_cur = t0_base;
-        LSTM_LM_REAL *t0_nxt = t0_base + 32;
-        for (int64_t t0_i = 0; t0_i < 16; ++t0_i) {
-            t0_cur[t0_i] = 0;
+        LSTM_LM_REAL *scan_W_i_base = (LSTM_LM_REAL *)(((uintptr_t)scan_W_i + 63) & ~(uintptr_t)63);
+        LSTM_LM_REAL *scan_W_i_cur = scan_W_i_base;
+        LSTM_LM_REAL *scan_W_i_nxt = scan_W_i_base + 32;
+        for (int64_t scan_W_i_i = 0; scan_W_i_i < 16; ++scan_W_i_i) {
+            scan_W_i_cur[scan_W_i_i] = 0;
         }
-        for (int64_t t0_i = 0; t0_i < 16; ++t0_i) {
-            (t0_cur + 16)[t0_i] = 0;
+        for (int64_t scan_W_i_i = 0; scan_W_i_i < 16; ++scan_W_i_i) {
+            (scan_W_i_cur + 16)[scan_W_i_i] = 0;
         }
-        for (int64_t t0_t = 0; t0_t < T; ++t0_t) {
-            if (t0_t % 32 == 0) {
-                for (int64_t t0_i = 0; t0_i < 32; ++t0_i) {
-                    t7[(t0_t/32)*32 + t0_i] = t0_cur[t0_i];
+        for (int64_t scan_W_i_t = 0; scan_W_i_t < T; ++scan_W_i_t) {
+            if (scan_W_i_t % 32 == 0) {
+                for (int64_t scan_W_i_i = 0; scan_W_i_i < 32; ++scan_W_i_i) {
+                    scan_part_W_i[(scan_W_i_t/32)*32 + scan_W_i_i] = scan_W_i_cur[scan_W_i_i];
                 }
             }
-            const LSTM_LM_REAL *t0_x = X + 30*t0_t;
-            LSTM_LM_REAL *t0_logits_row = logits + 30*t0_t;
-            const LSTM_LM_REAL *t0_h = t0_cur;
-            const LSTM_LM_REAL *t0_cell = t0_cur + 16;
-            LSTM_LM_REAL *t0_h_next = t0_nxt;
-            LSTM_LM_REAL *t0_cell_next = t0_nxt + 16;
-            LSTM_LM_REAL *t0_t1 = t0_base + 64; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t2 = t0_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t3 = t0_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t4 = t0_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t5 = t0_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t6 = t0_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t7 = t0_base + 160; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t8 = t0_base + 176; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t9 = t0_base + 192; /* 1 x 30 */
-            /* t1 = h @ U_o */
+            const LSTM_LM_REAL *scan_W_i_x = X + 30*scan_W_i_t;
+            LSTM_LM_REAL *scan_W_i_logits_row = logits + 30*scan_W_i_t;
+            const LSTM_LM_REAL *scan_W_i_h = scan_W_i_cur;
+            const LSTM_LM_REAL *scan_W_i_cell = scan_W_i_cur + 16;
+            LSTM_LM_REAL *scan_W_i_h_next = scan_W_i_nxt;
+            LSTM_LM_REAL *scan_W_i_cell_next = scan_W_i_nxt + 16;
+            LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 96; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 112; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 128; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 144; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 192; /* 1 x 30 */
+            /* mm_h = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t1[16*i + j] = 0;
+                    scan_W_i_mm_h[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t1[16*i + j] += acc * U_o[16*k + j];
+                        scan_W_i_mm_h[16*i + j] += acc * U_o[16*k + j];
                     }
                 }
             }
-            /* t2 = x @ W_o */
+            /* mm_x = x @ W_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t2[16*i + j] = 0;
+                    scan_W_i_mm_x[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
+                    const LSTM_LM_REAL acc = scan_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t2[16*i + j] += acc * W_o[16*k + j];
+                        scan_W_i_mm_x[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
             }
-            /* t3 = h @ U_i */
+            /* mm_h_2 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t3[16*i + j] = 0;
+                    scan_W_i_mm_h_2[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t3[16*i + j] += acc * U_i[16*k + j];
+                        scan_W_i_mm_h_2[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* t4 = x @ W_i */
+            /* mm_x_2 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t4[16*i + j] = 0;
+                    scan_W_i_mm_x_2[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
+                    const LSTM_LM_REAL acc = scan_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t4[16*i + j] += acc * W_i[16*k + j];
+                        scan_W_i_mm_x_2[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
-            /* t5 = h @ U_g */
+            /* mm_h_3 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t5[16*i + j] = 0;
+                    scan_W_i_mm_h_3[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t5[16*i + j] += acc * U_g[16*k + j];
+                        scan_W_i_mm_h_3[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* t6 = x @ W_g */
+            /* mm_x_3 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t6[16*i + j] = 0;
+                    scan_W_i_mm_x_3[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
+                    const LSTM_LM_REAL acc = scan_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t6[16*i + j] += acc * W_g[16*k + j];
+                        scan_W_i_mm_x_3[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* t7 = h @ U_f */
+            /* mm_h_4 = h @ U_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t7[16*i + j] = 0;
+                    scan_W_i_mm_h_4[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t7[16*i + j] += acc * U_f[16*k + j];
+                        scan_W_i_mm_h_4[16*i + j] += acc * U_f[16*k + j];
                     }
                 }
             }
-            /* t8 = x @ W_f */
+            /* mm_x_4 = x @ W_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t8[16*i + j] = 0;
+                    scan_W_i_mm_x_4[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
+                    const LSTM_LM_REAL acc = scan_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t8[16*i + j] += acc * W_f[16*k + j];
+                        scan_W_i_mm_x_4[16*i + j] += acc * W_f[16*k + j];
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i + t3
-             * + t4) */
-            /* h_next = tanh(cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i +
-             * t3 + t4))*sigmoid(b_o + t1 + t2) */
+            /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_3 +
+             * mm_x_3)*sigmoid(b_i + mm_h_2 + mm_x_2) */
+            /* h_next = tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_3 +
+             * mm_x_3)*sigmoid(b_i + mm_h_2 + mm_x_2))*sigmoid(b_o + mm_h + mm_x) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const LSTM_LM_REAL x0 = t0_cell[j]*(((t0_t7[j] + t0_t8[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j])))) + tanh(t0_t5[j] + t0_t6[j] + b_g[j])*(((t0_t3[j] + t0_t4[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))));
-                t0_cell_next[j] = x0;
-                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
+                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j]
+                        + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j])))) + tanh(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
+                        b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 :
+                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
+                scan_W_i_cell_next[j] = x0;
+                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0
+                        ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
             }
-            /* t9 = h_next @ V */
+            /* mm_V = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
-                    t0_t9[30*i + j] = 0;
+                    scan_W_i_mm_V[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h_next[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        t0_t9[30*i + j] += acc * V[30*k + j];
+                        scan_W_i_mm_V[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
-            /* logits_row = c + t9 */
+            /* logits_row = c + mm_V */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 30; ++j) {
-                t0_logits_row[j] = t0_t9[j] + c[j];
+                scan_W_i_logits_row[j] = scan_W_i_mm_V[j] + c[j];
             }
-            LSTM_LM_REAL *t0_swap = t0_cur;
-            t0_cur = t0_nxt;
-            t0_nxt = t0_swap;
+            LSTM_LM_REAL *scan_W_i_swap = scan_W_i_cur;
+            scan_W_i_cur = scan_W_i_nxt;
+            scan_W_i_nxt = scan_W_i_swap;
         }
     }
 }
@@ -643,66 +711,72 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *mul_logits,
+    LSTM_LM_REAL *rowsum_logits,
+    LSTM_LM_REAL *softmax_axis_logits,
+    LSTM_LM_REAL *rowlse_logits,
+    LSTM_LM_REAL *add_logits,
+    LSTM_LM_REAL *colsum_logits,
+    LSTM_LM_REAL *grad_logits
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *mul_logits,
+    LSTM_LM_REAL *rowsum_logits,
+    LSTM_LM_REAL *softmax_axis_logits,
+    LSTM_LM_REAL *rowlse_logits,
+    LSTM_LM_REAL *add_logits,
+    LSTM_LM_REAL *colsum_logits,
+    LSTM_LM_REAL *grad_logits
 )
 {
-    LSTM_LM_REAL *logits = work + 444; /* T x 30; placed in an earlier part */
-    LSTM_LM_REAL *t7 = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
-    /* logits: the output 0 of the loop of t0, written by it */
+    /* logits: the output 0 of the loop of scan_W_i, written by it */
 
-    /* t1 = Y*logits */
-    LSTM_LM_REAL *t1 = t7 + 32*((T + 31)/32); /* T x 30 */
-    lstm_lm_loop0(T, t1, Y, logits);
+    /* mul_logits = Y*logits */
+    lstm_lm_mul_loop(T, mul_logits, Y, logits);
 
-    /* t2 = sum of t1 along each row */
-    LSTM_LM_REAL *t2 = t1 + 30*T; /* T x 1 */
+    /* rowsum_logits = sum of mul_logits along each row */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t2[i] = symbackprop_f64_sum(t1 + 30*i, 30, 1);
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 30*i, 30, 1);
     }
 
-    /* t3 = softmax of logits along each row, its max subtracted first */
-    LSTM_LM_REAL *t3 = t1; /* T x 30, in t1's memory */
+    /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < T; ++i) {
-        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, t3 + 30*i, 1);
+        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1);
     }
 
-    /* t4 = log(sum(exp(logits))) along each row, its max subtracted first */
-    LSTM_LM_REAL *t4 = t2 + T; /* T x 1 */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t4[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1, t3 + 30*i, 1);
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1, softmax_axis_logits +
+                30*i, 1);
     }
 
-    /* t5 = -t2 + t4 */
-    LSTM_LM_REAL *t5 = t4 + T; /* T x 1 */
-    lstm_lm_loop1(T, t5, t2, t4);
+    /* add_logits = rowlse_logits - rowsum_logits */
+    lstm_lm_add_loop(T, add_logits, rowsum_logits, rowlse_logits);
 
-    /* t6 = sum of t5 down each column */
-    LSTM_LM_REAL *t6 = t5 + T; /* 1 x 1 */
-    t6[0] = symbackprop_f64_sum(t5, T, 1);
+    /* colsum_logits = sum of add_logits down each column */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, T, 1);
 
-    /* loss = t6/T */
+    /* loss = colsum_logits/T */
     {
-        loss[0] = t6[0]/((LSTM_LM_REAL)T);
+        loss[0] = colsum_logits[0]/((LSTM_LM_REAL)T);
     }
 
-    /* t7: the kept states of the loop of t0, written by it */
+    /* scan_part_W_i: the kept states of the loop of scan_W_i, written by it */
 
-    /* grad_logits = -Y/T + t3/T */
-    LSTM_LM_REAL *grad_logits = logits; /* T x 30, in logits's memory */
+    /* grad_logits = -Y/T + softmax_axis_logits/T */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
             const LSTM_LM_REAL x0 = 1.0/((LSTM_LM_REAL)T);
-            grad_logits[30*i + j] = t3[30*i + j]*x0 - Y[30*i + j]*x0;
+            grad_logits[30*i + j] = softmax_axis_logits[30*i + j]*x0 - Y[30*i + j]*x0;
         }
     }
 }
@@ -743,7 +817,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     LSTM_LM_REAL *grad_b_o,
     LSTM_LM_REAL *grad_V,
     LSTM_LM_REAL *grad_c,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_part_W_i,
+    LSTM_LM_REAL *grad_logits,
+    LSTM_LM_REAL *scan_vjp_W_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
@@ -777,516 +853,592 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     LSTM_LM_REAL *grad_b_o,
     LSTM_LM_REAL *grad_V,
     LSTM_LM_REAL *grad_c,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_part_W_i,
+    LSTM_LM_REAL *grad_logits,
+    LSTM_LM_REAL *scan_vjp_W_i
 )
 {
-    LSTM_LM_REAL *t7 = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
-    LSTM_LM_REAL *t6 = work + 63*T + 32*((T + 31)/32) + 444; /* 1 x 1; placed in an earlier part */
-    LSTM_LM_REAL *grad_logits = work + 444; /* T x 30, in logits's memory; placed in an earlier part */
-    /* t8 = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the step's inputs
-     * and params, from the states kept in t7, each segment of 32 steps recomputed from its
-     * checkpoint */
-    LSTM_LM_REAL *t8 = t6 + 1; /* 9374 x 1 */
+    /* scan_vjp_W_i = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the
+     * step's inputs and params, from the states kept in scan_part_W_i, each segment of 32
+     * steps recomputed from its checkpoint */
     {
-        LSTM_LM_REAL *t8_base = (LSTM_LM_REAL *)(((uintptr_t)t8 + 63) & ~(uintptr_t)63);
-        LSTM_LM_REAL *t8_cur = t8_base;
-        LSTM_LM_REAL *t8_nxt = t8_base + 32;
-        LSTM_LM_REAL *t8_seg = t8_base + 64;
-        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
-            grad_W_i[t8_i] = 0;
+        LSTM_LM_REAL *scan_vjp_W_i_base = (LSTM_LM_REAL *)(((uintptr_t)scan_vjp_W_i + 63) &
+                ~(uintptr_t)63);
+        LSTM_LM_REAL *scan_vjp_W_i_cur = scan_vjp_W_i_base;
+        LSTM_LM_REAL *scan_vjp_W_i_nxt = scan_vjp_W_i_base + 32;
+        LSTM_LM_REAL *scan_vjp_W_i_seg = scan_vjp_W_i_base + 64;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 480; ++scan_vjp_W_i_i) {
+            grad_W_i[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
-            grad_W_f[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 480; ++scan_vjp_W_i_i) {
+            grad_W_f[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
-            grad_W_g[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 480; ++scan_vjp_W_i_i) {
+            grad_W_g[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
-            grad_W_o[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 480; ++scan_vjp_W_i_i) {
+            grad_W_o[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 256; ++t8_i) {
-            grad_U_i[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 256; ++scan_vjp_W_i_i) {
+            grad_U_i[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 256; ++t8_i) {
-            grad_U_f[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 256; ++scan_vjp_W_i_i) {
+            grad_U_f[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 256; ++t8_i) {
-            grad_U_g[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 256; ++scan_vjp_W_i_i) {
+            grad_U_g[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 256; ++t8_i) {
-            grad_U_o[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 256; ++scan_vjp_W_i_i) {
+            grad_U_o[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
-            grad_b_i[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
+            grad_b_i[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
-            grad_b_f[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
+            grad_b_f[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
-            grad_b_g[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
+            grad_b_g[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
-            grad_b_o[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
+            grad_b_o[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
-            grad_V[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 480; ++scan_vjp_W_i_i) {
+            grad_V[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 30; ++t8_i) {
-            grad_c[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 30; ++scan_vjp_W_i_i) {
+            grad_c[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
-            t8_cur[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
+            scan_vjp_W_i_cur[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
-            (t8_cur + 16)[t8_i] = 0;
+        for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
+            (scan_vjp_W_i_cur + 16)[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t t8_s = ((T + 31)/32) - 1; t8_s >= 0; --t8_s) {
-            const int64_t t8_t0 = t8_s*32;
-            const int64_t t8_len = T - t8_t0 < 32 ? T - t8_t0 : 32;
-            for (int64_t t8_i = 0; t8_i < 32; ++t8_i) {
-                t8_seg[t8_i] = t7[t8_s*32 + t8_i];
+        for (int64_t scan_vjp_W_i_s = ((T + 31)/32) - 1; scan_vjp_W_i_s >= 0; --scan_vjp_W_i_s) {
+            const int64_t scan_vjp_W_i_t0 = scan_vjp_W_i_s*32;
+            const int64_t scan_vjp_W_i_len = T - scan_vjp_W_i_t0 < 32 ? T - scan_vjp_W_i_t0 : 32;
+            for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 32; ++scan_vjp_W_i_i) {
+                scan_vjp_W_i_seg[scan_vjp_W_i_i] =
+                        scan_part_W_i[scan_vjp_W_i_s*32 + scan_vjp_W_i_i];
             }
-            for (int64_t t8_u = 1; t8_u <= t8_len; ++t8_u) {
-                const int64_t t8_t = t8_t0 + t8_u - 1;
-                const LSTM_LM_REAL *t8_x = X + 30*t8_t;
-                const LSTM_LM_REAL *t8_h = t8_seg + 32*t8_u - 32;
-                const LSTM_LM_REAL *t8_cell = t8_seg + 32*t8_u - 16;
-                LSTM_LM_REAL *t8_h_next = t8_seg + 32*t8_u;
-                LSTM_LM_REAL *t8_cell_next = t8_seg + 32*t8_u + 16;
-                LSTM_LM_REAL *t8_out0_row = t8_base + 9328;
-                LSTM_LM_REAL *t8_t1_kept = t8_base + 128*t8_u + 992;
-                LSTM_LM_REAL *t8_t2_kept = t8_base + 128*t8_u + 1008;
-                LSTM_LM_REAL *t8_t3_kept = t8_base + 128*t8_u + 1024;
-                LSTM_LM_REAL *t8_t4_kept = t8_base + 128*t8_u + 1040;
-                LSTM_LM_REAL *t8_t5_kept = t8_base + 128*t8_u + 1056;
-                LSTM_LM_REAL *t8_t6_kept = t8_base + 128*t8_u + 1072;
-                LSTM_LM_REAL *t8_t9_kept = t8_base + 128*t8_u + 1088;
-                LSTM_LM_REAL *t8_t10_kept = t8_base + 128*t8_u + 1104;
-                LSTM_LM_REAL *t8_t11 = t8_base + 5216; /* 1 x 30 */
-                /* t1_kept = h @ U_o */
+            for (int64_t scan_vjp_W_i_u = 1; scan_vjp_W_i_u <= scan_vjp_W_i_len; ++scan_vjp_W_i_u) {
+                const int64_t scan_vjp_W_i_t = scan_vjp_W_i_t0 + scan_vjp_W_i_u - 1;
+                const LSTM_LM_REAL *scan_vjp_W_i_x = X + 30*scan_vjp_W_i_t;
+                const LSTM_LM_REAL *scan_vjp_W_i_h = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u - 32;
+                const LSTM_LM_REAL *scan_vjp_W_i_cell = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u - 16;
+                LSTM_LM_REAL *scan_vjp_W_i_h_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u;
+                LSTM_LM_REAL *scan_vjp_W_i_cell_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u + 16;
+                LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 9328;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 992;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1008;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1024;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1040;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1056;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1072;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1088;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1104;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 5216; /* 1 x 30 */
+                /* mm_h_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t8_t1_kept[16*i + j] = 0;
+                        scan_vjp_W_i_mm_h_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t8_h[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t8_t1_kept[16*i + j] += acc * U_o[16*k + j];
+                            scan_vjp_W_i_mm_h_kept[16*i + j] += acc * U_o[16*k + j];
                         }
                     }
                 }
-                /* t2_kept = x @ W_o */
+                /* mm_x_kept = x @ W_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t8_t2_kept[16*i + j] = 0;
+                        scan_vjp_W_i_mm_x_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const LSTM_LM_REAL acc = t8_x[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t8_t2_kept[16*i + j] += acc * W_o[16*k + j];
+                            scan_vjp_W_i_mm_x_kept[16*i + j] += acc * W_o[16*k + j];
                         }
                     }
                 }
-                /* t3_kept = h @ U_i */
+                /* mm_h_2_kept = h @ U_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t8_t3_kept[16*i + j] = 0;
+                        scan_vjp_W_i_mm_h_2_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t8_h[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t8_t3_kept[16*i + j] += acc * U_i[16*k + j];
+                            scan_vjp_W_i_mm_h_2_kept[16*i + j] += acc * U_i[16*k + j];
                         }
                     }
                 }
-                /* t4_kept = x @ W_i */
+                /* mm_x_2_kept = x @ W_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t8_t4_kept[16*i + j] = 0;
+                        scan_vjp_W_i_mm_x_2_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const LSTM_LM_REAL acc = t8_x[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t8_t4_kept[16*i + j] += acc * W_i[16*k + j];
+                            scan_vjp_W_i_mm_x_2_kept[16*i + j] += acc * W_i[16*k + j];
                         }
                     }
                 }
-                /* t5_kept = h @ U_g */
+                /* mm_h_3_kept = h @ U_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t8_t5_kept[16*i + j] = 0;
+                        scan_vjp_W_i_mm_h_3_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t8_h[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t8_t5_kept[16*i + j] += acc * U_g[16*k + j];
+                            scan_vjp_W_i_mm_h_3_kept[16*i + j] += acc * U_g[16*k + j];
                         }
                     }
                 }
-                /* t6_kept = x @ W_g */
+                /* mm_x_3_kept = x @ W_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t8_t6_kept[16*i + j] = 0;
+                        scan_vjp_W_i_mm_x_3_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const LSTM_LM_REAL acc = t8_x[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t8_t6_kept[16*i + j] += acc * W_g[16*k + j];
+                            scan_vjp_W_i_mm_x_3_kept[16*i + j] += acc * W_g[16*k + j];
                         }
                     }
                 }
-                /* t9_kept = h @ U_f */
+                /* mm_h_4_kept = h @ U_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t8_t9_kept[16*i + j] = 0;
+                        scan_vjp_W_i_mm_h_4_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t8_h[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t8_t9_kept[16*i + j] += acc * U_f[16*k + j];
+                            scan_vjp_W_i_mm_h_4_kept[16*i + j] += acc * U_f[16*k + j];
                         }
                     }
                 }
-                /* t10_kept = x @ W_f */
+                /* mm_x_4_kept = x @ W_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t8_t10_kept[16*i + j] = 0;
+                        scan_vjp_W_i_mm_x_4_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const LSTM_LM_REAL acc = t8_x[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t8_t10_kept[16*i + j] += acc * W_f[16*k + j];
+                            scan_vjp_W_i_mm_x_4_kept[16*i + j] += acc * W_f[16*k + j];
                         }
                     }
                 }
-                /* cell_next = cell*sigmoid(b_f + t10_kept + t9_kept) + tanh(b_g + t5_kept +
-                 * t6_kept)*sigmoid(b_i + t3_kept + t4_kept) */
-                /* h_next = tanh(cell*sigmoid(b_f + t10_kept + t9_kept) + tanh(b_g + t5_kept
-                 * + t6_kept)*sigmoid(b_i + t3_kept + t4_kept))*sigmoid(b_o + t1_kept +
-                 * t2_kept) */
+                /* cell_next = cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) + tanh(b_g +
+                 * mm_h_3_kept + mm_x_3_kept)*sigmoid(b_i + mm_h_2_kept + mm_x_2_kept) */
+                /* h_next = tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) + tanh(b_g +
+                 * mm_h_3_kept + mm_x_3_kept)*sigmoid(b_i + mm_h_2_kept +
+                 * mm_x_2_kept))*sigmoid(b_o + mm_h_kept + mm_x_kept) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const LSTM_LM_REAL x0 = t8_cell[j]*(((t8_t9_kept[j] + t8_t10_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t8_t9_kept[j] + t8_t10_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(t8_t9_kept[j] + t8_t10_kept[j] + b_f[j])))) + tanh(t8_t5_kept[j] + t8_t6_kept[j] + b_g[j])*(((t8_t3_kept[j] + t8_t4_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t8_t3_kept[j] + t8_t4_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(t8_t3_kept[j] + t8_t4_kept[j] + b_i[j]))));
-                    t8_cell_next[j] = x0;
-                    t8_h_next[j] = tanh(x0)*(((t8_t1_kept[j] + t8_t2_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t8_t1_kept[j] + t8_t2_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(t8_t1_kept[j] + t8_t2_kept[j] + b_o[j]))));
+                    const LSTM_LM_REAL x0 = scan_vjp_W_i_cell[j]*(((scan_vjp_W_i_mm_h_4_kept[j] +
+                            scan_vjp_W_i_mm_x_4_kept[j] + b_f[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] + scan_vjp_W_i_mm_x_4_kept[j] +
+                            b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] +
+                            scan_vjp_W_i_mm_x_4_kept[j] + b_f[j])))) +
+                            tanh(scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
+                            b_g[j])*(((scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
+                            b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] +
+                            scan_vjp_W_i_mm_x_2_kept[j] + b_i[j]))) / (1.0 +
+                            exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
+                            b_i[j]))));
+                    scan_vjp_W_i_cell_next[j] = x0;
+                    scan_vjp_W_i_h_next[j] = tanh(x0)*(((scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] +
+                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]))));
                 }
-                /* t11 = h_next @ V */
+                /* mm_V = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 30; ++j) {
-                        t8_t11[30*i + j] = 0;
+                        scan_vjp_W_i_mm_V[30*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t8_h_next[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 30; ++j) {
-                            t8_t11[30*i + j] += acc * V[30*k + j];
+                            scan_vjp_W_i_mm_V[30*i + j] += acc * V[30*k + j];
                         }
                     }
                 }
-                /* out0_row = c + t11 */
+                /* out0_row = c + mm_V */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 30; ++j) {
-                    t8_out0_row[j] = t8_t11[j] + c[j];
+                    scan_vjp_W_i_out0_row[j] = scan_vjp_W_i_mm_V[j] + c[j];
                 }
             }
-            for (int64_t t8_u = t8_len - 1; t8_u >= 0; --t8_u) {
-                const int64_t t8_t = t8_t0 + t8_u;
-                const LSTM_LM_REAL *t8_x = X + 30*t8_t;
-                const LSTM_LM_REAL *t8_h = t8_seg + 32*t8_u;
-                const LSTM_LM_REAL *t8_cell = t8_seg + 32*t8_u + 16;
-                const LSTM_LM_REAL *t8_grad_h_next = t8_cur;
-                const LSTM_LM_REAL *t8_grad_cell_next = t8_cur + 16;
-                LSTM_LM_REAL *t8_grad_h = t8_nxt;
-                LSTM_LM_REAL *t8_grad_cell = t8_nxt + 16;
-                const LSTM_LM_REAL *t8_t1_kept_1 = t8_base + 128*t8_u + 1120;
-                const LSTM_LM_REAL *t8_t2_kept_1 = t8_base + 128*t8_u + 1136;
-                const LSTM_LM_REAL *t8_t3_kept_1 = t8_base + 128*t8_u + 1152;
-                const LSTM_LM_REAL *t8_t4_kept_1 = t8_base + 128*t8_u + 1168;
-                const LSTM_LM_REAL *t8_t5_kept_1 = t8_base + 128*t8_u + 1184;
-                const LSTM_LM_REAL *t8_t6_kept_1 = t8_base + 128*t8_u + 1200;
-                const LSTM_LM_REAL *t8_t9_kept_1 = t8_base + 128*t8_u + 1216;
-                const LSTM_LM_REAL *t8_t10_kept_1 = t8_base + 128*t8_u + 1232;
-                const LSTM_LM_REAL *t8_grad_out0 = grad_logits + 30*t8_t;
-                LSTM_LM_REAL *t8_g0 = t8_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t12 = t8_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t13 = t8_base + 5248; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t14 = t8_base + 5264; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t15 = t8_base + 5280; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t16 = t8_base + 5296; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t17 = t8_base + 5312; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t18 = t8_base + 5328; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t19 = t8_base + 5344; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t20 = t8_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t21 = t8_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t22 = t8_base + 5248; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t23 = t8_base + 5264; /* 1 x 16 */
-                /* g0 = grad_out0 @ V^T */
+            for (int64_t scan_vjp_W_i_u = scan_vjp_W_i_len - 1; scan_vjp_W_i_u >= 0;
+                    --scan_vjp_W_i_u) {
+                const int64_t scan_vjp_W_i_t = scan_vjp_W_i_t0 + scan_vjp_W_i_u;
+                const LSTM_LM_REAL *scan_vjp_W_i_x = X + 30*scan_vjp_W_i_t;
+                const LSTM_LM_REAL *scan_vjp_W_i_h = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u;
+                const LSTM_LM_REAL *scan_vjp_W_i_cell = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u + 16;
+                const LSTM_LM_REAL *scan_vjp_W_i_grad_h_next = scan_vjp_W_i_cur;
+                const LSTM_LM_REAL *scan_vjp_W_i_grad_cell_next = scan_vjp_W_i_cur + 16;
+                LSTM_LM_REAL *scan_vjp_W_i_grad_h = scan_vjp_W_i_nxt;
+                LSTM_LM_REAL *scan_vjp_W_i_grad_cell = scan_vjp_W_i_nxt + 16;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1120;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1136;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1152;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1168;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1184;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1200;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1216;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1232;
+                const LSTM_LM_REAL *scan_vjp_W_i_grad_out0 = grad_logits + 30*scan_vjp_W_i_t;
+                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 5216; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 5232; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 5248; /* 1 x
+                        16 */
+                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_3_kept_2 = scan_vjp_W_i_base + 5264; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 5280; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 5296; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 5312; /* 1 x
+                        16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 5328; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 5344; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 5232; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 5248; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 5264; /* 1 x 16 */
+                /* grad_mul_b_o_part = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 30; ++k) {
-                            acc += t8_grad_out0[k] * V[k + 30*j];
+                            acc += scan_vjp_W_i_grad_out0[k] * V[k + 30*j];
                         }
-                        t8_g0[16*i + j] = acc;
+                        scan_vjp_W_i_grad_mul_b_o_part[16*i + j] = acc;
                     }
                 }
-                /* g0 = g0 + grad_h_next */
+                /* grad_mul_b_o_part = grad_h_next + grad_mul_b_o_part */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t8_g0[j] = t8_grad_h_next[j] + t8_g0[j];
+                    scan_vjp_W_i_grad_mul_b_o_part[j] = scan_vjp_W_i_grad_h_next[j] +
+                            scan_vjp_W_i_grad_mul_b_o_part[j];
                 }
-                /* t12 = sigmoid(b_o + t1_kept_1 + t2_kept_1) */
+                /* sigmoid_mm_h_kept_2 = sigmoid(b_o + mm_h_kept_2 + mm_x_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t8_t12[j] = (((t8_t1_kept_1[j] + t8_t2_kept_1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t8_t1_kept_1[j] + t8_t2_kept_1[j] + b_o[j]))) / (1.0 + exp(-fabs(t8_t1_kept_1[j] + t8_t2_kept_1[j] + b_o[j]))));
+                    scan_vjp_W_i_sigmoid_mm_h_kept_2[j] = (((scan_vjp_W_i_mm_h_kept_2[j] +
+                            scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] + scan_vjp_W_i_mm_x_kept_2[j] +
+                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] +
+                            scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]))));
                 }
-                /* t13 = sigmoid(b_i + t3_kept_1 + t4_kept_1) */
+                /* sigmoid_mm_h_2_kept_2 = sigmoid(b_i + mm_h_2_kept_2 + mm_x_2_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t8_t13[j] = (((t8_t3_kept_1[j] + t8_t4_kept_1[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t8_t3_kept_1[j] + t8_t4_kept_1[j] + b_i[j]))) / (1.0 + exp(-fabs(t8_t3_kept_1[j] + t8_t4_kept_1[j] + b_i[j]))));
+                    scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j] = (((scan_vjp_W_i_mm_h_2_kept_2[j] +
+                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] + scan_vjp_W_i_mm_x_2_kept_2[j]
+                            + b_i[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] +
+                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]))));
                 }
-                /* t14 = tanh(b_g + t5_kept_1 + t6_kept_1) */
+                /* tanh_mm_h_3_kept_2 = tanh(b_g + mm_h_3_kept_2 + mm_x_3_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t8_t14[j] = tanh(t8_t5_kept_1[j] + t8_t6_kept_1[j] + b_g[j]);
+                    scan_vjp_W_i_tanh_mm_h_3_kept_2[j] = tanh(scan_vjp_W_i_mm_h_3_kept_2[j] +
+                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_g[j]);
                 }
-                /* t15 = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g0*t12*(1 -
-                 * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
-                 * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
-                /* t16 = t13*(1 - t14**2)*(g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
-                 * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* t17 = t13*t14*(1 - t13)*(g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
-                 * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* t18 = g0*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
-                 * t13*t14) */
-                /* grad_cell = (g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
-                 * t13*t14)**2) + grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
-                /* grad_b_i = grad_b_i + t13*t14*(1 - t13)*(g0*t12*(1 - tanh(cell*sigmoid(b_f
-                 * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* grad_b_f = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g0*t12*(1 -
-                 * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
-                 * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) + grad_b_f */
-                /* grad_b_g = grad_b_g + t13*(1 - t14**2)*(g0*t12*(1 - tanh(cell*sigmoid(b_f
-                 * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* grad_b_o = g0*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 +
-                 * t9_kept_1) + t13*t14) + grad_b_o */
-                /* t19 = t12*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14) */
+                /* mul_cell = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2))*(grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1
+                 * - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
+                 * + mm_x_4_kept_2) */
+                /* mul_grad_cell_next = sigmoid_mm_h_2_kept_2*(1 -
+                 * tanh_mm_h_3_kept_2**2)*(grad_cell_next +
+                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2)) */
+                /* mul_grad_cell_next_2 = sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2*(1 -
+                 * sigmoid_mm_h_2_kept_2)*(grad_cell_next +
+                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2)) */
+                /* mul_grad_h_next = grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
+                 * sigmoid_mm_h_kept_2)*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) + sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2) */
+                /* grad_cell = (grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
+                 * tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
+                 * + mm_x_4_kept_2) */
+                /* grad_b_i = grad_b_i + sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2*(1 -
+                 * sigmoid_mm_h_2_kept_2)*(grad_cell_next +
+                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2)) */
+                /* grad_b_f = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2))*(grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1
+                 * - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
+                 * + mm_x_4_kept_2) + grad_b_f */
+                /* grad_b_g = grad_b_g + sigmoid_mm_h_2_kept_2*(1 -
+                 * tanh_mm_h_3_kept_2**2)*(grad_cell_next +
+                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2)) */
+                /* grad_b_o = grad_b_o + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
+                 * sigmoid_mm_h_kept_2)*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) + sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2) */
+                /* mul_mm_h_kept_2 = sigmoid_mm_h_kept_2*tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) + sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const LSTM_LM_REAL x0 = (((t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]))));
-                    const LSTM_LM_REAL x1 = t8_t13[j]*t8_t14[j];
-                    const LSTM_LM_REAL x2 = t8_cell[j]*x0;
+                    const LSTM_LM_REAL x0 = (((scan_vjp_W_i_mm_h_4_kept_2[j] +
+                            scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] + scan_vjp_W_i_mm_x_4_kept_2[j]
+                            + b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] +
+                            scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]))));
+                    const LSTM_LM_REAL x1 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*
+                            scan_vjp_W_i_tanh_mm_h_3_kept_2[j];
+                    const LSTM_LM_REAL x2 = scan_vjp_W_i_cell[j]*x0;
                     const LSTM_LM_REAL x3 = tanh(x1 + x2);
-                    const LSTM_LM_REAL x4 = t8_g0[j]*t8_t12[j];
-                    const LSTM_LM_REAL x5 = t8_grad_cell_next[j] + x4*(1 - (x3*x3));
+                    const LSTM_LM_REAL x4 =
+                            scan_vjp_W_i_grad_mul_b_o_part[j]*scan_vjp_W_i_sigmoid_mm_h_kept_2[j];
+                    const LSTM_LM_REAL x5 = scan_vjp_W_i_grad_cell_next[j] + x4*(1 - (x3*x3));
                     const LSTM_LM_REAL x6 = x2*x5*(1 - x0);
-                    const LSTM_LM_REAL x7 = t8_t13[j]*x5*(1 - (t8_t14[j]*t8_t14[j]));
-                    const LSTM_LM_REAL x8 = x1*x5*(1 - t8_t13[j]);
-                    const LSTM_LM_REAL x9 = x3*x4*(1 - t8_t12[j]);
-                    t8_t15[j] = x6;
-                    t8_t16[j] = x7;
-                    t8_t17[j] = x8;
-                    t8_t18[j] = x9;
-                    t8_grad_cell[j] = x0*x5;
-                    t8_t19[j] = t8_t12[j]*x3;
+                    const LSTM_LM_REAL x7 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*x5*(1 -
+                            (scan_vjp_W_i_tanh_mm_h_3_kept_2[j]*
+                            scan_vjp_W_i_tanh_mm_h_3_kept_2[j]));
+                    const LSTM_LM_REAL x8 = x1*x5*(1 - scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]);
+                    const LSTM_LM_REAL x9 = x3*x4*(1 - scan_vjp_W_i_sigmoid_mm_h_kept_2[j]);
+                    scan_vjp_W_i_mul_cell[j] = x6;
+                    scan_vjp_W_i_mul_grad_cell_next[j] = x7;
+                    scan_vjp_W_i_mul_grad_cell_next_2[j] = x8;
+                    scan_vjp_W_i_mul_grad_h_next[j] = x9;
+                    scan_vjp_W_i_grad_cell[j] = x0*x5;
+                    scan_vjp_W_i_mul_mm_h_kept_2[j] = scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*x3;
                     grad_b_i[j] = grad_b_i[j] + x8;
                     grad_b_f[j] = grad_b_f[j] + x6;
                     grad_b_g[j] = grad_b_g[j] + x7;
                     grad_b_o[j] = grad_b_o[j] + x9;
                 }
-                /* t20 = t15 @ U_f^T */
+                /* mm_U_f = mul_cell @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t8_t15[k] * U_f[k + 16*j];
+                            acc += scan_vjp_W_i_mul_cell[k] * U_f[k + 16*j];
                         }
-                        t8_t20[16*i + j] = acc;
+                        scan_vjp_W_i_mm_U_f[16*i + j] = acc;
                     }
                 }
-                /* t21 = t16 @ U_g^T */
+                /* mm_U_g = mul_grad_cell_next @ U_g^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t8_t16[k] * U_g[k + 16*j];
+                            acc += scan_vjp_W_i_mul_grad_cell_next[k] * U_g[k + 16*j];
                         }
-                        t8_t21[16*i + j] = acc;
+                        scan_vjp_W_i_mm_U_g[16*i + j] = acc;
                     }
                 }
-                /* t22 = t17 @ U_i^T */
+                /* mm_U_i = mul_grad_cell_next_2 @ U_i^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t8_t17[k] * U_i[k + 16*j];
+                            acc += scan_vjp_W_i_mul_grad_cell_next_2[k] * U_i[k + 16*j];
                         }
-                        t8_t22[16*i + j] = acc;
+                        scan_vjp_W_i_mm_U_i[16*i + j] = acc;
                     }
                 }
-                /* t23 = t18 @ U_o^T */
+                /* mm_U_o = mul_grad_h_next @ U_o^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t8_t18[k] * U_o[k + 16*j];
+                            acc += scan_vjp_W_i_mul_grad_h_next[k] * U_o[k + 16*j];
                         }
-                        t8_t23[16*i + j] = acc;
+                        scan_vjp_W_i_mm_U_o[16*i + j] = acc;
                     }
                 }
-                /* grad_h = t20 + t21 + t22 + t23 */
+                /* grad_h = mm_U_f + mm_U_g + mm_U_i + mm_U_o */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t8_grad_h[j] = t8_t20[j] + t8_t21[j] + t8_t22[j] + t8_t23[j];
+                    scan_vjp_W_i_grad_h[j] = scan_vjp_W_i_mm_U_f[j] + scan_vjp_W_i_mm_U_g[j] +
+                            scan_vjp_W_i_mm_U_i[j] + scan_vjp_W_i_mm_U_o[j];
                 }
-                /* grad_W_i += x^T @ t17 */
+                /* grad_W_i += x^T @ mul_grad_cell_next_2 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const LSTM_LM_REAL acc = t8_x[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_i[16*i + j] += acc * t8_t17[j];
+                        grad_W_i[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next_2[j];
                     }
                 }
-                /* grad_W_f += x^T @ t15 */
+                /* grad_W_f += x^T @ mul_cell */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const LSTM_LM_REAL acc = t8_x[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_f[16*i + j] += acc * t8_t15[j];
+                        grad_W_f[16*i + j] += acc * scan_vjp_W_i_mul_cell[j];
                     }
                 }
-                /* grad_W_g += x^T @ t16 */
+                /* grad_W_g += x^T @ mul_grad_cell_next */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const LSTM_LM_REAL acc = t8_x[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_g[16*i + j] += acc * t8_t16[j];
+                        grad_W_g[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next[j];
                     }
                 }
-                /* grad_W_o += x^T @ t18 */
+                /* grad_W_o += x^T @ mul_grad_h_next */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const LSTM_LM_REAL acc = t8_x[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_o[16*i + j] += acc * t8_t18[j];
+                        grad_W_o[16*i + j] += acc * scan_vjp_W_i_mul_grad_h_next[j];
                     }
                 }
-                /* grad_U_i += h^T @ t17 */
+                /* grad_U_i += h^T @ mul_grad_cell_next_2 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t8_h[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_i[16*i + j] += acc * t8_t17[j];
+                        grad_U_i[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next_2[j];
                     }
                 }
-                /* grad_U_f += h^T @ t15 */
+                /* grad_U_f += h^T @ mul_cell */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t8_h[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_f[16*i + j] += acc * t8_t15[j];
+                        grad_U_f[16*i + j] += acc * scan_vjp_W_i_mul_cell[j];
                     }
                 }
-                /* grad_U_g += h^T @ t16 */
+                /* grad_U_g += h^T @ mul_grad_cell_next */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t8_h[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_g[16*i + j] += acc * t8_t16[j];
+                        grad_U_g[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next[j];
                     }
                 }
-                /* grad_U_o += h^T @ t18 */
+                /* grad_U_o += h^T @ mul_grad_h_next */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t8_h[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_o[16*i + j] += acc * t8_t18[j];
+                        grad_U_o[16*i + j] += acc * scan_vjp_W_i_mul_grad_h_next[j];
                     }
                 }
-                /* grad_V += t19^T @ grad_out0 */
+                /* grad_V += mul_mm_h_kept_2^T @ grad_out0 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t8_t19[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_mul_mm_h_kept_2[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        grad_V[30*i + j] += acc * t8_grad_out0[j];
+                        grad_V[30*i + j] += acc * scan_vjp_W_i_grad_out0[j];
                     }
                 }
                 /* grad_c = grad_c + grad_out0 */
@@ -1294,11 +1446,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 30; ++j) {
-                    grad_c[j] = grad_c[j] + t8_grad_out0[j];
+                    grad_c[j] = grad_c[j] + scan_vjp_W_i_grad_out0[j];
                 }
-                LSTM_LM_REAL *t8_swap = t8_cur;
-                t8_cur = t8_nxt;
-                t8_nxt = t8_swap;
+                LSTM_LM_REAL *scan_vjp_W_i_swap = scan_vjp_W_i_cur;
+                scan_vjp_W_i_cur = scan_vjp_W_i_nxt;
+                scan_vjp_W_i_nxt = scan_vjp_W_i_swap;
             }
         }
     }
@@ -1317,33 +1469,33 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 )
 {
-    /* grad_W_i: the adjoint of captured value 0 of the loop of t8, written by it */
+    /* grad_W_i: the adjoint of captured value 0 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_W_f: the adjoint of captured value 1 of the loop of t8, written by it */
+    /* grad_W_f: the adjoint of captured value 1 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_W_g: the adjoint of captured value 2 of the loop of t8, written by it */
+    /* grad_W_g: the adjoint of captured value 2 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_W_o: the adjoint of captured value 3 of the loop of t8, written by it */
+    /* grad_W_o: the adjoint of captured value 3 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_U_i: the adjoint of captured value 4 of the loop of t8, written by it */
+    /* grad_U_i: the adjoint of captured value 4 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_U_f: the adjoint of captured value 5 of the loop of t8, written by it */
+    /* grad_U_f: the adjoint of captured value 5 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_U_g: the adjoint of captured value 6 of the loop of t8, written by it */
+    /* grad_U_g: the adjoint of captured value 6 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_U_o: the adjoint of captured value 7 of the loop of t8, written by it */
+    /* grad_U_o: the adjoint of captured value 7 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_b_i: the adjoint of captured value 8 of the loop of t8, written by it */
+    /* grad_b_i: the adjoint of captured value 8 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_b_f: the adjoint of captured value 9 of the loop of t8, written by it */
+    /* grad_b_f: the adjoint of captured value 9 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_b_g: the adjoint of captured value 10 of the loop of t8, written by it */
+    /* grad_b_g: the adjoint of captured value 10 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_b_o: the adjoint of captured value 11 of the loop of t8, written by it */
+    /* grad_b_o: the adjoint of captured value 11 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_V: the adjoint of captured value 12 of the loop of t8, written by it */
+    /* grad_V: the adjoint of captured value 12 of the loop of scan_vjp_W_i, written by it */
 
-    /* grad_c: the adjoint of captured value 13 of the loop of t8, written by it */
+    /* grad_c: the adjoint of captured value 13 of the loop of scan_vjp_W_i, written by it */
 }
 #endif
 
@@ -1388,9 +1540,28 @@ int lstm_lm_value_and_grad(
     if (T < 1) {
         return 1;
     }
-    lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, work);
-    lstm_lm_value_and_grad_part2(T, Y, loss, work);
-    lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, work);
+
+    /* where each buffer lies in work */
+    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
+    LSTM_LM_REAL *logits = scan_W_i + 444; /* T x 30 */
+    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T + 31)/32) x 32 */
+    LSTM_LM_REAL *mul_logits = scan_part_W_i + 32*((T + 31)/32); /* T x 30 */
+    LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
+    LSTM_LM_REAL *softmax_axis_logits = mul_logits; /* T x 30, in mul_logits's memory */
+    LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
+    LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
+    LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
+    LSTM_LM_REAL *grad_logits = logits; /* T x 30, in logits's memory */
+    LSTM_LM_REAL *scan_vjp_W_i = colsum_logits + 1; /* 9374 x 1 */
+
+    lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
+            V, c, scan_W_i, logits, scan_part_W_i);
+    lstm_lm_value_and_grad_part2(T, Y, loss, logits, mul_logits, rowsum_logits, softmax_axis_logits,
+            rowlse_logits, add_logits, colsum_logits, grad_logits);
+    lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
+            V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o,
+            grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, scan_part_W_i, grad_logits,
+            scan_vjp_W_i);
     lstm_lm_value_and_grad_part4();
     return 0;
 }
@@ -1496,9 +1667,11 @@ size_t lstm_lm_forward_call_work_len(const int64_t *dims)
 }
 
 /* lstm_lm_forward with its arrays in arrays (see lstm_lm.h). */
-int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL *work)
+int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL
+        *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_lm_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            lstm_lm_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 16; ++i) {
@@ -1512,7 +1685,8 @@ int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const
         }
     }
     return lstm_lm_forward(
-        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL *)in[2],
+        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL
+                *)in[2],
         (const LSTM_LM_REAL *)in[3], (const LSTM_LM_REAL *)in[4], (const LSTM_LM_REAL *)in[5],
         (const LSTM_LM_REAL *)in[6], (const LSTM_LM_REAL *)in[7], (const LSTM_LM_REAL *)in[8],
         (const LSTM_LM_REAL *)in[9], (const LSTM_LM_REAL *)in[10], (const LSTM_LM_REAL *)in[11],
@@ -1619,9 +1793,11 @@ size_t lstm_lm_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* lstm_lm_value_and_grad with its arrays in arrays (see lstm_lm.h). */
-int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL *work)
+int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_lm_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            lstm_lm_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 16; ++i) {
@@ -1635,15 +1811,20 @@ int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void
         }
     }
     return lstm_lm_value_and_grad(
-        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL *)in[2],
+        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL
+                *)in[2],
         (const LSTM_LM_REAL *)in[3], (const LSTM_LM_REAL *)in[4], (const LSTM_LM_REAL *)in[5],
         (const LSTM_LM_REAL *)in[6], (const LSTM_LM_REAL *)in[7], (const LSTM_LM_REAL *)in[8],
         (const LSTM_LM_REAL *)in[9], (const LSTM_LM_REAL *)in[10], (const LSTM_LM_REAL *)in[11],
         (const LSTM_LM_REAL *)in[12], (const LSTM_LM_REAL *)in[13], (const LSTM_LM_REAL *)in[14],
-        (const LSTM_LM_REAL *)in[15], (LSTM_LM_REAL *)out[0], (LSTM_LM_REAL *)out[1], (LSTM_LM_REAL *)out[2],
-        (LSTM_LM_REAL *)out[3], (LSTM_LM_REAL *)out[4], (LSTM_LM_REAL *)out[5], (LSTM_LM_REAL *)out[6],
-        (LSTM_LM_REAL *)out[7], (LSTM_LM_REAL *)out[8], (LSTM_LM_REAL *)out[9], (LSTM_LM_REAL *)out[10],
-        (LSTM_LM_REAL *)out[11], (LSTM_LM_REAL *)out[12], (LSTM_LM_REAL *)out[13], (LSTM_LM_REAL *)out[14],
+        (const LSTM_LM_REAL *)in[15], (LSTM_LM_REAL *)out[0], (LSTM_LM_REAL *)out[1], (LSTM_LM_REAL
+                *)out[2],
+        (LSTM_LM_REAL *)out[3], (LSTM_LM_REAL *)out[4], (LSTM_LM_REAL *)out[5], (LSTM_LM_REAL
+                *)out[6],
+        (LSTM_LM_REAL *)out[7], (LSTM_LM_REAL *)out[8], (LSTM_LM_REAL *)out[9], (LSTM_LM_REAL
+                *)out[10],
+        (LSTM_LM_REAL *)out[11], (LSTM_LM_REAL *)out[12], (LSTM_LM_REAL *)out[13], (LSTM_LM_REAL
+                *)out[14],
         work
     );
 }

@@ -93,7 +93,12 @@ const char *lstm_lm_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t lstm_lm_forward_work_len(int64_t T);
-int lstm_lm_forward(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *Y, const LSTM_LM_REAL *W_i, const LSTM_LM_REAL *W_f, const LSTM_LM_REAL *W_g, const LSTM_LM_REAL *W_o, const LSTM_LM_REAL *U_i, const LSTM_LM_REAL *U_f, const LSTM_LM_REAL *U_g, const LSTM_LM_REAL *U_o, const LSTM_LM_REAL *b_i, const LSTM_LM_REAL *b_f, const LSTM_LM_REAL *b_g, const LSTM_LM_REAL *b_o, const LSTM_LM_REAL *V, const LSTM_LM_REAL *c, LSTM_LM_REAL *loss, LSTM_LM_REAL *logits, LSTM_LM_REAL *work);
+int lstm_lm_forward(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *Y, const LSTM_LM_REAL
+        *W_i, const LSTM_LM_REAL *W_f, const LSTM_LM_REAL *W_g, const LSTM_LM_REAL *W_o, const
+        LSTM_LM_REAL *U_i, const LSTM_LM_REAL *U_f, const LSTM_LM_REAL *U_g, const LSTM_LM_REAL
+        *U_o, const LSTM_LM_REAL *b_i, const LSTM_LM_REAL *b_f, const LSTM_LM_REAL *b_g, const
+        LSTM_LM_REAL *b_o, const LSTM_LM_REAL *V, const LSTM_LM_REAL *c, LSTM_LM_REAL *loss,
+        LSTM_LM_REAL *logits, LSTM_LM_REAL *work);
 int lstm_lm_forward_n_dims(void);
 const char *lstm_lm_forward_name_dim(int64_t i);
 int lstm_lm_forward_n_in(void);
@@ -104,7 +109,8 @@ int lstm_lm_forward_kind_in(int64_t i);
 int lstm_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int lstm_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t lstm_lm_forward_call_work_len(const int64_t *dims);
-int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL *work);
+int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL
+        *work);
 
 /* The loss and its gradient (reverse mode).
  *   X: input, T x 30
@@ -142,7 +148,16 @@ int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t lstm_lm_value_and_grad_work_len(int64_t T);
-int lstm_lm_value_and_grad(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *Y, const LSTM_LM_REAL *W_i, const LSTM_LM_REAL *W_f, const LSTM_LM_REAL *W_g, const LSTM_LM_REAL *W_o, const LSTM_LM_REAL *U_i, const LSTM_LM_REAL *U_f, const LSTM_LM_REAL *U_g, const LSTM_LM_REAL *U_o, const LSTM_LM_REAL *b_i, const LSTM_LM_REAL *b_f, const LSTM_LM_REAL *b_g, const LSTM_LM_REAL *b_o, const LSTM_LM_REAL *V, const LSTM_LM_REAL *c, LSTM_LM_REAL *loss, LSTM_LM_REAL *grad_W_i, LSTM_LM_REAL *grad_W_f, LSTM_LM_REAL *grad_W_g, LSTM_LM_REAL *grad_W_o, LSTM_LM_REAL *grad_U_i, LSTM_LM_REAL *grad_U_f, LSTM_LM_REAL *grad_U_g, LSTM_LM_REAL *grad_U_o, LSTM_LM_REAL *grad_b_i, LSTM_LM_REAL *grad_b_f, LSTM_LM_REAL *grad_b_g, LSTM_LM_REAL *grad_b_o, LSTM_LM_REAL *grad_V, LSTM_LM_REAL *grad_c, LSTM_LM_REAL *work);
+int lstm_lm_value_and_grad(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *Y, const
+        LSTM_LM_REAL *W_i, const LSTM_LM_REAL *W_f, const LSTM_LM_REAL *W_g, const LSTM_LM_REAL
+        *W_o, const LSTM_LM_REAL *U_i, const LSTM_LM_REAL *U_f, const LSTM_LM_REAL *U_g, const
+        LSTM_LM_REAL *U_o, const LSTM_LM_REAL *b_i, const LSTM_LM_REAL *b_f, const LSTM_LM_REAL
+        *b_g, const LSTM_LM_REAL *b_o, const LSTM_LM_REAL *V, const LSTM_LM_REAL *c, LSTM_LM_REAL
+        *loss, LSTM_LM_REAL *grad_W_i, LSTM_LM_REAL *grad_W_f, LSTM_LM_REAL *grad_W_g, LSTM_LM_REAL
+        *grad_W_o, LSTM_LM_REAL *grad_U_i, LSTM_LM_REAL *grad_U_f, LSTM_LM_REAL *grad_U_g,
+        LSTM_LM_REAL *grad_U_o, LSTM_LM_REAL *grad_b_i, LSTM_LM_REAL *grad_b_f, LSTM_LM_REAL
+        *grad_b_g, LSTM_LM_REAL *grad_b_o, LSTM_LM_REAL *grad_V, LSTM_LM_REAL *grad_c, LSTM_LM_REAL
+        *work);
 int lstm_lm_value_and_grad_n_dims(void);
 const char *lstm_lm_value_and_grad_name_dim(int64_t i);
 int lstm_lm_value_and_grad_n_in(void);
@@ -153,7 +168,8 @@ int lstm_lm_value_and_grad_kind_in(int64_t i);
 int lstm_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int lstm_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t lstm_lm_value_and_grad_call_work_len(const int64_t *dims);
-int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL *work);
+int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_LM_REAL *work);
 
 #ifdef __cplusplus
 }

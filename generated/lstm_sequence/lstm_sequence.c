@@ -28,86 +28,110 @@
  * and strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 8, 1, a, 1, 0, b, 0, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(8, 8, s0, a, 1, 8, b, 8, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 1, a, 1, 0, b, 0, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
+    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
 }
 #endif
 
@@ -115,11 +139,15 @@ void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2);
+void lstm_sequence_sigmoid_W_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2);
+void lstm_sequence_tanh_U_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop2(
+void lstm_sequence_sigmoid_U_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -133,7 +161,7 @@ void lstm_sequence_loop2(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
 );
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop3(
+void lstm_sequence_grad_add_U_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -152,17 +180,65 @@ void lstm_sequence_loop3(
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
+void lstm_sequence_sigmoid_U_loop(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
+)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            a0[8*i + j] = (((a1[8*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[8*i + j] + a2[j]))) / (1.0 + exp(-fabs(a1[8*i + j] + a2[j]))));
+            const LSTM_SEQUENCE_REAL x0 = (((a5[8*i + j] + a6[j]) >= 0 ? 1.0 : exp(-fabs(a5[8*i + j]
+                    + a6[j]))) / (1.0 + exp(-fabs(a5[8*i + j] + a6[j]))));
+            const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*a8[8*i + j] + a9[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
+            a0[8*i + j] = x0;
+            a1[8*i + j] = x1;
+            a2[8*i + j] = x2;
+            a3[8*i + j] = a4[8*i + j]*x2;
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_sigmoid_W_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            a0[8*i + j] = (((a1[8*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[8*i + j] + a2[j]))) /
+                    (1.0 + exp(-fabs(a1[8*i + j] + a2[j]))));
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_tanh_U_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
         }
     }
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop3(
+void lstm_sequence_grad_add_U_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -184,7 +260,8 @@ void lstm_sequence_loop3(
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a10[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = a12[8*i + j]*a13[8*i + j] + x0*(1 - (a9[8*i + j]*a9[8*i + j]));
+            const LSTM_SEQUENCE_REAL x1 = a12[8*i + j]*a13[8*i + j] + x0*(1 -
+                    (a9[8*i + j]*a9[8*i + j]));
             const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
             a0[8*i + j] = x1;
             a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
@@ -195,47 +272,53 @@ void lstm_sequence_loop3(
     }
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
-        }
-    }
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop2(
-    int64_t n,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((a5[8*i + j] + a6[j]) >= 0 ? 1.0 : exp(-fabs(a5[8*i + j] + a6[j]))) / (1.0 + exp(-fabs(a5[8*i + j] + a6[j]))));
-            const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*a8[8*i + j] + a9[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            a0[8*i + j] = x0;
-            a1[8*i + j] = x1;
-            a2[8*i + j] = x2;
-            a3[8*i + j] = a4[8*i + j]*x2;
-        }
-    }
-}
-#endif
 
+/* In unit 0; called from unit 0. */
+LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads);
+LSTM_SEQUENCE_SHARED int lstm_sequence_run(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *x7_,
+    const LSTM_SEQUENCE_REAL *x8_,
+    const LSTM_SEQUENCE_REAL *y,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    const LSTM_SEQUENCE_REAL *V,
+    const LSTM_SEQUENCE_REAL *c0,
+    LSTM_SEQUENCE_REAL *loss,
+    LSTM_SEQUENCE_REAL *logit,
+    LSTM_SEQUENCE_REAL *grad_W_i,
+    LSTM_SEQUENCE_REAL *grad_W_f,
+    LSTM_SEQUENCE_REAL *grad_W_g,
+    LSTM_SEQUENCE_REAL *grad_W_o,
+    LSTM_SEQUENCE_REAL *grad_U_i,
+    LSTM_SEQUENCE_REAL *grad_U_f,
+    LSTM_SEQUENCE_REAL *grad_U_g,
+    LSTM_SEQUENCE_REAL *grad_U_o,
+    LSTM_SEQUENCE_REAL *grad_b_i,
+    LSTM_SEQUENCE_REAL *grad_b_f,
+    LSTM_SEQUENCE_REAL *grad_b_g,
+    LSTM_SEQUENCE_REAL *grad_b_o,
+    LSTM_SEQUENCE_REAL *grad_V,
+    LSTM_SEQUENCE_REAL *grad_c0,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
@@ -249,6 +332,58 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    LSTM_SEQUENCE_REAL *mm_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *mm_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *mm_W_g,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mm_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
+    LSTM_SEQUENCE_REAL *mm_U_g,
+    LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *mm_U_f,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f,
+    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *mm_U_g_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
+    LSTM_SEQUENCE_REAL *mm_U_f_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
@@ -268,157 +403,157 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mm_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *mm_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *mm_W_g,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mm_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
+    LSTM_SEQUENCE_REAL *mm_U_g,
+    LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *mm_U_f,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f,
+    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *mm_U_g_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
+    LSTM_SEQUENCE_REAL *mm_U_f_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3
 )
 {
-    /* t0 = x1 @ W_o */
-    LSTM_SEQUENCE_REAL *t0 = work; /* n x 8 */
-    lstm_sequence_product0(n, x1_, W_o, t0);
+    /* mm_W_o = x1 @ W_o */
+    lstm_sequence_product0(n, x1_, W_o, mm_W_o);
 
-    /* t1 = sigmoid(b_o + t0) */
-    LSTM_SEQUENCE_REAL *t1 = t0 + 8*n; /* n x 8 */
-    lstm_sequence_loop0(n, t1, t0, b_o);
+    /* sigmoid_W_o = sigmoid(b_o + mm_W_o) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_W_o, mm_W_o, b_o);
 
-    /* t2 = x1 @ W_i */
-    LSTM_SEQUENCE_REAL *t2 = t0; /* n x 8, in t0's memory */
-    lstm_sequence_product0(n, x1_, W_i, t2);
+    /* mm_W_i = x1 @ W_i */
+    lstm_sequence_product0(n, x1_, W_i, mm_W_i);
 
-    /* t3 = sigmoid(b_i + t2) */
-    LSTM_SEQUENCE_REAL *t3 = t1 + 8*n; /* n x 8 */
-    lstm_sequence_loop0(n, t3, t2, b_i);
+    /* sigmoid_W_i = sigmoid(b_i + mm_W_i) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_W_i, mm_W_i, b_i);
 
-    /* t4 = x1 @ W_g */
-    LSTM_SEQUENCE_REAL *t4 = t2; /* n x 8, in t2's memory */
-    lstm_sequence_product0(n, x1_, W_g, t4);
+    /* mm_W_g = x1 @ W_g */
+    lstm_sequence_product0(n, x1_, W_g, mm_W_g);
 
-    /* t5 = tanh(b_g + t4) */
-    /* t6 = t3*tanh(b_g + t4) */
-    /* t7 = tanh(t3*tanh(b_g + t4)) */
-    /* t8 = t1*tanh(t3*tanh(b_g + t4)) */
-    LSTM_SEQUENCE_REAL *t5 = t3 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t6 = t5 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t7 = t6 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t8 = t7 + 8*n; /* n x 8 */
+    /* tanh_W_g = tanh(b_g + mm_W_g) */
+    /* mul_W_i = sigmoid_W_i*tanh(b_g + mm_W_g) */
+    /* tanh_W_i = tanh(sigmoid_W_i*tanh(b_g + mm_W_g)) */
+    /* mul_W_o = sigmoid_W_o*tanh(sigmoid_W_i*tanh(b_g + mm_W_g)) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = tanh(t4[8*i + j] + b_g[j]);
-            const LSTM_SEQUENCE_REAL x1 = t3[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = tanh(mm_W_g[8*i + j] + b_g[j]);
+            const LSTM_SEQUENCE_REAL x1 = sigmoid_W_i[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t5[8*i + j] = x0;
-            t6[8*i + j] = x1;
-            t7[8*i + j] = x2;
-            t8[8*i + j] = t1[8*i + j]*x2;
+            tanh_W_g[8*i + j] = x0;
+            mul_W_i[8*i + j] = x1;
+            tanh_W_i[8*i + j] = x2;
+            mul_W_o[8*i + j] = sigmoid_W_o[8*i + j]*x2;
         }
     }
 
-    /* t9 = t8 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t9 = with_grads ? t4 : t1; /* n x 8, in t4's memory */
-    lstm_sequence_product1(n, t8, U_o, t9);
+    /* mm_U_o = mul_W_o @ U_o, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_W_o, U_o, mm_U_o);
 
-    /* t9 += x2 @ W_o */
-    lstm_sequence_product2(n, x2_, W_o, t9);
+    /* mm_U_o += x2 @ W_o */
+    lstm_sequence_product2(n, x2_, W_o, mm_U_o);
 
-    /* t10 = sigmoid(b_o + t9) */
-    LSTM_SEQUENCE_REAL *t10 = with_grads ? t8 + 8*n : t3; /* n x 8 */
-    lstm_sequence_loop0(n, t10, t9, b_o);
+    /* sigmoid_U_o = sigmoid(b_o + mm_U_o) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o, mm_U_o, b_o);
 
-    /* t11 = t8 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t11 = with_grads ? t9 : t4; /* n x 8, in t9's memory */
-    lstm_sequence_product1(n, t8, U_i, t11);
+    /* mm_U_i = mul_W_o @ U_i, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_W_o, U_i, mm_U_i);
 
-    /* t11 += x2 @ W_i */
-    lstm_sequence_product2(n, x2_, W_i, t11);
+    /* mm_U_i += x2 @ W_i */
+    lstm_sequence_product2(n, x2_, W_i, mm_U_i);
 
-    /* t12 = sigmoid(b_i + t11) */
-    LSTM_SEQUENCE_REAL *t12 = with_grads ? t10 + 8*n : t5; /* n x 8 */
-    lstm_sequence_loop0(n, t12, t11, b_i);
+    /* sigmoid_U_i = sigmoid(b_i + mm_U_i) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i, mm_U_i, b_i);
 
-    /* t13 = t8 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t13 = with_grads ? t11 : t7; /* n x 8, in t11's memory */
-    lstm_sequence_product1(n, t8, U_g, t13);
+    /* mm_U_g = mul_W_o @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_W_o, U_g, mm_U_g);
 
-    /* t13 += x2 @ W_g */
-    lstm_sequence_product2(n, x2_, W_g, t13);
+    /* mm_U_g += x2 @ W_g */
+    lstm_sequence_product2(n, x2_, W_g, mm_U_g);
 
-    /* t14 = tanh(b_g + t13) */
-    LSTM_SEQUENCE_REAL *t14 = with_grads ? t12 + 8*n : t9; /* n x 8 */
-    lstm_sequence_loop1(n, t14, t13, b_g);
+    /* tanh_U_g = tanh(b_g + mm_U_g) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g, mm_U_g, b_g);
 
-    /* t15 = t8 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t15 = with_grads ? t13 : t11; /* n x 8, in t13's memory */
-    lstm_sequence_product1(n, t8, U_f, t15);
+    /* mm_U_f = mul_W_o @ U_f, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_W_o, U_f, mm_U_f);
 
-    /* t15 += x2 @ W_f */
-    lstm_sequence_product2(n, x2_, W_f, t15);
+    /* mm_U_f += x2 @ W_f */
+    lstm_sequence_product2(n, x2_, W_f, mm_U_f);
 
-    /* t16 = sigmoid(b_f + t15) */
-    /* t17 = t12*t14 + t6*sigmoid(b_f + t15) */
-    /* t18 = tanh(t12*t14 + t6*sigmoid(b_f + t15)) */
-    /* t19 = t10*tanh(t12*t14 + t6*sigmoid(b_f + t15)) */
-    LSTM_SEQUENCE_REAL *t16 = with_grads ? t14 + 8*n : t13; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t17 = with_grads ? t16 + 8*n : t8; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t18 = with_grads ? t17 + 8*n : t8 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t19 = t18 + 8*n; /* n x 8 */
-    lstm_sequence_loop2(n, t16, t17, t18, t19, t10, t15, b_f, t12, t14, t6);
+    /* sigmoid_U_f = sigmoid(b_f + mm_U_f) */
+    /* add_U_i = mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
+    /* tanh_U_i = tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
+    /* mul_U_o = sigmoid_U_o*tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, sigmoid_U_o, mm_U_f,
+            b_f, sigmoid_U_i, tanh_U_g, mul_W_i);
 
-    /* t20 = t19 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t20 = with_grads ? t15 : t6; /* n x 8, in t15's memory */
-    lstm_sequence_product1(n, t19, U_o, t20);
+    /* mm_U_o_2 = mul_U_o @ U_o, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o, U_o, mm_U_o_2);
 
-    /* t20 += x3 @ W_o */
-    lstm_sequence_product2(n, x3_, W_o, t20);
+    /* mm_U_o_2 += x3 @ W_o */
+    lstm_sequence_product2(n, x3_, W_o, mm_U_o_2);
 
-    /* t21 = sigmoid(b_o + t20) */
-    LSTM_SEQUENCE_REAL *t21 = with_grads ? t19 + 8*n : t10; /* n x 8 */
-    lstm_sequence_loop0(n, t21, t20, b_o);
+    /* sigmoid_U_o_2 = sigmoid(b_o + mm_U_o_2) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_2, mm_U_o_2, b_o);
 
-    /* t22 = t19 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t22 = with_grads ? t20 : t12; /* n x 8, in t20's memory */
-    lstm_sequence_product1(n, t19, U_i, t22);
+    /* mm_U_i_2 = mul_U_o @ U_i, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o, U_i, mm_U_i_2);
 
-    /* t22 += x3 @ W_i */
-    lstm_sequence_product2(n, x3_, W_i, t22);
+    /* mm_U_i_2 += x3 @ W_i */
+    lstm_sequence_product2(n, x3_, W_i, mm_U_i_2);
 
-    /* t23 = sigmoid(b_i + t22) */
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? t21 + 8*n : t14; /* n x 8 */
-    lstm_sequence_loop0(n, t23, t22, b_i);
+    /* sigmoid_U_i_2 = sigmoid(b_i + mm_U_i_2) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_2, mm_U_i_2, b_i);
 
-    /* t24 = t19 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t24 = with_grads ? t22 : t15; /* n x 8, in t22's memory */
-    lstm_sequence_product1(n, t19, U_g, t24);
+    /* mm_U_g_2 = mul_U_o @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o, U_g, mm_U_g_2);
 
-    /* t24 += x3 @ W_g */
-    lstm_sequence_product2(n, x3_, W_g, t24);
+    /* mm_U_g_2 += x3 @ W_g */
+    lstm_sequence_product2(n, x3_, W_g, mm_U_g_2);
 
-    /* t25 = tanh(b_g + t24) */
-    LSTM_SEQUENCE_REAL *t25 = with_grads ? t23 + 8*n : t16; /* n x 8 */
-    lstm_sequence_loop1(n, t25, t24, b_g);
+    /* tanh_U_g_2 = tanh(b_g + mm_U_g_2) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_2, mm_U_g_2, b_g);
 
-    /* t26 = t19 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t26 = with_grads ? t24 : t18; /* n x 8, in t24's memory */
-    lstm_sequence_product1(n, t19, U_f, t26);
+    /* mm_U_f_2 = mul_U_o @ U_f, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o, U_f, mm_U_f_2);
 
-    /* t26 += x3 @ W_f */
-    lstm_sequence_product2(n, x3_, W_f, t26);
+    /* mm_U_f_2 += x3 @ W_f */
+    lstm_sequence_product2(n, x3_, W_f, mm_U_f_2);
 
-    /* t27 = sigmoid(b_f + t26) */
-    /* t28 = t17*sigmoid(b_f + t26) + t23*t25 */
-    /* t29 = tanh(t17*sigmoid(b_f + t26) + t23*t25) */
-    /* t30 = t21*tanh(t17*sigmoid(b_f + t26) + t23*t25) */
-    LSTM_SEQUENCE_REAL *t27 = with_grads ? t25 + 8*n : t20; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t28 = with_grads ? t27 + 8*n : t22; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? t28 + 8*n : t24; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t30 = with_grads ? t29 + 8*n : t19; /* n x 8 */
-    lstm_sequence_loop2(n, t27, t28, t29, t30, t21, t26, b_f, t23, t25, t17);
+    /* sigmoid_U_f_2 = sigmoid(b_f + mm_U_f_2) */
+    /* add_U_i_2 = add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2 */
+    /* tanh_U_i_2 = tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
+    /* mul_U_o_2 = sigmoid_U_o_2*tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, sigmoid_U_o_2,
+            mm_U_f_2, b_f, sigmoid_U_i_2, tanh_U_g_2, add_U_i);
 
-    /* t31 = t30 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t31 = with_grads ? t26 : t17; /* n x 8, in t26's memory */
-    lstm_sequence_product1(n, t30, U_o, t31);
+    /* mm_U_o_3 = mul_U_o_2 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_2, U_o, mm_U_o_3);
 
-    /* t31 += x4 @ W_o */
-    lstm_sequence_product2(n, x4_, W_o, t31);
+    /* mm_U_o_3 += x4 @ W_o */
+    lstm_sequence_product2(n, x4_, W_o, mm_U_o_3);
 }
 #endif
 
@@ -443,8 +578,37 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *mm_U_g_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
+    LSTM_SEQUENCE_REAL *mm_U_f_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *mm_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
+    LSTM_SEQUENCE_REAL *mm_U_f_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *mm_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
@@ -464,148 +628,144 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *mm_U_g_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
+    LSTM_SEQUENCE_REAL *mm_U_f_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *mm_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
+    LSTM_SEQUENCE_REAL *mm_U_f_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *mm_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5
 )
 {
-    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t25 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t26 = with_grads ? work : work + 56*n; /* n x 8, in t24's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t28 = with_grads ? work + 144*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t30 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t31 = with_grads ? work : work + 48*n; /* n x 8, in t26's memory; placed in an earlier part */
-    /* t32 = sigmoid(b_o + t31) */
-    LSTM_SEQUENCE_REAL *t32 = with_grads ? t30 + 8*n : t21; /* n x 8 */
-    lstm_sequence_loop0(n, t32, t31, b_o);
+    /* sigmoid_U_o_3 = sigmoid(b_o + mm_U_o_3) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_3, mm_U_o_3, b_o);
 
-    /* t33 = t30 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t33 = with_grads ? t31 : t23; /* n x 8, in t31's memory */
-    lstm_sequence_product1(n, t30, U_i, t33);
+    /* mm_U_i_3 = mul_U_o_2 @ U_i, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_2, U_i, mm_U_i_3);
 
-    /* t33 += x4 @ W_i */
-    lstm_sequence_product2(n, x4_, W_i, t33);
+    /* mm_U_i_3 += x4 @ W_i */
+    lstm_sequence_product2(n, x4_, W_i, mm_U_i_3);
 
-    /* t34 = sigmoid(b_i + t33) */
-    LSTM_SEQUENCE_REAL *t34 = with_grads ? t32 + 8*n : t25; /* n x 8 */
-    lstm_sequence_loop0(n, t34, t33, b_i);
+    /* sigmoid_U_i_3 = sigmoid(b_i + mm_U_i_3) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_3, mm_U_i_3, b_i);
 
-    /* t35 = t30 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t35 = with_grads ? t33 : t26; /* n x 8, in t33's memory */
-    lstm_sequence_product1(n, t30, U_g, t35);
+    /* mm_U_g_3 = mul_U_o_2 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_2, U_g, mm_U_g_3);
 
-    /* t35 += x4 @ W_g */
-    lstm_sequence_product2(n, x4_, W_g, t35);
+    /* mm_U_g_3 += x4 @ W_g */
+    lstm_sequence_product2(n, x4_, W_g, mm_U_g_3);
 
-    /* t36 = tanh(b_g + t35) */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? t34 + 8*n : t27; /* n x 8 */
-    lstm_sequence_loop1(n, t36, t35, b_g);
+    /* tanh_U_g_3 = tanh(b_g + mm_U_g_3) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_3, mm_U_g_3, b_g);
 
-    /* t37 = t30 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t37 = with_grads ? t35 : t29; /* n x 8, in t35's memory */
-    lstm_sequence_product1(n, t30, U_f, t37);
+    /* mm_U_f_3 = mul_U_o_2 @ U_f, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_2, U_f, mm_U_f_3);
 
-    /* t37 += x4 @ W_f */
-    lstm_sequence_product2(n, x4_, W_f, t37);
+    /* mm_U_f_3 += x4 @ W_f */
+    lstm_sequence_product2(n, x4_, W_f, mm_U_f_3);
 
-    /* t38 = sigmoid(b_f + t37) */
-    /* t39 = t28*sigmoid(b_f + t37) + t34*t36 */
-    /* t40 = tanh(t28*sigmoid(b_f + t37) + t34*t36) */
-    /* t41 = t32*tanh(t28*sigmoid(b_f + t37) + t34*t36) */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? t36 + 8*n : t31; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t39 = with_grads ? t38 + 8*n : t33; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t40 = with_grads ? t39 + 8*n : t35; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t41 = with_grads ? t40 + 8*n : t30; /* n x 8 */
-    lstm_sequence_loop2(n, t38, t39, t40, t41, t32, t37, b_f, t34, t36, t28);
+    /* sigmoid_U_f_3 = sigmoid(b_f + mm_U_f_3) */
+    /* add_U_i_3 = add_U_i_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_3 */
+    /* tanh_U_i_3 = tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_3) */
+    /* mul_U_o_3 = sigmoid_U_o_3*tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) +
+     * sigmoid_U_i_3*tanh_U_g_3) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, sigmoid_U_o_3,
+            mm_U_f_3, b_f, sigmoid_U_i_3, tanh_U_g_3, add_U_i_2);
 
-    /* t42 = t41 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t42 = with_grads ? t37 : t28; /* n x 8, in t37's memory */
-    lstm_sequence_product1(n, t41, U_o, t42);
+    /* mm_U_o_4 = mul_U_o_3 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_3, U_o, mm_U_o_4);
 
-    /* t42 += x5 @ W_o */
-    lstm_sequence_product2(n, x5_, W_o, t42);
+    /* mm_U_o_4 += x5 @ W_o */
+    lstm_sequence_product2(n, x5_, W_o, mm_U_o_4);
 
-    /* t43 = sigmoid(b_o + t42) */
-    LSTM_SEQUENCE_REAL *t43 = with_grads ? t41 + 8*n : t32; /* n x 8 */
-    lstm_sequence_loop0(n, t43, t42, b_o);
+    /* sigmoid_U_o_4 = sigmoid(b_o + mm_U_o_4) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_4, mm_U_o_4, b_o);
 
-    /* t44 = t41 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t44 = with_grads ? t42 : t34; /* n x 8, in t42's memory */
-    lstm_sequence_product1(n, t41, U_i, t44);
+    /* mm_U_i_4 = mul_U_o_3 @ U_i, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_3, U_i, mm_U_i_4);
 
-    /* t44 += x5 @ W_i */
-    lstm_sequence_product2(n, x5_, W_i, t44);
+    /* mm_U_i_4 += x5 @ W_i */
+    lstm_sequence_product2(n, x5_, W_i, mm_U_i_4);
 
-    /* t45 = sigmoid(b_i + t44) */
-    LSTM_SEQUENCE_REAL *t45 = with_grads ? t43 + 8*n : t36; /* n x 8 */
-    lstm_sequence_loop0(n, t45, t44, b_i);
+    /* sigmoid_U_i_4 = sigmoid(b_i + mm_U_i_4) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_4, mm_U_i_4, b_i);
 
-    /* t46 = t41 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t46 = with_grads ? t44 : t37; /* n x 8, in t44's memory */
-    lstm_sequence_product1(n, t41, U_g, t46);
+    /* mm_U_g_4 = mul_U_o_3 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_3, U_g, mm_U_g_4);
 
-    /* t46 += x5 @ W_g */
-    lstm_sequence_product2(n, x5_, W_g, t46);
+    /* mm_U_g_4 += x5 @ W_g */
+    lstm_sequence_product2(n, x5_, W_g, mm_U_g_4);
 
-    /* t47 = tanh(b_g + t46) */
-    LSTM_SEQUENCE_REAL *t47 = with_grads ? t45 + 8*n : t38; /* n x 8 */
-    lstm_sequence_loop1(n, t47, t46, b_g);
+    /* tanh_U_g_4 = tanh(b_g + mm_U_g_4) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_4, mm_U_g_4, b_g);
 
-    /* t48 = t41 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t48 = with_grads ? t46 : t40; /* n x 8, in t46's memory */
-    lstm_sequence_product1(n, t41, U_f, t48);
+    /* mm_U_f_4 = mul_U_o_3 @ U_f, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_3, U_f, mm_U_f_4);
 
-    /* t48 += x5 @ W_f */
-    lstm_sequence_product2(n, x5_, W_f, t48);
+    /* mm_U_f_4 += x5 @ W_f */
+    lstm_sequence_product2(n, x5_, W_f, mm_U_f_4);
 
-    /* t49 = sigmoid(b_f + t48) */
-    /* t50 = t39*sigmoid(b_f + t48) + t45*t47 */
-    /* t51 = tanh(t39*sigmoid(b_f + t48) + t45*t47) */
-    /* t52 = t43*tanh(t39*sigmoid(b_f + t48) + t45*t47) */
-    LSTM_SEQUENCE_REAL *t49 = with_grads ? t47 + 8*n : t42; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t50 = with_grads ? t49 + 8*n : t44; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t51 = with_grads ? t50 + 8*n : t46; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t52 = with_grads ? t51 + 8*n : t41; /* n x 8 */
-    lstm_sequence_loop2(n, t49, t50, t51, t52, t43, t48, b_f, t45, t47, t39);
+    /* sigmoid_U_f_4 = sigmoid(b_f + mm_U_f_4) */
+    /* add_U_i_4 = add_U_i_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_4 */
+    /* tanh_U_i_4 = tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_4) */
+    /* mul_U_o_4 = sigmoid_U_o_4*tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) +
+     * sigmoid_U_i_4*tanh_U_g_4) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, sigmoid_U_o_4,
+            mm_U_f_4, b_f, sigmoid_U_i_4, tanh_U_g_4, add_U_i_3);
 
-    /* t53 = t52 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t53 = with_grads ? t48 : t39; /* n x 8, in t48's memory */
-    lstm_sequence_product1(n, t52, U_o, t53);
+    /* mm_U_o_5 = mul_U_o_4 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_4, U_o, mm_U_o_5);
 
-    /* t53 += x6 @ W_o */
-    lstm_sequence_product2(n, x6_, W_o, t53);
+    /* mm_U_o_5 += x6 @ W_o */
+    lstm_sequence_product2(n, x6_, W_o, mm_U_o_5);
 
-    /* t54 = sigmoid(b_o + t53) */
-    LSTM_SEQUENCE_REAL *t54 = with_grads ? t52 + 8*n : t43; /* n x 8 */
-    lstm_sequence_loop0(n, t54, t53, b_o);
+    /* sigmoid_U_o_5 = sigmoid(b_o + mm_U_o_5) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_5, mm_U_o_5, b_o);
 
-    /* t55 = t52 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t55 = with_grads ? t53 : t45; /* n x 8, in t53's memory */
-    lstm_sequence_product1(n, t52, U_i, t55);
+    /* mm_U_i_5 = mul_U_o_4 @ U_i, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_4, U_i, mm_U_i_5);
 
-    /* t55 += x6 @ W_i */
-    lstm_sequence_product2(n, x6_, W_i, t55);
+    /* mm_U_i_5 += x6 @ W_i */
+    lstm_sequence_product2(n, x6_, W_i, mm_U_i_5);
 
-    /* t56 = sigmoid(b_i + t55) */
-    LSTM_SEQUENCE_REAL *t56 = with_grads ? t54 + 8*n : t47; /* n x 8 */
-    lstm_sequence_loop0(n, t56, t55, b_i);
+    /* sigmoid_U_i_5 = sigmoid(b_i + mm_U_i_5) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_5, mm_U_i_5, b_i);
 
-    /* t57 = t52 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t57 = with_grads ? t55 : t48; /* n x 8, in t55's memory */
-    lstm_sequence_product1(n, t52, U_g, t57);
+    /* mm_U_g_5 = mul_U_o_4 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_4, U_g, mm_U_g_5);
 
-    /* t57 += x6 @ W_g */
-    lstm_sequence_product2(n, x6_, W_g, t57);
+    /* mm_U_g_5 += x6 @ W_g */
+    lstm_sequence_product2(n, x6_, W_g, mm_U_g_5);
 
-    /* t58 = tanh(b_g + t57) */
-    LSTM_SEQUENCE_REAL *t58 = with_grads ? t56 + 8*n : t49; /* n x 8 */
-    lstm_sequence_loop1(n, t58, t57, b_g);
+    /* tanh_U_g_5 = tanh(b_g + mm_U_g_5) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_5, mm_U_g_5, b_g);
 
-    /* t59 = t52 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t59 = with_grads ? t57 : t51; /* n x 8, in t57's memory */
-    lstm_sequence_product1(n, t52, U_f, t59);
+    /* mm_U_f_5 = mul_U_o_4 @ U_f, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_4, U_f, mm_U_f_5);
 }
 #endif
 
@@ -635,8 +795,40 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *mm_U_g_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *mm_U_f_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
+    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_U_i_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
+    LSTM_SEQUENCE_REAL *mm_U_g_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *mm_U_f_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *mul_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_V,
+    LSTM_SEQUENCE_REAL *add_logit,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *colsum_logit
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
@@ -661,168 +853,170 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *mm_U_g_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *mm_U_f_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
+    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_U_i_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
+    LSTM_SEQUENCE_REAL *mm_U_g_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *mm_U_f_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *mul_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_V,
+    LSTM_SEQUENCE_REAL *add_logit,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *colsum_logit
 )
 {
-    LSTM_SEQUENCE_REAL *t19 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t50 = with_grads ? work + 256*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t52 = with_grads ? work + 272*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t53 = with_grads ? work : work + 8*n; /* n x 8, in t48's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t54 = with_grads ? work + 280*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t55 = with_grads ? work : work + 32*n; /* n x 8, in t53's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t56 = with_grads ? work + 288*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t57 = with_grads ? work : work + 56*n; /* n x 8, in t55's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t58 = with_grads ? work + 296*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t59 = work; /* n x 8, in t57's memory; placed in an earlier part */
-    /* t59 += x6 @ W_f */
-    lstm_sequence_product2(n, x6_, W_f, t59);
+    /* mm_U_f_5 += x6 @ W_f */
+    lstm_sequence_product2(n, x6_, W_f, mm_U_f_5);
 
-    /* t60 = sigmoid(b_f + t59) */
-    /* t61 = t50*sigmoid(b_f + t59) + t56*t58 */
-    /* t62 = tanh(t50*sigmoid(b_f + t59) + t56*t58) */
-    /* t63 = t54*tanh(t50*sigmoid(b_f + t59) + t56*t58) */
-    LSTM_SEQUENCE_REAL *t60 = with_grads ? t58 + 8*n : t53; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t61 = with_grads ? t60 + 8*n : t55; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t62 = with_grads ? t61 + 8*n : t57; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t63 = with_grads ? t62 + 8*n : t52; /* n x 8 */
-    lstm_sequence_loop2(n, t60, t61, t62, t63, t54, t59, b_f, t56, t58, t50);
+    /* sigmoid_U_f_5 = sigmoid(b_f + mm_U_f_5) */
+    /* add_U_i_5 = add_U_i_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_5 */
+    /* tanh_U_i_5 = tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_5) */
+    /* mul_U_o_5 = sigmoid_U_o_5*tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) +
+     * sigmoid_U_i_5*tanh_U_g_5) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, sigmoid_U_o_5,
+            mm_U_f_5, b_f, sigmoid_U_i_5, tanh_U_g_5, add_U_i_4);
 
-    /* t64 = t63 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t64 = with_grads ? t59 : t50; /* n x 8, in t59's memory */
-    lstm_sequence_product1(n, t63, U_o, t64);
+    /* mm_U_o_6 = mul_U_o_5 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_5, U_o, mm_U_o_6);
 
-    /* t64 += x7 @ W_o */
-    lstm_sequence_product2(n, x7_, W_o, t64);
+    /* mm_U_o_6 += x7 @ W_o */
+    lstm_sequence_product2(n, x7_, W_o, mm_U_o_6);
 
-    /* t65 = sigmoid(b_o + t64) */
-    LSTM_SEQUENCE_REAL *t65 = with_grads ? t63 + 8*n : t54; /* n x 8 */
-    lstm_sequence_loop0(n, t65, t64, b_o);
+    /* sigmoid_U_o_6 = sigmoid(b_o + mm_U_o_6) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_6, mm_U_o_6, b_o);
 
-    /* t66 = t63 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t66 = with_grads ? t64 : t56; /* n x 8, in t64's memory */
-    lstm_sequence_product1(n, t63, U_i, t66);
+    /* mm_U_i_6 = mul_U_o_5 @ U_i, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_5, U_i, mm_U_i_6);
 
-    /* t66 += x7 @ W_i */
-    lstm_sequence_product2(n, x7_, W_i, t66);
+    /* mm_U_i_6 += x7 @ W_i */
+    lstm_sequence_product2(n, x7_, W_i, mm_U_i_6);
 
-    /* t67 = sigmoid(b_i + t66) */
-    LSTM_SEQUENCE_REAL *t67 = with_grads ? t65 + 8*n : t58; /* n x 8 */
-    lstm_sequence_loop0(n, t67, t66, b_i);
+    /* sigmoid_U_i_6 = sigmoid(b_i + mm_U_i_6) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_6, mm_U_i_6, b_i);
 
-    /* t68 = t63 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t68 = with_grads ? t66 : t59; /* n x 8, in t66's memory */
-    lstm_sequence_product1(n, t63, U_g, t68);
+    /* mm_U_g_6 = mul_U_o_5 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_5, U_g, mm_U_g_6);
 
-    /* t68 += x7 @ W_g */
-    lstm_sequence_product2(n, x7_, W_g, t68);
+    /* mm_U_g_6 += x7 @ W_g */
+    lstm_sequence_product2(n, x7_, W_g, mm_U_g_6);
 
-    /* t69 = tanh(b_g + t68) */
-    LSTM_SEQUENCE_REAL *t69 = with_grads ? t67 + 8*n : t60; /* n x 8 */
-    lstm_sequence_loop1(n, t69, t68, b_g);
+    /* tanh_U_g_6 = tanh(b_g + mm_U_g_6) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_6, mm_U_g_6, b_g);
 
-    /* t70 = t63 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t70 = with_grads ? t68 : t62; /* n x 8, in t68's memory */
-    lstm_sequence_product1(n, t63, U_f, t70);
+    /* mm_U_f_6 = mul_U_o_5 @ U_f, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_5, U_f, mm_U_f_6);
 
-    /* t70 += x7 @ W_f */
-    lstm_sequence_product2(n, x7_, W_f, t70);
+    /* mm_U_f_6 += x7 @ W_f */
+    lstm_sequence_product2(n, x7_, W_f, mm_U_f_6);
 
-    /* t71 = sigmoid(b_f + t70) */
-    /* t72 = t61*sigmoid(b_f + t70) + t67*t69 */
-    /* t73 = tanh(t61*sigmoid(b_f + t70) + t67*t69) */
-    /* t74 = t65*tanh(t61*sigmoid(b_f + t70) + t67*t69) */
-    LSTM_SEQUENCE_REAL *t71 = with_grads ? t69 + 8*n : t64; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? t71 + 8*n : t66; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t73 = with_grads ? t72 + 8*n : t68; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t74 = with_grads ? t73 + 8*n : t63; /* n x 8 */
-    lstm_sequence_loop2(n, t71, t72, t73, t74, t65, t70, b_f, t67, t69, t61);
+    /* sigmoid_U_f_6 = sigmoid(b_f + mm_U_f_6) */
+    /* add_U_i_6 = add_U_i_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_6 */
+    /* tanh_U_i_6 = tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_6) */
+    /* mul_U_o_6 = sigmoid_U_o_6*tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) +
+     * sigmoid_U_i_6*tanh_U_g_6) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, sigmoid_U_o_6,
+            mm_U_f_6, b_f, sigmoid_U_i_6, tanh_U_g_6, add_U_i_5);
 
-    /* t75 = t74 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t75 = with_grads ? t70 : t61; /* n x 8, in t70's memory */
-    lstm_sequence_product1(n, t74, U_o, t75);
+    /* mm_U_o_7 = mul_U_o_6 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_6, U_o, mm_U_o_7);
 
-    /* t75 += x8 @ W_o */
-    lstm_sequence_product2(n, x8_, W_o, t75);
+    /* mm_U_o_7 += x8 @ W_o */
+    lstm_sequence_product2(n, x8_, W_o, mm_U_o_7);
 
-    /* t76 = sigmoid(b_o + t75) */
-    LSTM_SEQUENCE_REAL *t76 = with_grads ? t74 + 8*n : t65; /* n x 8 */
-    lstm_sequence_loop0(n, t76, t75, b_o);
+    /* sigmoid_U_o_7 = sigmoid(b_o + mm_U_o_7) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_7, mm_U_o_7, b_o);
 
-    /* t77 = t74 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t77 = with_grads ? t75 : t67; /* n x 8, in t75's memory */
-    lstm_sequence_product1(n, t74, U_i, t77);
+    /* mm_U_i_7 = mul_U_o_6 @ U_i, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_6, U_i, mm_U_i_7);
 
-    /* t77 += x8 @ W_i */
-    lstm_sequence_product2(n, x8_, W_i, t77);
+    /* mm_U_i_7 += x8 @ W_i */
+    lstm_sequence_product2(n, x8_, W_i, mm_U_i_7);
 
-    /* t78 = sigmoid(b_i + t77) */
-    LSTM_SEQUENCE_REAL *t78 = with_grads ? t76 + 8*n : t69; /* n x 8 */
-    lstm_sequence_loop0(n, t78, t77, b_i);
+    /* sigmoid_U_i_7 = sigmoid(b_i + mm_U_i_7) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_7, mm_U_i_7, b_i);
 
-    /* t79 = t74 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t79 = with_grads ? t77 : t70; /* n x 8, in t77's memory */
-    lstm_sequence_product1(n, t74, U_g, t79);
+    /* mm_U_g_7 = mul_U_o_6 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_6, U_g, mm_U_g_7);
 
-    /* t79 += x8 @ W_g */
-    lstm_sequence_product2(n, x8_, W_g, t79);
+    /* mm_U_g_7 += x8 @ W_g */
+    lstm_sequence_product2(n, x8_, W_g, mm_U_g_7);
 
-    /* t80 = tanh(b_g + t79) */
-    LSTM_SEQUENCE_REAL *t80 = with_grads ? t78 + 8*n : t71; /* n x 8 */
-    lstm_sequence_loop1(n, t80, t79, b_g);
+    /* tanh_U_g_7 = tanh(b_g + mm_U_g_7) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_7, mm_U_g_7, b_g);
 
-    /* t81 = t74 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *t81 = with_grads ? t79 : t73; /* n x 8, in t79's memory */
-    lstm_sequence_product1(n, t74, U_f, t81);
+    /* mm_U_f_7 = mul_U_o_6 @ U_f, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_6, U_f, mm_U_f_7);
 
-    /* t81 += x8 @ W_f */
-    lstm_sequence_product2(n, x8_, W_f, t81);
+    /* mm_U_f_7 += x8 @ W_f */
+    lstm_sequence_product2(n, x8_, W_f, mm_U_f_7);
 
-    /* t82 = sigmoid(b_f + t81) */
-    /* t83 = tanh(t72*sigmoid(b_f + t81) + t78*t80) */
-    /* t84 = t76*tanh(t72*sigmoid(b_f + t81) + t78*t80) */
-    LSTM_SEQUENCE_REAL *t82 = with_grads ? t80 + 8*n : t75; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t83 = with_grads ? t82 + 8*n : t77; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t84 = with_grads ? t83 + 8*n : t79; /* n x 8 */
+    /* sigmoid_U_f_7 = sigmoid(b_f + mm_U_f_7) */
+    /* tanh_U_i_7 = tanh(add_U_i_6*sigmoid(b_f + mm_U_f_7) + sigmoid_U_i_7*tanh_U_g_7) */
+    /* mul_U_o_7 = sigmoid_U_o_7*tanh(add_U_i_6*sigmoid(b_f + mm_U_f_7) +
+     * sigmoid_U_i_7*tanh_U_g_7) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t81[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t81[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t81[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = tanh(t78[8*i + j]*t80[8*i + j] + t72[8*i + j]*x0);
-            t82[8*i + j] = x0;
-            t83[8*i + j] = x1;
-            t84[8*i + j] = t76[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x0 = (((mm_U_f_7[8*i + j] + b_f[j]) >= 0 ? 1.0 :
+                    exp(-fabs(mm_U_f_7[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(mm_U_f_7[8*i + j] +
+                    b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = tanh(sigmoid_U_i_7[8*i + j]*tanh_U_g_7[8*i + j] +
+                    add_U_i_6[8*i + j]*x0);
+            sigmoid_U_f_7[8*i + j] = x0;
+            tanh_U_i_7[8*i + j] = x1;
+            mul_U_o_7[8*i + j] = sigmoid_U_o_7[8*i + j]*x1;
         }
     }
 
-    /* t85 = t84 @ V */
-    LSTM_SEQUENCE_REAL *t85 = with_grads ? t84 + 8*n : t19 + 8*n; /* n x 1 */
-    lstm_sequence_product3(n, t84, V, t85);
+    /* mm_V = mul_U_o_7 @ V */
+    lstm_sequence_product3(n, mul_U_o_7, V, mm_V);
 
-    /* logit = c0 + t85 */
-    /* t86 = -y*(c0 + t85) + softplus(c0 + t85) */
-    /* grad_logit = -y/n + sigmoid(c0 + t85)/n */
-    LSTM_SEQUENCE_REAL *t86 = t85 + n; /* n x 1 */
-    LSTM_SEQUENCE_REAL *grad_logit = t86 + n; /* n x 1 */
+    /* logit = c0 + mm_V */
+    /* add_logit = -y*(c0 + mm_V) + softplus(c0 + mm_V) */
+    /* grad_logit = -y/n + sigmoid(c0 + mm_V)/n */
     {
         const LSTM_SEQUENCE_REAL c0_value = c0[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < n; ++i) {
-            const LSTM_SEQUENCE_REAL x0 = t85[i] + c0_value;
+            const LSTM_SEQUENCE_REAL x0 = mm_V[i] + c0_value;
             const LSTM_SEQUENCE_REAL x1 = 1.0/((LSTM_SEQUENCE_REAL)n);
             logit[i] = x0;
-            t86[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
-            grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
+            add_logit[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+            grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 +
+                    exp(-fabs(x0))));
         }
     }
 
-    /* t87 = sum of t86 down each column */
-    LSTM_SEQUENCE_REAL *t87 = grad_logit + n; /* 1 x 1 */
-    t87[0] = symbackprop_f64_sum(t86, n, 1);
+    /* colsum_logit = sum of add_logit down each column */
+    colsum_logit[0] = symbackprop_f64_sum(add_logit, n, 1);
 
-    /* loss = t87/n */
+    /* loss = colsum_logit/n */
     {
-        loss[0] = t87[0]/((LSTM_SEQUENCE_REAL)n);
+        loss[0] = colsum_logit[0]/((LSTM_SEQUENCE_REAL)n);
     }
 }
 #endif
@@ -830,55 +1024,66 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 /* lstm_sequence_run, part 4 of 8 (kernels 95 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o
 )
 {
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? work + 368*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t76 = with_grads ? work + 392*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t78 = with_grads ? work + 400*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t80 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t81 = work; /* n x 8, in t79's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t82 = with_grads ? work + 416*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t83 = with_grads ? work + 424*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 442*n : work + 74*n; /* n x 1; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t87 = with_grads ? work + 443*n : work + 75*n; /* 1 x 1; placed in an earlier part */
-    /* grad_t84 = grad_logit @ V^T */
-    LSTM_SEQUENCE_REAL *grad_t84 = t81; /* n x 8, in t81's memory */
-    lstm_sequence_product0(n, grad_logit, V, grad_t84);
+    /* grad_mul_U_o_7 = grad_logit @ V^T */
+    lstm_sequence_product0(n, grad_logit, V, grad_mul_U_o_7);
 
-    /* g0 = grad_t84*t76*(1 - t83**2) */
-    /* g1 = grad_t84*t76*t78*t80*(1 - t78)*(1 - t83**2) */
-    /* g2 = grad_t84*t72*t76*t82*(1 - t82)*(1 - t83**2) */
-    /* g3 = grad_t84*t76*t78*(1 - t80**2)*(1 - t83**2) */
-    /* g4 = grad_t84*t76*t83*(1 - t76) */
-    LSTM_SEQUENCE_REAL *g0 = t87 + 1; /* n x 8 */
-    LSTM_SEQUENCE_REAL *g1 = g0 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *g2 = g1 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *g3 = g2 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *g4 = g3 + 8*n; /* n x 8 */
+    /* grad_add_U_i = grad_mul_U_o_7*sigmoid_U_o_7*(1 - tanh_U_i_7**2) */
+    /* grad_add_U_i_2 = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*tanh_U_g_7*(1 -
+     * sigmoid_U_i_7)*(1 - tanh_U_i_7**2) */
+    /* grad_add_U_f = add_U_i_6*grad_mul_U_o_7*sigmoid_U_f_7*sigmoid_U_o_7*(1 -
+     * sigmoid_U_f_7)*(1 - tanh_U_i_7**2) */
+    /* grad_add_U_g = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*(1 - tanh_U_g_7**2)*(1 -
+     * tanh_U_i_7**2) */
+    /* grad_add_U_o = grad_mul_U_o_7*sigmoid_U_o_7*tanh_U_i_7*(1 - sigmoid_U_o_7) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t84[8*i + j]*t76[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (t83[8*i + j]*t83[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t78[8*i + j]*x1;
-            g0[8*i + j] = x1;
-            g1[8*i + j] = t80[8*i + j]*x2*(1 - t78[8*i + j]);
-            g2[8*i + j] = t72[8*i + j]*t82[8*i + j]*x1*(1 - t82[8*i + j]);
-            g3[8*i + j] = x2*(1 - (t80[8*i + j]*t80[8*i + j]));
-            g4[8*i + j] = t83[8*i + j]*x0*(1 - t76[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = grad_mul_U_o_7[8*i + j]*sigmoid_U_o_7[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (tanh_U_i_7[8*i + j]*tanh_U_i_7[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = sigmoid_U_i_7[8*i + j]*x1;
+            grad_add_U_i[8*i + j] = x1;
+            grad_add_U_i_2[8*i + j] = tanh_U_g_7[8*i + j]*x2*(1 - sigmoid_U_i_7[8*i + j]);
+            grad_add_U_f[8*i + j] = add_U_i_6[8*i + j]*sigmoid_U_f_7[8*i + j]*x1*(1 -
+                    sigmoid_U_f_7[8*i + j]);
+            grad_add_U_g[8*i + j] = x2*(1 - (tanh_U_g_7[8*i + j]*tanh_U_g_7[8*i + j]));
+            grad_add_U_o[8*i + j] = tanh_U_i_7[8*i + j]*x0*(1 - sigmoid_U_o_7[8*i + j]);
         }
     }
 }
@@ -901,8 +1106,73 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
     LSTM_SEQUENCE_REAL *grad_W_i,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
+    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
@@ -918,198 +1188,230 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
     LSTM_SEQUENCE_REAL *grad_W_i,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
+    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o
 )
 {
-    LSTM_SEQUENCE_REAL *t17 = with_grads ? work + 88*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t25 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t28 = with_grads ? work + 144*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 168*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t34 = with_grads ? work + 176*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 184*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 192*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t39 = with_grads ? work + 200*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t40 = with_grads ? work + 208*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t43 = with_grads ? work + 224*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t45 = with_grads ? work + 232*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t47 = with_grads ? work + 240*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t49 = with_grads ? work + 248*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t50 = with_grads ? work + 256*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t51 = with_grads ? work + 264*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t54 = with_grads ? work + 280*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t56 = with_grads ? work + 288*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t58 = with_grads ? work + 296*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t60 = with_grads ? work + 304*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t61 = with_grads ? work + 312*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t62 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t65 = with_grads ? work + 336*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t67 = with_grads ? work + 344*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t69 = with_grads ? work + 352*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t71 = with_grads ? work + 360*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? work + 368*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t73 = with_grads ? work + 376*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t76 = with_grads ? work + 392*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t78 = with_grads ? work + 400*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t80 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t82 = with_grads ? work + 416*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t83 = with_grads ? work + 424*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t84 = work; /* n x 8, in t81's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g0 = work + 443*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    /* grad_W_i = x8^T @ g1, the first of 8 products added up here */
-    lstm_sequence_product4(n, x8_, g1, grad_W_i);
+    /* grad_W_i = x8^T @ grad_add_U_i_2, the first of 8 products added up here */
+    lstm_sequence_product4(n, x8_, grad_add_U_i_2, grad_W_i);
 
-    /* grad_t74 = g2 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_t74 = t72; /* n x 8, in t72's memory */
-    lstm_sequence_product5(n, g2, U_f, grad_t74);
+    /* grad_mul_U_o_6 = grad_add_U_f @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product5(n, grad_add_U_f, U_f, grad_mul_U_o_6);
 
-    /* grad_t74 += g3 @ U_g^T */
-    lstm_sequence_product6(n, g3, U_g, grad_t74);
+    /* grad_mul_U_o_6 += grad_add_U_g @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g, U_g, grad_mul_U_o_6);
 
-    /* grad_t74 += g1 @ U_i^T */
-    lstm_sequence_product6(n, g1, U_i, grad_t74);
+    /* grad_mul_U_o_6 += grad_add_U_i_2 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_2, U_i, grad_mul_U_o_6);
 
-    /* grad_t74 += g4 @ U_o^T */
-    lstm_sequence_product6(n, g4, U_o, grad_t74);
+    /* grad_mul_U_o_6 += grad_add_U_o @ U_o^T */
+    lstm_sequence_product6(n, grad_add_U_o, U_o, grad_mul_U_o_6);
 
-    /* grad_t72 = g0*t82 + grad_t74*t65*(1 - t73**2) */
-    /* g5 = t67*t69*(1 - t67)*(g0*t82 + grad_t74*t65*(1 - t73**2)) */
-    /* g6 = t61*t71*(1 - t71)*(g0*t82 + grad_t74*t65*(1 - t73**2)) */
-    /* g7 = t67*(1 - t69**2)*(g0*t82 + grad_t74*t65*(1 - t73**2)) */
-    /* g8 = grad_t74*t65*t73*(1 - t65) */
-    LSTM_SEQUENCE_REAL *grad_t72 = t76; /* n x 8, in t76's memory */
-    LSTM_SEQUENCE_REAL *g5 = t78; /* n x 8, in t78's memory */
-    LSTM_SEQUENCE_REAL *g6 = t80; /* n x 8, in t80's memory */
-    LSTM_SEQUENCE_REAL *g7 = t83; /* n x 8, in t83's memory */
-    LSTM_SEQUENCE_REAL *g8 = grad_t84; /* n x 8, in grad_t84's memory */
-    lstm_sequence_loop3(n, grad_t72, g5, t69, t67, g6, t61, t71, g7, g8, t73, t65, grad_t74, g0, t82);
+    /* grad_add_U_i_6 = grad_add_U_i*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
+     * tanh_U_i_6**2) */
+    /* grad_add_U_i_3 = sigmoid_U_i_6*tanh_U_g_6*(1 -
+     * sigmoid_U_i_6)*(grad_add_U_i*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
+     * tanh_U_i_6**2)) */
+    /* grad_add_U_f_2 = add_U_i_5*sigmoid_U_f_6*(1 -
+     * sigmoid_U_f_6)*(grad_add_U_i*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
+     * tanh_U_i_6**2)) */
+    /* grad_add_U_g_2 = sigmoid_U_i_6*(1 - tanh_U_g_6**2)*(grad_add_U_i*sigmoid_U_f_7 +
+     * grad_mul_U_o_6*sigmoid_U_o_6*(1 - tanh_U_i_6**2)) */
+    /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_i_6*(1 - sigmoid_U_o_6) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_6, grad_add_U_i_3, tanh_U_g_6, sigmoid_U_i_6,
+            grad_add_U_f_2, add_U_i_5, sigmoid_U_f_6, grad_add_U_g_2, grad_add_U_o_2, tanh_U_i_6,
+            sigmoid_U_o_6, grad_mul_U_o_6, grad_add_U_i, sigmoid_U_f_7);
 
-    /* grad_W_i += x7^T @ g5 */
-    lstm_sequence_product7(n, x7_, g5, grad_W_i);
+    /* grad_W_i += x7^T @ grad_add_U_i_3 */
+    lstm_sequence_product7(n, x7_, grad_add_U_i_3, grad_W_i);
 
-    /* grad_t63 = g6 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_t63 = t61; /* n x 8, in t61's memory */
-    lstm_sequence_product5(n, g6, U_f, grad_t63);
+    /* grad_mul_U_o_5 = grad_add_U_f_2 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product5(n, grad_add_U_f_2, U_f, grad_mul_U_o_5);
 
-    /* grad_t63 += g7 @ U_g^T */
-    lstm_sequence_product6(n, g7, U_g, grad_t63);
+    /* grad_mul_U_o_5 += grad_add_U_g_2 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_2, U_g, grad_mul_U_o_5);
 
-    /* grad_t63 += g5 @ U_i^T */
-    lstm_sequence_product6(n, g5, U_i, grad_t63);
+    /* grad_mul_U_o_5 += grad_add_U_i_3 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_3, U_i, grad_mul_U_o_5);
 
-    /* grad_t63 += g8 @ U_o^T */
-    lstm_sequence_product6(n, g8, U_o, grad_t63);
+    /* grad_mul_U_o_5 += grad_add_U_o_2 @ U_o^T */
+    lstm_sequence_product6(n, grad_add_U_o_2, U_o, grad_mul_U_o_5);
 
-    /* grad_t61 = grad_t63*t54*(1 - t62**2) + grad_t72*t71 */
-    /* g9 = t56*t58*(1 - t56)*(grad_t63*t54*(1 - t62**2) + grad_t72*t71) */
-    /* g10 = t50*t60*(1 - t60)*(grad_t63*t54*(1 - t62**2) + grad_t72*t71) */
-    /* g11 = t56*(1 - t58**2)*(grad_t63*t54*(1 - t62**2) + grad_t72*t71) */
-    /* g12 = grad_t63*t54*t62*(1 - t54) */
-    LSTM_SEQUENCE_REAL *grad_t61 = t65; /* n x 8, in t65's memory */
-    LSTM_SEQUENCE_REAL *g9 = t67; /* n x 8, in t67's memory */
-    LSTM_SEQUENCE_REAL *g10 = t69; /* n x 8, in t69's memory */
-    LSTM_SEQUENCE_REAL *g11 = t73; /* n x 8, in t73's memory */
-    LSTM_SEQUENCE_REAL *g12 = t82; /* n x 8, in t82's memory */
-    lstm_sequence_loop3(n, grad_t61, g9, t58, t56, g10, t50, t60, g11, g12, t62, t54, grad_t63, grad_t72, t71);
+    /* grad_add_U_i_5 = grad_add_U_i_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
+     * tanh_U_i_5**2) */
+    /* grad_add_U_i_4 = sigmoid_U_i_5*tanh_U_g_5*(1 -
+     * sigmoid_U_i_5)*(grad_add_U_i_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
+     * tanh_U_i_5**2)) */
+    /* grad_add_U_f_3 = add_U_i_4*sigmoid_U_f_5*(1 -
+     * sigmoid_U_f_5)*(grad_add_U_i_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
+     * tanh_U_i_5**2)) */
+    /* grad_add_U_g_3 = sigmoid_U_i_5*(1 - tanh_U_g_5**2)*(grad_add_U_i_6*sigmoid_U_f_6 +
+     * grad_mul_U_o_5*sigmoid_U_o_5*(1 - tanh_U_i_5**2)) */
+    /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_i_5*(1 - sigmoid_U_o_5) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_5, grad_add_U_i_4, tanh_U_g_5, sigmoid_U_i_5,
+            grad_add_U_f_3, add_U_i_4, sigmoid_U_f_5, grad_add_U_g_3, grad_add_U_o_3, tanh_U_i_5,
+            sigmoid_U_o_5, grad_mul_U_o_5, grad_add_U_i_6, sigmoid_U_f_6);
 
-    /* grad_W_i += x6^T @ g9 */
-    lstm_sequence_product7(n, x6_, g9, grad_W_i);
+    /* grad_W_i += x6^T @ grad_add_U_i_4 */
+    lstm_sequence_product7(n, x6_, grad_add_U_i_4, grad_W_i);
 
-    /* grad_t52 = g10 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_t52 = g0; /* n x 8, in g0's memory */
-    lstm_sequence_product5(n, g10, U_f, grad_t52);
+    /* grad_mul_U_o_4 = grad_add_U_f_3 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product5(n, grad_add_U_f_3, U_f, grad_mul_U_o_4);
 
-    /* grad_t52 += g11 @ U_g^T */
-    lstm_sequence_product6(n, g11, U_g, grad_t52);
+    /* grad_mul_U_o_4 += grad_add_U_g_3 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_3, U_g, grad_mul_U_o_4);
 
-    /* grad_t52 += g9 @ U_i^T */
-    lstm_sequence_product6(n, g9, U_i, grad_t52);
+    /* grad_mul_U_o_4 += grad_add_U_i_4 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_4, U_i, grad_mul_U_o_4);
 
-    /* grad_t52 += g12 @ U_o^T */
-    lstm_sequence_product6(n, g12, U_o, grad_t52);
+    /* grad_mul_U_o_4 += grad_add_U_o_3 @ U_o^T */
+    lstm_sequence_product6(n, grad_add_U_o_3, U_o, grad_mul_U_o_4);
 
-    /* grad_t50 = grad_t52*t43*(1 - t51**2) + grad_t61*t60 */
-    /* g13 = t45*t47*(1 - t45)*(grad_t52*t43*(1 - t51**2) + grad_t61*t60) */
-    /* g14 = t39*t49*(1 - t49)*(grad_t52*t43*(1 - t51**2) + grad_t61*t60) */
-    /* g15 = t45*(1 - t47**2)*(grad_t52*t43*(1 - t51**2) + grad_t61*t60) */
-    /* g16 = grad_t52*t43*t51*(1 - t43) */
-    LSTM_SEQUENCE_REAL *grad_t50 = grad_t74; /* n x 8, in grad_t74's memory */
-    LSTM_SEQUENCE_REAL *g13 = t50; /* n x 8, in t50's memory */
-    LSTM_SEQUENCE_REAL *g14 = t54; /* n x 8, in t54's memory */
-    LSTM_SEQUENCE_REAL *g15 = t56; /* n x 8, in t56's memory */
-    LSTM_SEQUENCE_REAL *g16 = t58; /* n x 8, in t58's memory */
-    lstm_sequence_loop3(n, grad_t50, g13, t47, t45, g14, t39, t49, g15, g16, t51, t43, grad_t52, grad_t61, t60);
+    /* grad_add_U_i_4_2 = grad_add_U_i_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
+     * tanh_U_i_4**2) */
+    /* grad_add_U_i_7 = sigmoid_U_i_4*tanh_U_g_4*(1 -
+     * sigmoid_U_i_4)*(grad_add_U_i_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
+     * tanh_U_i_4**2)) */
+    /* grad_add_U_f_4 = add_U_i_3*sigmoid_U_f_4*(1 -
+     * sigmoid_U_f_4)*(grad_add_U_i_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
+     * tanh_U_i_4**2)) */
+    /* grad_add_U_g_4 = sigmoid_U_i_4*(1 - tanh_U_g_4**2)*(grad_add_U_i_5*sigmoid_U_f_5 +
+     * grad_mul_U_o_4*sigmoid_U_o_4*(1 - tanh_U_i_4**2)) */
+    /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_i_4*(1 - sigmoid_U_o_4) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_4_2, grad_add_U_i_7, tanh_U_g_4, sigmoid_U_i_4,
+            grad_add_U_f_4, add_U_i_3, sigmoid_U_f_4, grad_add_U_g_4, grad_add_U_o_4, tanh_U_i_4,
+            sigmoid_U_o_4, grad_mul_U_o_4, grad_add_U_i_5, sigmoid_U_f_5);
 
-    /* grad_W_i += x5^T @ g13 */
-    lstm_sequence_product7(n, x5_, g13, grad_W_i);
+    /* grad_W_i += x5^T @ grad_add_U_i_7 */
+    lstm_sequence_product7(n, x5_, grad_add_U_i_7, grad_W_i);
 
-    /* grad_t41 = g14 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_t41 = t62; /* n x 8, in t62's memory */
-    lstm_sequence_product5(n, g14, U_f, grad_t41);
+    /* grad_mul_U_o_3 = grad_add_U_f_4 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product5(n, grad_add_U_f_4, U_f, grad_mul_U_o_3);
 
-    /* grad_t41 += g15 @ U_g^T */
-    lstm_sequence_product6(n, g15, U_g, grad_t41);
+    /* grad_mul_U_o_3 += grad_add_U_g_4 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_4, U_g, grad_mul_U_o_3);
 
-    /* grad_t41 += g13 @ U_i^T */
-    lstm_sequence_product6(n, g13, U_i, grad_t41);
+    /* grad_mul_U_o_3 += grad_add_U_i_7 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_7, U_i, grad_mul_U_o_3);
 
-    /* grad_t41 += g16 @ U_o^T */
-    lstm_sequence_product6(n, g16, U_o, grad_t41);
+    /* grad_mul_U_o_3 += grad_add_U_o_4 @ U_o^T */
+    lstm_sequence_product6(n, grad_add_U_o_4, U_o, grad_mul_U_o_3);
 
-    /* grad_t39 = grad_t41*t32*(1 - t40**2) + grad_t50*t49 */
-    /* g17 = t34*t36*(1 - t34)*(grad_t41*t32*(1 - t40**2) + grad_t50*t49) */
-    /* g18 = t28*t38*(1 - t38)*(grad_t41*t32*(1 - t40**2) + grad_t50*t49) */
-    /* g19 = t34*(1 - t36**2)*(grad_t41*t32*(1 - t40**2) + grad_t50*t49) */
-    /* g20 = grad_t41*t32*t40*(1 - t32) */
-    LSTM_SEQUENCE_REAL *grad_t39 = t71; /* n x 8, in t71's memory */
-    LSTM_SEQUENCE_REAL *g17 = grad_t72; /* n x 8, in grad_t72's memory */
-    LSTM_SEQUENCE_REAL *g18 = grad_t63; /* n x 8, in grad_t63's memory */
-    LSTM_SEQUENCE_REAL *g19 = t39; /* n x 8, in t39's memory */
-    LSTM_SEQUENCE_REAL *g20 = t43; /* n x 8, in t43's memory */
-    lstm_sequence_loop3(n, grad_t39, g17, t36, t34, g18, t28, t38, g19, g20, t40, t32, grad_t41, grad_t50, t49);
+    /* grad_add_U_i_3_2 = grad_add_U_i_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
+     * tanh_U_i_3**2) */
+    /* grad_add_U_i_8 = sigmoid_U_i_3*tanh_U_g_3*(1 -
+     * sigmoid_U_i_3)*(grad_add_U_i_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
+     * tanh_U_i_3**2)) */
+    /* grad_add_U_f_5 = add_U_i_2*sigmoid_U_f_3*(1 -
+     * sigmoid_U_f_3)*(grad_add_U_i_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
+     * tanh_U_i_3**2)) */
+    /* grad_add_U_g_5 = sigmoid_U_i_3*(1 - tanh_U_g_3**2)*(grad_add_U_i_4_2*sigmoid_U_f_4 +
+     * grad_mul_U_o_3*sigmoid_U_o_3*(1 - tanh_U_i_3**2)) */
+    /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_i_3*(1 - sigmoid_U_o_3) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_3_2, grad_add_U_i_8, tanh_U_g_3, sigmoid_U_i_3,
+            grad_add_U_f_5, add_U_i_2, sigmoid_U_f_3, grad_add_U_g_5, grad_add_U_o_5, tanh_U_i_3,
+            sigmoid_U_o_3, grad_mul_U_o_3, grad_add_U_i_4_2, sigmoid_U_f_4);
 
-    /* grad_W_i += x4^T @ g17 */
-    lstm_sequence_product7(n, x4_, g17, grad_W_i);
+    /* grad_W_i += x4^T @ grad_add_U_i_8 */
+    lstm_sequence_product7(n, x4_, grad_add_U_i_8, grad_W_i);
 
-    /* grad_t30 = g18 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_t30 = t45; /* n x 8, in t45's memory */
-    lstm_sequence_product5(n, g18, U_f, grad_t30);
+    /* grad_mul_U_o_2 = grad_add_U_f_5 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product5(n, grad_add_U_f_5, U_f, grad_mul_U_o_2);
 
-    /* grad_t30 += g19 @ U_g^T */
-    lstm_sequence_product6(n, g19, U_g, grad_t30);
+    /* grad_mul_U_o_2 += grad_add_U_g_5 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_5, U_g, grad_mul_U_o_2);
 
-    /* grad_t30 += g17 @ U_i^T */
-    lstm_sequence_product6(n, g17, U_i, grad_t30);
+    /* grad_mul_U_o_2 += grad_add_U_i_8 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_8, U_i, grad_mul_U_o_2);
 
-    /* grad_t30 += g20 @ U_o^T */
-    lstm_sequence_product6(n, g20, U_o, grad_t30);
+    /* grad_mul_U_o_2 += grad_add_U_o_5 @ U_o^T */
+    lstm_sequence_product6(n, grad_add_U_o_5, U_o, grad_mul_U_o_2);
 
-    /* grad_t28 = grad_t30*t21*(1 - t29**2) + grad_t39*t38 */
-    /* g21 = t23*t25*(1 - t23)*(grad_t30*t21*(1 - t29**2) + grad_t39*t38) */
-    /* g22 = t17*t27*(1 - t27)*(grad_t30*t21*(1 - t29**2) + grad_t39*t38) */
-    /* g23 = t23*(1 - t25**2)*(grad_t30*t21*(1 - t29**2) + grad_t39*t38) */
-    /* g24 = grad_t30*t21*t29*(1 - t21) */
-    LSTM_SEQUENCE_REAL *grad_t28 = t47; /* n x 8, in t47's memory */
-    LSTM_SEQUENCE_REAL *g21 = t51; /* n x 8, in t51's memory */
-    LSTM_SEQUENCE_REAL *g22 = t60; /* n x 8, in t60's memory */
-    LSTM_SEQUENCE_REAL *g23 = grad_t61; /* n x 8, in grad_t61's memory */
-    LSTM_SEQUENCE_REAL *g24 = grad_t52; /* n x 8, in grad_t52's memory */
-    lstm_sequence_loop3(n, grad_t28, g21, t25, t23, g22, t17, t27, g23, g24, t29, t21, grad_t30, grad_t39, t38);
+    /* grad_add_U_i_2_2 = grad_add_U_i_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
+     * tanh_U_i_2**2) */
+    /* grad_add_U_i_9 = sigmoid_U_i_2*tanh_U_g_2*(1 -
+     * sigmoid_U_i_2)*(grad_add_U_i_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
+     * tanh_U_i_2**2)) */
+    /* grad_add_U_f_6 = add_U_i*sigmoid_U_f_2*(1 -
+     * sigmoid_U_f_2)*(grad_add_U_i_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
+     * tanh_U_i_2**2)) */
+    /* grad_add_U_g_6 = sigmoid_U_i_2*(1 - tanh_U_g_2**2)*(grad_add_U_i_3_2*sigmoid_U_f_3 +
+     * grad_mul_U_o_2*sigmoid_U_o_2*(1 - tanh_U_i_2**2)) */
+    /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_i_2*(1 - sigmoid_U_o_2) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_2_2, grad_add_U_i_9, tanh_U_g_2, sigmoid_U_i_2,
+            grad_add_U_f_6, add_U_i, sigmoid_U_f_2, grad_add_U_g_6, grad_add_U_o_6, tanh_U_i_2,
+            sigmoid_U_o_2, grad_mul_U_o_2, grad_add_U_i_3_2, sigmoid_U_f_3);
 
-    /* grad_W_i += x3^T @ g21 */
-    lstm_sequence_product7(n, x3_, g21, grad_W_i);
+    /* grad_W_i += x3^T @ grad_add_U_i_9 */
+    lstm_sequence_product7(n, x3_, grad_add_U_i_9, grad_W_i);
 
-    /* grad_t19 = g22 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_t19 = t28; /* n x 8, in t28's memory */
-    lstm_sequence_product5(n, g22, U_f, grad_t19);
+    /* grad_mul_U_o = grad_add_U_f_6 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product5(n, grad_add_U_f_6, U_f, grad_mul_U_o);
 }
 #endif
 
@@ -1135,8 +1437,56 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
     LSTM_SEQUENCE_REAL *grad_W_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f,
+    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_10,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_copy_b_f,
+    LSTM_SEQUENCE_REAL *grad_mul_W_o,
+    LSTM_SEQUENCE_REAL *grad_add_W_i,
+    LSTM_SEQUENCE_REAL *grad_add_W_g,
+    LSTM_SEQUENCE_REAL *grad_add_W_o,
+    LSTM_SEQUENCE_REAL *grad_copy_b_i,
+    LSTM_SEQUENCE_REAL *grad_copy_b_g,
+    LSTM_SEQUENCE_REAL *grad_copy_b_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
@@ -1157,217 +1507,229 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
     LSTM_SEQUENCE_REAL *grad_W_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f,
+    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_10,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_copy_b_f,
+    LSTM_SEQUENCE_REAL *grad_mul_W_o,
+    LSTM_SEQUENCE_REAL *grad_add_W_i,
+    LSTM_SEQUENCE_REAL *grad_add_W_g,
+    LSTM_SEQUENCE_REAL *grad_add_W_o,
+    LSTM_SEQUENCE_REAL *grad_copy_b_i,
+    LSTM_SEQUENCE_REAL *grad_copy_b_g,
+    LSTM_SEQUENCE_REAL *grad_copy_b_o
 )
 {
-    LSTM_SEQUENCE_REAL *t1 = work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t3 = work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t5 = work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t6 = work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t7 = work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t10 = with_grads ? work + 56*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t12 = with_grads ? work + 64*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t14 = with_grads ? work + 72*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t16 = with_grads ? work + 80*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t17 = with_grads ? work + 88*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t18 = with_grads ? work + 96*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t25 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 168*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t34 = with_grads ? work + 176*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 184*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 192*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t40 = with_grads ? work + 208*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t49 = with_grads ? work + 248*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g5 = work + 400*n; /* n x 8, in t78's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g6 = work + 408*n; /* n x 8, in t80's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g7 = work + 424*n; /* n x 8, in t83's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g8 = work; /* n x 8, in grad_t84's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g9 = work + 344*n; /* n x 8, in t67's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g10 = work + 352*n; /* n x 8, in t69's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g11 = work + 376*n; /* n x 8, in t73's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g12 = work + 416*n; /* n x 8, in t82's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t50 = work + 368*n; /* n x 8, in grad_t74's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g13 = work + 256*n; /* n x 8, in t50's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g14 = work + 280*n; /* n x 8, in t54's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g15 = work + 288*n; /* n x 8, in t56's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g16 = work + 296*n; /* n x 8, in t58's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t41 = work + 320*n; /* n x 8, in t62's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g17 = work + 392*n; /* n x 8, in grad_t72's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g18 = work + 312*n; /* n x 8, in grad_t63's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g19 = work + 200*n; /* n x 8, in t39's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g20 = work + 224*n; /* n x 8, in t43's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t28 = work + 240*n; /* n x 8, in t47's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g21 = work + 264*n; /* n x 8, in t51's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g22 = work + 304*n; /* n x 8, in t60's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g23 = work + 336*n; /* n x 8, in grad_t61's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g24 = work + 443*n + 1; /* n x 8, in grad_t52's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t19 = work + 144*n; /* n x 8, in t28's memory; placed in an earlier part */
-    /* grad_t19 += g23 @ U_g^T */
-    lstm_sequence_product6(n, g23, U_g, grad_t19);
+    /* grad_mul_U_o += grad_add_U_g_6 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_6, U_g, grad_mul_U_o);
 
-    /* grad_t19 += g21 @ U_i^T */
-    lstm_sequence_product6(n, g21, U_i, grad_t19);
+    /* grad_mul_U_o += grad_add_U_i_9 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_9, U_i, grad_mul_U_o);
 
-    /* grad_t19 += g24 @ U_o^T */
-    lstm_sequence_product6(n, g24, U_o, grad_t19);
+    /* grad_mul_U_o += grad_add_U_o_6 @ U_o^T */
+    lstm_sequence_product6(n, grad_add_U_o_6, U_o, grad_mul_U_o);
 
-    /* grad_t17 = grad_t19*t10*(1 - t18**2) + grad_t28*t27 */
-    /* g25 = t12*t14*(1 - t12)*(grad_t19*t10*(1 - t18**2) + grad_t28*t27) */
-    /* g26 = t16*t6*(1 - t16)*(grad_t19*t10*(1 - t18**2) + grad_t28*t27) */
-    /* g27 = t12*(1 - t14**2)*(grad_t19*t10*(1 - t18**2) + grad_t28*t27) */
-    /* g28 = grad_t19*t10*t18*(1 - t10) */
-    /* g29 = g10 + g14 + g18 + g2 + g22 + g6 + t16*t6*(1 - t16)*(grad_t19*t10*(1 - t18**2) +
-     * grad_t28*t27) */
-    LSTM_SEQUENCE_REAL *grad_t17 = t32; /* n x 8, in t32's memory */
-    LSTM_SEQUENCE_REAL *g25 = t34; /* n x 8, in t34's memory */
-    LSTM_SEQUENCE_REAL *g26 = t36; /* n x 8, in t36's memory */
-    LSTM_SEQUENCE_REAL *g27 = t40; /* n x 8, in t40's memory */
-    LSTM_SEQUENCE_REAL *g28 = t49; /* n x 8, in t49's memory */
-    LSTM_SEQUENCE_REAL *g29 = grad_t50; /* n x 8, in grad_t50's memory */
+    /* grad_add_U_i_10 = grad_add_U_i_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
+     * tanh_U_i**2) */
+    /* grad_add_U_i_11 = sigmoid_U_i*tanh_U_g*(1 -
+     * sigmoid_U_i)*(grad_add_U_i_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
+     * tanh_U_i**2)) */
+    /* grad_add_U_f_7 = mul_W_i*sigmoid_U_f*(1 - sigmoid_U_f)*(grad_add_U_i_2_2*sigmoid_U_f_2
+     * + grad_mul_U_o*sigmoid_U_o*(1 - tanh_U_i**2)) */
+    /* grad_add_U_g_7 = sigmoid_U_i*(1 - tanh_U_g**2)*(grad_add_U_i_2_2*sigmoid_U_f_2 +
+     * grad_mul_U_o*sigmoid_U_o*(1 - tanh_U_i**2)) */
+    /* grad_add_U_o_7 = grad_mul_U_o*sigmoid_U_o*tanh_U_i*(1 - sigmoid_U_o) */
+    /* grad_copy_b_f = grad_add_U_f + grad_add_U_f_2 + grad_add_U_f_3 + grad_add_U_f_4 +
+     * grad_add_U_f_5 + grad_add_U_f_6 + mul_W_i*sigmoid_U_f*(1 -
+     * sigmoid_U_f)*(grad_add_U_i_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
+     * tanh_U_i**2)) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t19[8*i + j]*t10[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t28[8*i + j]*t27[8*i + j] + x0*(1 - (t18[8*i + j]*t18[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t12[8*i + j]*x1;
-            const LSTM_SEQUENCE_REAL x3 = t6[8*i + j]*t16[8*i + j]*x1*(1 - t16[8*i + j]);
-            grad_t17[8*i + j] = x1;
-            g25[8*i + j] = t14[8*i + j]*x2*(1 - t12[8*i + j]);
-            g26[8*i + j] = x3;
-            g27[8*i + j] = x2*(1 - (t14[8*i + j]*t14[8*i + j]));
-            g28[8*i + j] = t18[8*i + j]*x0*(1 - t10[8*i + j]);
-            g29[8*i + j] = g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + g2[8*i + j] + x3;
+            const LSTM_SEQUENCE_REAL x0 = grad_mul_U_o[8*i + j]*sigmoid_U_o[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = grad_add_U_i_2_2[8*i + j]*sigmoid_U_f_2[8*i + j] + x0*(1 -
+                    (tanh_U_i[8*i + j]*tanh_U_i[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = sigmoid_U_i[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x3 = mul_W_i[8*i + j]*sigmoid_U_f[8*i + j]*x1*(1 -
+                    sigmoid_U_f[8*i + j]);
+            grad_add_U_i_10[8*i + j] = x1;
+            grad_add_U_i_11[8*i + j] = tanh_U_g[8*i + j]*x2*(1 - sigmoid_U_i[8*i + j]);
+            grad_add_U_f_7[8*i + j] = x3;
+            grad_add_U_g_7[8*i + j] = x2*(1 - (tanh_U_g[8*i + j]*tanh_U_g[8*i + j]));
+            grad_add_U_o_7[8*i + j] = tanh_U_i[8*i + j]*x0*(1 - sigmoid_U_o[8*i + j]);
+            grad_copy_b_f[8*i + j] = grad_add_U_f_2[8*i + j] + grad_add_U_f_3[8*i + j] +
+                    grad_add_U_f_4[8*i + j] + grad_add_U_f_5[8*i + j] + grad_add_U_f_6[8*i + j] +
+                    grad_add_U_f[8*i + j] + x3;
         }
     }
 
-    /* grad_W_i += x2^T @ g25 */
-    lstm_sequence_product7(n, x2_, g25, grad_W_i);
+    /* grad_W_i += x2^T @ grad_add_U_i_11 */
+    lstm_sequence_product7(n, x2_, grad_add_U_i_11, grad_W_i);
 
-    /* grad_t8 = g26 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_t8 = grad_t41; /* n x 8, in grad_t41's memory */
-    lstm_sequence_product5(n, g26, U_f, grad_t8);
+    /* grad_mul_W_o = grad_add_U_f_7 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product5(n, grad_add_U_f_7, U_f, grad_mul_W_o);
 
-    /* grad_t8 += g27 @ U_g^T */
-    lstm_sequence_product6(n, g27, U_g, grad_t8);
+    /* grad_mul_W_o += grad_add_U_g_7 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_7, U_g, grad_mul_W_o);
 
-    /* grad_t8 += g25 @ U_i^T */
-    lstm_sequence_product6(n, g25, U_i, grad_t8);
+    /* grad_mul_W_o += grad_add_U_i_11 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_11, U_i, grad_mul_W_o);
 
-    /* grad_t8 += g28 @ U_o^T */
-    lstm_sequence_product6(n, g28, U_o, grad_t8);
+    /* grad_mul_W_o += grad_add_U_o_7 @ U_o^T */
+    lstm_sequence_product6(n, grad_add_U_o_7, U_o, grad_mul_W_o);
 
-    /* g30 = t3*t5*(1 - t3)*(grad_t17*t16 + grad_t8*t1*(1 - t7**2)) */
-    /* g31 = t3*(1 - t5**2)*(grad_t17*t16 + grad_t8*t1*(1 - t7**2)) */
-    /* g32 = grad_t8*t1*t7*(1 - t1) */
-    /* g33 = g1 + g13 + g17 + g21 + g25 + g5 + g9 + t3*t5*(1 - t3)*(grad_t17*t16 +
-     * grad_t8*t1*(1 - t7**2)) */
-    /* g34 = g11 + g15 + g19 + g23 + g27 + g3 + g7 + t3*(1 - t5**2)*(grad_t17*t16 +
-     * grad_t8*t1*(1 - t7**2)) */
-    /* g35 = g12 + g16 + g20 + g24 + g28 + g4 + g8 + grad_t8*t1*t7*(1 - t1) */
-    LSTM_SEQUENCE_REAL *g30 = t17; /* n x 8, in t17's memory */
-    LSTM_SEQUENCE_REAL *g31 = t21; /* n x 8, in t21's memory */
-    LSTM_SEQUENCE_REAL *g32 = t23; /* n x 8, in t23's memory */
-    LSTM_SEQUENCE_REAL *g33 = t25; /* n x 8, in t25's memory */
-    LSTM_SEQUENCE_REAL *g34 = t29; /* n x 8, in t29's memory */
-    LSTM_SEQUENCE_REAL *g35 = t38; /* n x 8, in t38's memory */
+    /* grad_add_W_i = sigmoid_W_i*tanh_W_g*(1 - sigmoid_W_i)*(grad_add_U_i_10*sigmoid_U_f +
+     * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_i**2)) */
+    /* grad_add_W_g = sigmoid_W_i*(1 - tanh_W_g**2)*(grad_add_U_i_10*sigmoid_U_f +
+     * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_i**2)) */
+    /* grad_add_W_o = grad_mul_W_o*sigmoid_W_o*tanh_W_i*(1 - sigmoid_W_o) */
+    /* grad_copy_b_i = grad_add_U_i_11 + grad_add_U_i_2 + grad_add_U_i_3 + grad_add_U_i_4 +
+     * grad_add_U_i_7 + grad_add_U_i_8 + grad_add_U_i_9 + sigmoid_W_i*tanh_W_g*(1 -
+     * sigmoid_W_i)*(grad_add_U_i_10*sigmoid_U_f + grad_mul_W_o*sigmoid_W_o*(1 -
+     * tanh_W_i**2)) */
+    /* grad_copy_b_g = grad_add_U_g + grad_add_U_g_2 + grad_add_U_g_3 + grad_add_U_g_4 +
+     * grad_add_U_g_5 + grad_add_U_g_6 + grad_add_U_g_7 + sigmoid_W_i*(1 -
+     * tanh_W_g**2)*(grad_add_U_i_10*sigmoid_U_f + grad_mul_W_o*sigmoid_W_o*(1 -
+     * tanh_W_i**2)) */
+    /* grad_copy_b_o = grad_add_U_o + grad_add_U_o_2 + grad_add_U_o_3 + grad_add_U_o_4 +
+     * grad_add_U_o_5 + grad_add_U_o_6 + grad_add_U_o_7 +
+     * grad_mul_W_o*sigmoid_W_o*tanh_W_i*(1 - sigmoid_W_o) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t8[8*i + j]*t1[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = t3[8*i + j]*(grad_t17[8*i + j]*t16[8*i + j] + x0*(1 - (t7[8*i + j]*t7[8*i + j])));
-            const LSTM_SEQUENCE_REAL x2 = t5[8*i + j]*x1*(1 - t3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x3 = x1*(1 - (t5[8*i + j]*t5[8*i + j]));
-            const LSTM_SEQUENCE_REAL x4 = t7[8*i + j]*x0*(1 - t1[8*i + j]);
-            g30[8*i + j] = x2;
-            g31[8*i + j] = x3;
-            g32[8*i + j] = x4;
-            g33[8*i + j] = g13[8*i + j] + g17[8*i + j] + g21[8*i + j] + g25[8*i + j] + g1[8*i + j] + g5[8*i + j] + g9[8*i + j] + x2;
-            g34[8*i + j] = g3[8*i + j] + g7[8*i + j] + g11[8*i + j] + g15[8*i + j] + g19[8*i + j] + g23[8*i + j] + g27[8*i + j] + x3;
-            g35[8*i + j] = g4[8*i + j] + g8[8*i + j] + g12[8*i + j] + g16[8*i + j] + g20[8*i + j] + g24[8*i + j] + g28[8*i + j] + x4;
+            const LSTM_SEQUENCE_REAL x0 = grad_mul_W_o[8*i + j]*sigmoid_W_o[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 =
+                    sigmoid_W_i[8*i + j]*(grad_add_U_i_10[8*i + j]*sigmoid_U_f[8*i + j] + x0*(1 -
+                    (tanh_W_i[8*i + j]*tanh_W_i[8*i + j])));
+            const LSTM_SEQUENCE_REAL x2 = tanh_W_g[8*i + j]*x1*(1 - sigmoid_W_i[8*i + j]);
+            const LSTM_SEQUENCE_REAL x3 = x1*(1 - (tanh_W_g[8*i + j]*tanh_W_g[8*i + j]));
+            const LSTM_SEQUENCE_REAL x4 = tanh_W_i[8*i + j]*x0*(1 - sigmoid_W_o[8*i + j]);
+            grad_add_W_i[8*i + j] = x2;
+            grad_add_W_g[8*i + j] = x3;
+            grad_add_W_o[8*i + j] = x4;
+            grad_copy_b_i[8*i + j] = grad_add_U_i_7[8*i + j] + grad_add_U_i_8[8*i + j] +
+                    grad_add_U_i_9[8*i + j] + grad_add_U_i_11[8*i + j] + grad_add_U_i_2[8*i + j] +
+                    grad_add_U_i_3[8*i + j] + grad_add_U_i_4[8*i + j] + x2;
+            grad_copy_b_g[8*i + j] = grad_add_U_g[8*i + j] + grad_add_U_g_2[8*i + j] +
+                    grad_add_U_g_3[8*i + j] + grad_add_U_g_4[8*i + j] + grad_add_U_g_5[8*i + j] +
+                    grad_add_U_g_6[8*i + j] + grad_add_U_g_7[8*i + j] + x3;
+            grad_copy_b_o[8*i + j] = grad_add_U_o[8*i + j] + grad_add_U_o_2[8*i + j] +
+                    grad_add_U_o_3[8*i + j] + grad_add_U_o_4[8*i + j] + grad_add_U_o_5[8*i + j] +
+                    grad_add_U_o_6[8*i + j] + grad_add_U_o_7[8*i + j] + x4;
         }
     }
 
-    /* grad_W_i += x1^T @ g30 */
-    lstm_sequence_product7(n, x1_, g30, grad_W_i);
+    /* grad_W_i += x1^T @ grad_add_W_i */
+    lstm_sequence_product7(n, x1_, grad_add_W_i, grad_W_i);
 
-    /* grad_W_f = x8^T @ g2, the first of 7 products added up here */
-    lstm_sequence_product4(n, x8_, g2, grad_W_f);
+    /* grad_W_f = x8^T @ grad_add_U_f, the first of 7 products added up here */
+    lstm_sequence_product4(n, x8_, grad_add_U_f, grad_W_f);
 
-    /* grad_W_f += x7^T @ g6 */
-    lstm_sequence_product7(n, x7_, g6, grad_W_f);
+    /* grad_W_f += x7^T @ grad_add_U_f_2 */
+    lstm_sequence_product7(n, x7_, grad_add_U_f_2, grad_W_f);
 
-    /* grad_W_f += x6^T @ g10 */
-    lstm_sequence_product7(n, x6_, g10, grad_W_f);
+    /* grad_W_f += x6^T @ grad_add_U_f_3 */
+    lstm_sequence_product7(n, x6_, grad_add_U_f_3, grad_W_f);
 
-    /* grad_W_f += x5^T @ g14 */
-    lstm_sequence_product7(n, x5_, g14, grad_W_f);
+    /* grad_W_f += x5^T @ grad_add_U_f_4 */
+    lstm_sequence_product7(n, x5_, grad_add_U_f_4, grad_W_f);
 
-    /* grad_W_f += x4^T @ g18 */
-    lstm_sequence_product7(n, x4_, g18, grad_W_f);
+    /* grad_W_f += x4^T @ grad_add_U_f_5 */
+    lstm_sequence_product7(n, x4_, grad_add_U_f_5, grad_W_f);
 
-    /* grad_W_f += x3^T @ g22 */
-    lstm_sequence_product7(n, x3_, g22, grad_W_f);
+    /* grad_W_f += x3^T @ grad_add_U_f_6 */
+    lstm_sequence_product7(n, x3_, grad_add_U_f_6, grad_W_f);
 
-    /* grad_W_f += x2^T @ g26 */
-    lstm_sequence_product7(n, x2_, g26, grad_W_f);
+    /* grad_W_f += x2^T @ grad_add_U_f_7 */
+    lstm_sequence_product7(n, x2_, grad_add_U_f_7, grad_W_f);
 
-    /* grad_W_g = x8^T @ g3, the first of 8 products added up here */
-    lstm_sequence_product4(n, x8_, g3, grad_W_g);
+    /* grad_W_g = x8^T @ grad_add_U_g, the first of 8 products added up here */
+    lstm_sequence_product4(n, x8_, grad_add_U_g, grad_W_g);
 
-    /* grad_W_g += x7^T @ g7 */
-    lstm_sequence_product7(n, x7_, g7, grad_W_g);
+    /* grad_W_g += x7^T @ grad_add_U_g_2 */
+    lstm_sequence_product7(n, x7_, grad_add_U_g_2, grad_W_g);
 
-    /* grad_W_g += x6^T @ g11 */
-    lstm_sequence_product7(n, x6_, g11, grad_W_g);
+    /* grad_W_g += x6^T @ grad_add_U_g_3 */
+    lstm_sequence_product7(n, x6_, grad_add_U_g_3, grad_W_g);
 
-    /* grad_W_g += x5^T @ g15 */
-    lstm_sequence_product7(n, x5_, g15, grad_W_g);
+    /* grad_W_g += x5^T @ grad_add_U_g_4 */
+    lstm_sequence_product7(n, x5_, grad_add_U_g_4, grad_W_g);
 
-    /* grad_W_g += x4^T @ g19 */
-    lstm_sequence_product7(n, x4_, g19, grad_W_g);
+    /* grad_W_g += x4^T @ grad_add_U_g_5 */
+    lstm_sequence_product7(n, x4_, grad_add_U_g_5, grad_W_g);
 
-    /* grad_W_g += x3^T @ g23 */
-    lstm_sequence_product7(n, x3_, g23, grad_W_g);
+    /* grad_W_g += x3^T @ grad_add_U_g_6 */
+    lstm_sequence_product7(n, x3_, grad_add_U_g_6, grad_W_g);
 
-    /* grad_W_g += x2^T @ g27 */
-    lstm_sequence_product7(n, x2_, g27, grad_W_g);
+    /* grad_W_g += x2^T @ grad_add_U_g_7 */
+    lstm_sequence_product7(n, x2_, grad_add_U_g_7, grad_W_g);
 
-    /* grad_W_g += x1^T @ g31 */
-    lstm_sequence_product7(n, x1_, g31, grad_W_g);
+    /* grad_W_g += x1^T @ grad_add_W_g */
+    lstm_sequence_product7(n, x1_, grad_add_W_g, grad_W_g);
 
-    /* grad_W_o = x8^T @ g4, the first of 8 products added up here */
-    lstm_sequence_product4(n, x8_, g4, grad_W_o);
+    /* grad_W_o = x8^T @ grad_add_U_o, the first of 8 products added up here */
+    lstm_sequence_product4(n, x8_, grad_add_U_o, grad_W_o);
 
-    /* grad_W_o += x7^T @ g8 */
-    lstm_sequence_product7(n, x7_, g8, grad_W_o);
+    /* grad_W_o += x7^T @ grad_add_U_o_2 */
+    lstm_sequence_product7(n, x7_, grad_add_U_o_2, grad_W_o);
 
-    /* grad_W_o += x6^T @ g12 */
-    lstm_sequence_product7(n, x6_, g12, grad_W_o);
+    /* grad_W_o += x6^T @ grad_add_U_o_3 */
+    lstm_sequence_product7(n, x6_, grad_add_U_o_3, grad_W_o);
 
-    /* grad_W_o += x5^T @ g16 */
-    lstm_sequence_product7(n, x5_, g16, grad_W_o);
+    /* grad_W_o += x5^T @ grad_add_U_o_4 */
+    lstm_sequence_product7(n, x5_, grad_add_U_o_4, grad_W_o);
 
-    /* grad_W_o += x4^T @ g20 */
-    lstm_sequence_product7(n, x4_, g20, grad_W_o);
+    /* grad_W_o += x4^T @ grad_add_U_o_5 */
+    lstm_sequence_product7(n, x4_, grad_add_U_o_5, grad_W_o);
 
-    /* grad_W_o += x3^T @ g24 */
-    lstm_sequence_product7(n, x3_, g24, grad_W_o);
+    /* grad_W_o += x3^T @ grad_add_U_o_6 */
+    lstm_sequence_product7(n, x3_, grad_add_U_o_6, grad_W_o);
 }
 #endif
 
 /* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 0; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -1379,10 +1741,46 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *grad_U_o,
     LSTM_SEQUENCE_REAL *grad_b_i,
     LSTM_SEQUENCE_REAL *grad_b_f,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_copy_b_f,
+    LSTM_SEQUENCE_REAL *grad_add_W_o,
+    LSTM_SEQUENCE_REAL *grad_copy_b_i
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -1394,143 +1792,141 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *grad_U_o,
     LSTM_SEQUENCE_REAL *grad_b_i,
     LSTM_SEQUENCE_REAL *grad_b_f,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_copy_b_f,
+    LSTM_SEQUENCE_REAL *grad_add_W_o,
+    LSTM_SEQUENCE_REAL *grad_copy_b_i
 )
 {
-    LSTM_SEQUENCE_REAL *t8 = work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t19 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t30 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t41 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t52 = with_grads ? work + 272*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t63 = with_grads ? work + 328*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t74 = with_grads ? work + 384*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g5 = work + 400*n; /* n x 8, in t78's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g6 = work + 408*n; /* n x 8, in t80's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g7 = work + 424*n; /* n x 8, in t83's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g8 = work; /* n x 8, in grad_t84's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g9 = work + 344*n; /* n x 8, in t67's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g10 = work + 352*n; /* n x 8, in t69's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g11 = work + 376*n; /* n x 8, in t73's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g12 = work + 416*n; /* n x 8, in t82's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g13 = work + 256*n; /* n x 8, in t50's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g14 = work + 280*n; /* n x 8, in t54's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g15 = work + 288*n; /* n x 8, in t56's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g16 = work + 296*n; /* n x 8, in t58's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g17 = work + 392*n; /* n x 8, in grad_t72's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g18 = work + 312*n; /* n x 8, in grad_t63's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g19 = work + 200*n; /* n x 8, in t39's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g20 = work + 224*n; /* n x 8, in t43's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g21 = work + 264*n; /* n x 8, in t51's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g22 = work + 304*n; /* n x 8, in t60's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g23 = work + 336*n; /* n x 8, in grad_t61's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g24 = work + 443*n + 1; /* n x 8, in grad_t52's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g25 = work + 176*n; /* n x 8, in t34's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g26 = work + 184*n; /* n x 8, in t36's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g27 = work + 208*n; /* n x 8, in t40's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g28 = work + 248*n; /* n x 8, in t49's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g29 = work + 368*n; /* n x 8, in grad_t50's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g32 = work + 120*n; /* n x 8, in t23's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g33 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
-    /* grad_W_o += x2^T @ g28 */
-    lstm_sequence_product7(n, x2_, g28, grad_W_o);
+    /* grad_W_o += x2^T @ grad_add_U_o_7 */
+    lstm_sequence_product7(n, x2_, grad_add_U_o_7, grad_W_o);
 
-    /* grad_W_o += x1^T @ g32 */
-    lstm_sequence_product7(n, x1_, g32, grad_W_o);
+    /* grad_W_o += x1^T @ grad_add_W_o */
+    lstm_sequence_product7(n, x1_, grad_add_W_o, grad_W_o);
 
-    /* grad_U_i = t74^T @ g1, the first of 7 products added up here */
-    lstm_sequence_product8(n, t74, g1, grad_U_i);
+    /* grad_U_i = mul_U_o_6^T @ grad_add_U_i_2, the first of 7 products added up here */
+    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_i_2, grad_U_i);
 
-    /* grad_U_i += t63^T @ g5 */
-    lstm_sequence_product9(n, t63, g5, grad_U_i);
+    /* grad_U_i += mul_U_o_5^T @ grad_add_U_i_3 */
+    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_i_3, grad_U_i);
 
-    /* grad_U_i += t52^T @ g9 */
-    lstm_sequence_product9(n, t52, g9, grad_U_i);
+    /* grad_U_i += mul_U_o_4^T @ grad_add_U_i_4 */
+    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_i_4, grad_U_i);
 
-    /* grad_U_i += t41^T @ g13 */
-    lstm_sequence_product9(n, t41, g13, grad_U_i);
+    /* grad_U_i += mul_U_o_3^T @ grad_add_U_i_7 */
+    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_i_7, grad_U_i);
 
-    /* grad_U_i += t30^T @ g17 */
-    lstm_sequence_product9(n, t30, g17, grad_U_i);
+    /* grad_U_i += mul_U_o_2^T @ grad_add_U_i_8 */
+    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_i_8, grad_U_i);
 
-    /* grad_U_i += t19^T @ g21 */
-    lstm_sequence_product9(n, t19, g21, grad_U_i);
+    /* grad_U_i += mul_U_o^T @ grad_add_U_i_9 */
+    lstm_sequence_product9(n, mul_U_o, grad_add_U_i_9, grad_U_i);
 
-    /* grad_U_i += t8^T @ g25 */
-    lstm_sequence_product9(n, t8, g25, grad_U_i);
+    /* grad_U_i += mul_W_o^T @ grad_add_U_i_11 */
+    lstm_sequence_product9(n, mul_W_o, grad_add_U_i_11, grad_U_i);
 
-    /* grad_U_f = t74^T @ g2, the first of 7 products added up here */
-    lstm_sequence_product8(n, t74, g2, grad_U_f);
+    /* grad_U_f = mul_U_o_6^T @ grad_add_U_f, the first of 7 products added up here */
+    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_f, grad_U_f);
 
-    /* grad_U_f += t63^T @ g6 */
-    lstm_sequence_product9(n, t63, g6, grad_U_f);
+    /* grad_U_f += mul_U_o_5^T @ grad_add_U_f_2 */
+    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_f_2, grad_U_f);
 
-    /* grad_U_f += t52^T @ g10 */
-    lstm_sequence_product9(n, t52, g10, grad_U_f);
+    /* grad_U_f += mul_U_o_4^T @ grad_add_U_f_3 */
+    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_f_3, grad_U_f);
 
-    /* grad_U_f += t41^T @ g14 */
-    lstm_sequence_product9(n, t41, g14, grad_U_f);
+    /* grad_U_f += mul_U_o_3^T @ grad_add_U_f_4 */
+    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_f_4, grad_U_f);
 
-    /* grad_U_f += t30^T @ g18 */
-    lstm_sequence_product9(n, t30, g18, grad_U_f);
+    /* grad_U_f += mul_U_o_2^T @ grad_add_U_f_5 */
+    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_f_5, grad_U_f);
 
-    /* grad_U_f += t19^T @ g22 */
-    lstm_sequence_product9(n, t19, g22, grad_U_f);
+    /* grad_U_f += mul_U_o^T @ grad_add_U_f_6 */
+    lstm_sequence_product9(n, mul_U_o, grad_add_U_f_6, grad_U_f);
 
-    /* grad_U_f += t8^T @ g26 */
-    lstm_sequence_product9(n, t8, g26, grad_U_f);
+    /* grad_U_f += mul_W_o^T @ grad_add_U_f_7 */
+    lstm_sequence_product9(n, mul_W_o, grad_add_U_f_7, grad_U_f);
 
-    /* grad_U_g = t74^T @ g3, the first of 7 products added up here */
-    lstm_sequence_product8(n, t74, g3, grad_U_g);
+    /* grad_U_g = mul_U_o_6^T @ grad_add_U_g, the first of 7 products added up here */
+    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_g, grad_U_g);
 
-    /* grad_U_g += t63^T @ g7 */
-    lstm_sequence_product9(n, t63, g7, grad_U_g);
+    /* grad_U_g += mul_U_o_5^T @ grad_add_U_g_2 */
+    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_g_2, grad_U_g);
 
-    /* grad_U_g += t52^T @ g11 */
-    lstm_sequence_product9(n, t52, g11, grad_U_g);
+    /* grad_U_g += mul_U_o_4^T @ grad_add_U_g_3 */
+    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_g_3, grad_U_g);
 
-    /* grad_U_g += t41^T @ g15 */
-    lstm_sequence_product9(n, t41, g15, grad_U_g);
+    /* grad_U_g += mul_U_o_3^T @ grad_add_U_g_4 */
+    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_g_4, grad_U_g);
 
-    /* grad_U_g += t30^T @ g19 */
-    lstm_sequence_product9(n, t30, g19, grad_U_g);
+    /* grad_U_g += mul_U_o_2^T @ grad_add_U_g_5 */
+    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_g_5, grad_U_g);
 
-    /* grad_U_g += t19^T @ g23 */
-    lstm_sequence_product9(n, t19, g23, grad_U_g);
+    /* grad_U_g += mul_U_o^T @ grad_add_U_g_6 */
+    lstm_sequence_product9(n, mul_U_o, grad_add_U_g_6, grad_U_g);
 
-    /* grad_U_g += t8^T @ g27 */
-    lstm_sequence_product9(n, t8, g27, grad_U_g);
+    /* grad_U_g += mul_W_o^T @ grad_add_U_g_7 */
+    lstm_sequence_product9(n, mul_W_o, grad_add_U_g_7, grad_U_g);
 
-    /* grad_U_o = t74^T @ g4, the first of 7 products added up here */
-    lstm_sequence_product8(n, t74, g4, grad_U_o);
+    /* grad_U_o = mul_U_o_6^T @ grad_add_U_o, the first of 7 products added up here */
+    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_o, grad_U_o);
 
-    /* grad_U_o += t63^T @ g8 */
-    lstm_sequence_product9(n, t63, g8, grad_U_o);
+    /* grad_U_o += mul_U_o_5^T @ grad_add_U_o_2 */
+    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_o_2, grad_U_o);
 
-    /* grad_U_o += t52^T @ g12 */
-    lstm_sequence_product9(n, t52, g12, grad_U_o);
+    /* grad_U_o += mul_U_o_4^T @ grad_add_U_o_3 */
+    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_o_3, grad_U_o);
 
-    /* grad_U_o += t41^T @ g16 */
-    lstm_sequence_product9(n, t41, g16, grad_U_o);
+    /* grad_U_o += mul_U_o_3^T @ grad_add_U_o_4 */
+    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_o_4, grad_U_o);
 
-    /* grad_U_o += t30^T @ g20 */
-    lstm_sequence_product9(n, t30, g20, grad_U_o);
+    /* grad_U_o += mul_U_o_2^T @ grad_add_U_o_5 */
+    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_o_5, grad_U_o);
 
-    /* grad_U_o += t19^T @ g24 */
-    lstm_sequence_product9(n, t19, g24, grad_U_o);
+    /* grad_U_o += mul_U_o^T @ grad_add_U_o_6 */
+    lstm_sequence_product9(n, mul_U_o, grad_add_U_o_6, grad_U_o);
 
-    /* grad_U_o += t8^T @ g28 */
-    lstm_sequence_product9(n, t8, g28, grad_U_o);
+    /* grad_U_o += mul_W_o^T @ grad_add_U_o_7 */
+    lstm_sequence_product9(n, mul_W_o, grad_add_U_o_7, grad_U_o);
 
-    /* grad_b_i = sum of g33 down each column */
-    symbackprop_f64_sum_columns(g33, n, 8, 8, grad_b_i);
+    /* grad_b_i = sum of grad_copy_b_i down each column */
+    symbackprop_f64_sum_columns(grad_copy_b_i, n, 8, 8, grad_b_i);
 
-    /* grad_b_f = sum of g29 down each column */
-    symbackprop_f64_sum_columns(g29, n, 8, 8, grad_b_f);
+    /* grad_b_f = sum of grad_copy_b_f down each column */
+    symbackprop_f64_sum_columns(grad_copy_b_f, n, 8, 8, grad_b_f);
 }
 #endif
 
@@ -1544,8 +1940,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     LSTM_SEQUENCE_REAL *grad_b_o,
     LSTM_SEQUENCE_REAL *grad_V,
     LSTM_SEQUENCE_REAL *grad_c0,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mul_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *grad_copy_b_g,
+    LSTM_SEQUENCE_REAL *grad_copy_b_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
@@ -1554,22 +1952,20 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     LSTM_SEQUENCE_REAL *grad_b_o,
     LSTM_SEQUENCE_REAL *grad_V,
     LSTM_SEQUENCE_REAL *grad_c0,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mul_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *grad_copy_b_g,
+    LSTM_SEQUENCE_REAL *grad_copy_b_o
 )
 {
-    LSTM_SEQUENCE_REAL *t84 = with_grads ? work + 432*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 442*n : work + 74*n; /* n x 1; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g34 = work + 152*n; /* n x 8, in t29's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g35 = work + 192*n; /* n x 8, in t38's memory; placed in an earlier part */
-    /* grad_b_g = sum of g34 down each column */
-    symbackprop_f64_sum_columns(g34, n, 8, 8, grad_b_g);
+    /* grad_b_g = sum of grad_copy_b_g down each column */
+    symbackprop_f64_sum_columns(grad_copy_b_g, n, 8, 8, grad_b_g);
 
-    /* grad_b_o = sum of g35 down each column */
-    symbackprop_f64_sum_columns(g35, n, 8, 8, grad_b_o);
+    /* grad_b_o = sum of grad_copy_b_o down each column */
+    symbackprop_f64_sum_columns(grad_copy_b_o, n, 8, 8, grad_b_o);
 
-    /* grad_V = t84^T @ grad_logit */
-    lstm_sequence_product10(n, t84, grad_logit, grad_V);
+    /* grad_V = mul_U_o_7^T @ grad_logit */
+    lstm_sequence_product10(n, mul_U_o_7, grad_logit, grad_V);
 
     /* grad_c0 = sum of grad_logit down each column */
     grad_c0[0] = symbackprop_f64_sum(grad_logit, n, 1);
@@ -1627,17 +2023,233 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     if (n < 1) {
         return 1;
     }
-    lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
-    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
-    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, work, with_grads);
+
+    /* where each buffer lies in work */
+    LSTM_SEQUENCE_REAL *mm_W_o = work; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_W_o = mm_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_i = mm_W_o; /* n x 8, in mm_W_o's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_W_i = sigmoid_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_g = mm_W_i; /* n x 8, in mm_W_i's memory */
+    LSTM_SEQUENCE_REAL *tanh_W_g = sigmoid_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_W_i = tanh_W_g + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_W_i = mul_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_W_o = tanh_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o = with_grads ? mm_W_g : sigmoid_W_o; /* n x 8, in mm_W_g's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? mul_W_o + 8*n : sigmoid_W_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i = with_grads ? mm_U_o : mm_W_g; /* n x 8, in mm_U_o's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? sigmoid_U_o + 8*n : tanh_W_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g = with_grads ? mm_U_i : tanh_W_i; /* n x 8, in mm_U_i's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? sigmoid_U_i + 8*n : mm_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f = with_grads ? mm_U_g : mm_U_i; /* n x 8, in mm_U_g's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? tanh_U_g + 8*n : mm_U_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i = with_grads ? sigmoid_U_f + 8*n : mul_W_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i = with_grads ? add_U_i + 8*n : mul_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o = tanh_U_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f : mul_W_i; /* n x 8, in mm_U_f's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? mul_U_o + 8*n : sigmoid_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_2 = with_grads ? mm_U_o_2 : sigmoid_U_i; /* n x 8, in mm_U_o_2's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? sigmoid_U_o_2 + 8*n : tanh_U_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_2 = with_grads ? mm_U_i_2 : mm_U_f; /* n x 8, in mm_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? sigmoid_U_i_2 + 8*n : sigmoid_U_f; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? mm_U_g_2 : tanh_U_i; /* n x 8, in mm_U_g_2's memory
+            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? tanh_U_g_2 + 8*n : mm_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_2 = with_grads ? sigmoid_U_f_2 + 8*n : mm_U_i_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_2 = with_grads ? add_U_i_2 + 8*n : mm_U_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_i_2 + 8*n : mul_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : add_U_i; /* n x 8, in mm_U_f_2's memory
+            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? mul_U_o_2 + 8*n : sigmoid_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_3 = with_grads ? mm_U_o_3 : sigmoid_U_i_2; /* n x 8, in mm_U_o_3's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? sigmoid_U_o_3 + 8*n : tanh_U_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_i_3 : mm_U_f_2; /* n x 8, in mm_U_i_3's memory
+            */
+    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_i_3 + 8*n : sigmoid_U_f_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_3 = with_grads ? mm_U_g_3 : tanh_U_i_2; /* n x 8, in mm_U_g_3's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? tanh_U_g_3 + 8*n : mm_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_3 = with_grads ? sigmoid_U_f_3 + 8*n : mm_U_i_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_3 = with_grads ? add_U_i_3 + 8*n : mm_U_g_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_i_3 + 8*n : mul_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : add_U_i_2; /* n x 8, in mm_U_f_3's memory
+            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? mul_U_o_3 + 8*n : sigmoid_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_4 = with_grads ? mm_U_o_4 : sigmoid_U_i_3; /* n x 8, in mm_U_o_4's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? sigmoid_U_o_4 + 8*n : tanh_U_g_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_i_4 : mm_U_f_3; /* n x 8, in mm_U_i_4's memory
+            */
+    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? sigmoid_U_i_4 + 8*n : sigmoid_U_f_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_4 = with_grads ? mm_U_g_4 : tanh_U_i_3; /* n x 8, in mm_U_g_4's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? tanh_U_g_4 + 8*n : mm_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_4 = with_grads ? sigmoid_U_f_4 + 8*n : mm_U_i_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_4 = with_grads ? add_U_i_4 + 8*n : mm_U_g_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_i_4 + 8*n : mul_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : add_U_i_3; /* n x 8, in mm_U_f_4's memory
+            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? mul_U_o_4 + 8*n : sigmoid_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? mm_U_o_5 : sigmoid_U_i_4; /* n x 8, in mm_U_o_5's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? sigmoid_U_o_5 + 8*n : tanh_U_g_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_i_5 : mm_U_f_4; /* n x 8, in mm_U_i_5's memory
+            */
+    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_i_5 + 8*n : sigmoid_U_f_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_5 = with_grads ? mm_U_g_5 : tanh_U_i_4; /* n x 8, in mm_U_g_5's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? tanh_U_g_5 + 8*n : mm_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_5 = with_grads ? sigmoid_U_f_5 + 8*n : mm_U_i_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_5 = with_grads ? add_U_i_5 + 8*n : mm_U_g_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_i_5 + 8*n : mul_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : add_U_i_4; /* n x 8, in mm_U_f_5's memory
+            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? mul_U_o_5 + 8*n : sigmoid_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_6 = with_grads ? mm_U_o_6 : sigmoid_U_i_5; /* n x 8, in mm_U_o_6's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? sigmoid_U_o_6 + 8*n : tanh_U_g_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_i_6 : mm_U_f_5; /* n x 8, in mm_U_i_6's memory
+            */
+    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? sigmoid_U_i_6 + 8*n : sigmoid_U_f_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_6 = with_grads ? mm_U_g_6 : tanh_U_i_5; /* n x 8, in mm_U_g_6's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? tanh_U_g_6 + 8*n : mm_U_o_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_6 = with_grads ? sigmoid_U_f_6 + 8*n : mm_U_i_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_6 = with_grads ? add_U_i_6 + 8*n : mm_U_g_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_i_6 + 8*n : mul_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : add_U_i_5; /* n x 8, in mm_U_f_6's memory
+            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? mul_U_o_6 + 8*n : sigmoid_U_o_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_7 = with_grads ? mm_U_o_7 : sigmoid_U_i_6; /* n x 8, in mm_U_o_7's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? sigmoid_U_o_7 + 8*n : tanh_U_g_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_i_7 : mm_U_f_6; /* n x 8, in mm_U_i_7's memory
+            */
+    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_i_7 + 8*n : sigmoid_U_f_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_7 = with_grads ? mm_U_g_7 : tanh_U_i_6; /* n x 8, in mm_U_g_7's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? tanh_U_g_7 + 8*n : mm_U_o_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_7 = with_grads ? sigmoid_U_f_7 + 8*n : mm_U_i_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_i_7 + 8*n : mm_U_g_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_V = with_grads ? mul_U_o_7 + 8*n : mul_U_o + 8*n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *add_logit = mm_V + n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *grad_logit = add_logit + n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *colsum_logit = grad_logit + n; /* 1 x 1 */
+
+    lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f,
+            b_g, b_o, mm_W_o, sigmoid_W_o, mm_W_i, sigmoid_W_i, mm_W_g, tanh_W_g, mul_W_i, tanh_W_i,
+            mul_W_o, mm_U_o, sigmoid_U_o, mm_U_i, sigmoid_U_i, mm_U_g, tanh_U_g, mm_U_f,
+            sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, mm_U_o_2, sigmoid_U_o_2, mm_U_i_2,
+            sigmoid_U_i_2, mm_U_g_2, tanh_U_g_2, mm_U_f_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2,
+            mul_U_o_2, mm_U_o_3);
+    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g,
+            b_o, add_U_i_2, mul_U_o_2, mm_U_o_3, sigmoid_U_o_3, mm_U_i_3, sigmoid_U_i_3, mm_U_g_3,
+            tanh_U_g_3, mm_U_f_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, mm_U_o_4,
+            sigmoid_U_o_4, mm_U_i_4, sigmoid_U_i_4, mm_U_g_4, tanh_U_g_4, mm_U_f_4, sigmoid_U_f_4,
+            add_U_i_4, tanh_U_i_4, mul_U_o_4, mm_U_o_5, sigmoid_U_o_5, mm_U_i_5, sigmoid_U_i_5,
+            mm_U_g_5, tanh_U_g_5, mm_U_f_5);
+    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f,
+            b_g, b_o, V, c0, loss, logit, add_U_i_4, sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5,
+            mm_U_f_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, mm_U_o_6, sigmoid_U_o_6,
+            mm_U_i_6, sigmoid_U_i_6, mm_U_g_6, tanh_U_g_6, mm_U_f_6, sigmoid_U_f_6, add_U_i_6,
+            tanh_U_i_6, mul_U_o_6, mm_U_o_7, sigmoid_U_o_7, mm_U_i_7, sigmoid_U_i_7, mm_U_g_7,
+            tanh_U_g_7, mm_U_f_7, sigmoid_U_f_7, tanh_U_i_7, mul_U_o_7, mm_V, add_logit, grad_logit,
+            colsum_logit);
     if (!with_grads) {
         return 0;
     }
-    lstm_sequence_run_part4(n, V, work, with_grads);
-    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, work, with_grads);
-    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, grad_W_o, work, with_grads);
-    lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, work, with_grads);
-    lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, work, with_grads);
+
+    /* the gradient's buffers in work */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_7 = mm_U_f_7; /* n x 8, in mm_U_f_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i = colsum_logit + 1; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = grad_add_U_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_i_2 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_g = grad_add_U_f + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_o = grad_add_U_g + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_6 = add_U_i_6; /* n x 8, in add_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = tanh_U_g_7; /* n x 8, in tanh_U_g_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2 = tanh_U_i_7; /* n x 8, in tanh_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = grad_mul_U_o_7; /* n x 8, in grad_mul_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_5 = add_U_i_5; /* n x 8, in add_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5 = sigmoid_U_o_6; /* n x 8, in sigmoid_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = sigmoid_U_i_6; /* n x 8, in sigmoid_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = tanh_U_g_6; /* n x 8, in tanh_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = tanh_U_i_6; /* n x 8, in tanh_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = sigmoid_U_f_7; /* n x 8, in sigmoid_U_f_7's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_4 = grad_add_U_i; /* n x 8, in grad_add_U_i's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2 = grad_mul_U_o_6; /* n x 8, in grad_mul_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = add_U_i_4; /* n x 8, in add_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4 = sigmoid_U_o_5; /* n x 8, in sigmoid_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = sigmoid_U_i_5; /* n x 8, in sigmoid_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = tanh_U_g_5; /* n x 8, in tanh_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = tanh_U_i_5; /* n x 8, in tanh_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2 = sigmoid_U_f_6; /* n x 8, in sigmoid_U_f_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8 = grad_add_U_i_6; /* n x 8, in grad_add_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5 = grad_mul_U_o_5; /* n x 8, in grad_mul_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = add_U_i_3; /* n x 8, in add_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = sigmoid_U_o_4; /* n x 8, in sigmoid_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_2 = sigmoid_U_i_4; /* n x 8, in sigmoid_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2 = tanh_U_g_4; /* n x 8, in tanh_U_g_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9 = tanh_U_i_4; /* n x 8, in tanh_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6 = sigmoid_U_f_5; /* n x 8, in sigmoid_U_f_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = grad_add_U_i_5; /* n x 8, in grad_add_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = grad_mul_U_o_4; /* n x 8, in grad_mul_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o = add_U_i_2; /* n x 8, in add_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_10 = sigmoid_U_o_3; /* n x 8, in sigmoid_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11 = sigmoid_U_i_3; /* n x 8, in sigmoid_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7 = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7 = tanh_U_i_3; /* n x 8, in tanh_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7 = sigmoid_U_f_4; /* n x 8, in sigmoid_U_f_4's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_f = grad_add_U_i_4_2; /* n x 8, in grad_add_U_i_4_2's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_W_o = grad_mul_U_o_3; /* n x 8, in grad_mul_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_i = add_U_i; /* n x 8, in add_U_i's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_g = sigmoid_U_o_2; /* n x 8, in sigmoid_U_o_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_o = sigmoid_U_i_2; /* n x 8, in sigmoid_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_i = tanh_U_g_2; /* n x 8, in tanh_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_i_2; /* n x 8, in tanh_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_o = sigmoid_U_f_3; /* n x 8, in sigmoid_U_f_3's memory */
+
+    lstm_sequence_run_part4(n, V, add_U_i_6, sigmoid_U_o_7, sigmoid_U_i_7, tanh_U_g_7,
+            sigmoid_U_f_7, tanh_U_i_7, grad_logit, grad_mul_U_o_7, grad_add_U_i, grad_add_U_i_2,
+            grad_add_U_f, grad_add_U_g, grad_add_U_o);
+    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, add_U_i,
+            sigmoid_U_o_2, sigmoid_U_i_2, tanh_U_g_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2,
+            sigmoid_U_o_3, sigmoid_U_i_3, tanh_U_g_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3,
+            sigmoid_U_o_4, sigmoid_U_i_4, tanh_U_g_4, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4,
+            sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5,
+            sigmoid_U_o_6, sigmoid_U_i_6, tanh_U_g_6, sigmoid_U_f_6, tanh_U_i_6, sigmoid_U_f_7,
+            grad_add_U_i, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_mul_U_o_6,
+            grad_add_U_i_6, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2,
+            grad_mul_U_o_5, grad_add_U_i_5, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3,
+            grad_add_U_o_3, grad_mul_U_o_4, grad_add_U_i_4_2, grad_add_U_i_7, grad_add_U_f_4,
+            grad_add_U_g_4, grad_add_U_o_4, grad_mul_U_o_3, grad_add_U_i_3_2, grad_add_U_i_8,
+            grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_mul_U_o_2, grad_add_U_i_2_2,
+            grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_mul_U_o);
+    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i,
+            grad_W_f, grad_W_g, grad_W_o, sigmoid_W_o, sigmoid_W_i, tanh_W_g, mul_W_i, tanh_W_i,
+            sigmoid_U_o, sigmoid_U_i, tanh_U_g, sigmoid_U_f, tanh_U_i, sigmoid_U_f_2,
+            grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3,
+            grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3,
+            grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4,
+            grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5,
+            grad_add_U_i_2_2, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6,
+            grad_mul_U_o, grad_add_U_i_10, grad_add_U_i_11, grad_add_U_f_7, grad_add_U_g_7,
+            grad_add_U_o_7, grad_copy_b_f, grad_mul_W_o, grad_add_W_i, grad_add_W_g, grad_add_W_o,
+            grad_copy_b_i, grad_copy_b_g, grad_copy_b_o);
+    lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i,
+            grad_b_f, mul_W_o, mul_U_o, mul_U_o_2, mul_U_o_3, mul_U_o_4, mul_U_o_5, mul_U_o_6,
+            grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3,
+            grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3,
+            grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4,
+            grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5,
+            grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_add_U_i_11,
+            grad_add_U_f_7, grad_add_U_g_7, grad_add_U_o_7, grad_copy_b_f, grad_add_W_o,
+            grad_copy_b_i);
+    lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, mul_U_o_7, grad_logit,
+            grad_copy_b_g, grad_copy_b_o);
     return 0;
 }
 #endif
@@ -1687,7 +2299,9 @@ int lstm_sequence_forward(
     if (n < 1) {
         return 1;
     }
-    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
+            U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
 #endif
 
@@ -1749,7 +2363,10 @@ int lstm_sequence_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1), grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
+    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
+            U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1),
+            grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o,
+            grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -1861,9 +2478,11 @@ size_t lstm_sequence_forward_call_work_len(const int64_t *dims)
 }
 
 /* lstm_sequence_forward with its arrays in arrays (see lstm_sequence.h). */
-int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_SEQUENCE_REAL *work)
+int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_SEQUENCE_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_sequence_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            lstm_sequence_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 23; ++i) {
@@ -1888,7 +2507,8 @@ int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void 
         (const LSTM_SEQUENCE_REAL *)in[16], (const LSTM_SEQUENCE_REAL *)in[17],
         (const LSTM_SEQUENCE_REAL *)in[18], (const LSTM_SEQUENCE_REAL *)in[19],
         (const LSTM_SEQUENCE_REAL *)in[20], (const LSTM_SEQUENCE_REAL *)in[21],
-        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL *)out[1], work
+        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL
+                *)out[1], work
     );
 }
 
@@ -1997,9 +2617,11 @@ size_t lstm_sequence_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* lstm_sequence_value_and_grad with its arrays in arrays (see lstm_sequence.h). */
-int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_SEQUENCE_REAL *work)
+int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_SEQUENCE_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_sequence_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            lstm_sequence_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 23; ++i) {
@@ -2024,7 +2646,8 @@ int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in
         (const LSTM_SEQUENCE_REAL *)in[16], (const LSTM_SEQUENCE_REAL *)in[17],
         (const LSTM_SEQUENCE_REAL *)in[18], (const LSTM_SEQUENCE_REAL *)in[19],
         (const LSTM_SEQUENCE_REAL *)in[20], (const LSTM_SEQUENCE_REAL *)in[21],
-        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL *)out[1],
+        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL
+                *)out[1],
         (LSTM_SEQUENCE_REAL *)out[2], (LSTM_SEQUENCE_REAL *)out[3], (LSTM_SEQUENCE_REAL *)out[4],
         (LSTM_SEQUENCE_REAL *)out[5], (LSTM_SEQUENCE_REAL *)out[6], (LSTM_SEQUENCE_REAL *)out[7],
         (LSTM_SEQUENCE_REAL *)out[8], (LSTM_SEQUENCE_REAL *)out[9], (LSTM_SEQUENCE_REAL *)out[10],

@@ -100,7 +100,15 @@ const char *lstm_sequence_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t lstm_sequence_forward_work_len(int64_t n);
-int lstm_sequence_forward(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL *x2_, const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *x5_, const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *x7_, const LSTM_SEQUENCE_REAL *x8_, const LSTM_SEQUENCE_REAL *y, const LSTM_SEQUENCE_REAL *W_i, const LSTM_SEQUENCE_REAL *W_f, const LSTM_SEQUENCE_REAL *W_g, const LSTM_SEQUENCE_REAL *W_o, const LSTM_SEQUENCE_REAL *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o, const LSTM_SEQUENCE_REAL *b_i, const LSTM_SEQUENCE_REAL *b_f, const LSTM_SEQUENCE_REAL *b_g, const LSTM_SEQUENCE_REAL *b_o, const LSTM_SEQUENCE_REAL *V, const LSTM_SEQUENCE_REAL *c0, LSTM_SEQUENCE_REAL *loss, LSTM_SEQUENCE_REAL *logit, LSTM_SEQUENCE_REAL *work);
+int lstm_sequence_forward(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL *x2_,
+        const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *x5_,
+        const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *x7_, const LSTM_SEQUENCE_REAL *x8_,
+        const LSTM_SEQUENCE_REAL *y, const LSTM_SEQUENCE_REAL *W_i, const LSTM_SEQUENCE_REAL *W_f,
+        const LSTM_SEQUENCE_REAL *W_g, const LSTM_SEQUENCE_REAL *W_o, const LSTM_SEQUENCE_REAL *U_i,
+        const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o,
+        const LSTM_SEQUENCE_REAL *b_i, const LSTM_SEQUENCE_REAL *b_f, const LSTM_SEQUENCE_REAL *b_g,
+        const LSTM_SEQUENCE_REAL *b_o, const LSTM_SEQUENCE_REAL *V, const LSTM_SEQUENCE_REAL *c0,
+        LSTM_SEQUENCE_REAL *loss, LSTM_SEQUENCE_REAL *logit, LSTM_SEQUENCE_REAL *work);
 int lstm_sequence_forward_n_dims(void);
 const char *lstm_sequence_forward_name_dim(int64_t i);
 int lstm_sequence_forward_n_in(void);
@@ -111,7 +119,8 @@ int lstm_sequence_forward_kind_in(int64_t i);
 int lstm_sequence_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int lstm_sequence_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t lstm_sequence_forward_call_work_len(const int64_t *dims);
-int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_SEQUENCE_REAL *work);
+int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_SEQUENCE_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   x1_: input, n x 1
@@ -156,7 +165,20 @@ int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void 
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t lstm_sequence_value_and_grad_work_len(int64_t n);
-int lstm_sequence_value_and_grad(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL *x2_, const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *x5_, const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *x7_, const LSTM_SEQUENCE_REAL *x8_, const LSTM_SEQUENCE_REAL *y, const LSTM_SEQUENCE_REAL *W_i, const LSTM_SEQUENCE_REAL *W_f, const LSTM_SEQUENCE_REAL *W_g, const LSTM_SEQUENCE_REAL *W_o, const LSTM_SEQUENCE_REAL *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o, const LSTM_SEQUENCE_REAL *b_i, const LSTM_SEQUENCE_REAL *b_f, const LSTM_SEQUENCE_REAL *b_g, const LSTM_SEQUENCE_REAL *b_o, const LSTM_SEQUENCE_REAL *V, const LSTM_SEQUENCE_REAL *c0, LSTM_SEQUENCE_REAL *loss, LSTM_SEQUENCE_REAL *grad_W_i, LSTM_SEQUENCE_REAL *grad_W_f, LSTM_SEQUENCE_REAL *grad_W_g, LSTM_SEQUENCE_REAL *grad_W_o, LSTM_SEQUENCE_REAL *grad_U_i, LSTM_SEQUENCE_REAL *grad_U_f, LSTM_SEQUENCE_REAL *grad_U_g, LSTM_SEQUENCE_REAL *grad_U_o, LSTM_SEQUENCE_REAL *grad_b_i, LSTM_SEQUENCE_REAL *grad_b_f, LSTM_SEQUENCE_REAL *grad_b_g, LSTM_SEQUENCE_REAL *grad_b_o, LSTM_SEQUENCE_REAL *grad_V, LSTM_SEQUENCE_REAL *grad_c0, LSTM_SEQUENCE_REAL *work);
+int lstm_sequence_value_and_grad(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL
+        *x2_, const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL
+        *x5_, const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *x7_, const LSTM_SEQUENCE_REAL
+        *x8_, const LSTM_SEQUENCE_REAL *y, const LSTM_SEQUENCE_REAL *W_i, const LSTM_SEQUENCE_REAL
+        *W_f, const LSTM_SEQUENCE_REAL *W_g, const LSTM_SEQUENCE_REAL *W_o, const LSTM_SEQUENCE_REAL
+        *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL
+        *U_o, const LSTM_SEQUENCE_REAL *b_i, const LSTM_SEQUENCE_REAL *b_f, const LSTM_SEQUENCE_REAL
+        *b_g, const LSTM_SEQUENCE_REAL *b_o, const LSTM_SEQUENCE_REAL *V, const LSTM_SEQUENCE_REAL
+        *c0, LSTM_SEQUENCE_REAL *loss, LSTM_SEQUENCE_REAL *grad_W_i, LSTM_SEQUENCE_REAL *grad_W_f,
+        LSTM_SEQUENCE_REAL *grad_W_g, LSTM_SEQUENCE_REAL *grad_W_o, LSTM_SEQUENCE_REAL *grad_U_i,
+        LSTM_SEQUENCE_REAL *grad_U_f, LSTM_SEQUENCE_REAL *grad_U_g, LSTM_SEQUENCE_REAL *grad_U_o,
+        LSTM_SEQUENCE_REAL *grad_b_i, LSTM_SEQUENCE_REAL *grad_b_f, LSTM_SEQUENCE_REAL *grad_b_g,
+        LSTM_SEQUENCE_REAL *grad_b_o, LSTM_SEQUENCE_REAL *grad_V, LSTM_SEQUENCE_REAL *grad_c0,
+        LSTM_SEQUENCE_REAL *work);
 int lstm_sequence_value_and_grad_n_dims(void);
 const char *lstm_sequence_value_and_grad_name_dim(int64_t i);
 int lstm_sequence_value_and_grad_n_in(void);
@@ -167,7 +189,8 @@ int lstm_sequence_value_and_grad_kind_in(int64_t i);
 int lstm_sequence_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int lstm_sequence_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t lstm_sequence_value_and_grad_call_work_len(const int64_t *dims);
-int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_SEQUENCE_REAL *work);
+int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_SEQUENCE_REAL *work);
 
 #ifdef __cplusplus
 }

@@ -44,78 +44,85 @@ static int mlp_run(
         return 1;
     }
 
-    /* t0 = X @ W1 */
-    MLP_REAL *t0 = work; /* n x 4 */
-    symbackprop_f64_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
+    /* where each buffer lies in work */
+    MLP_REAL *mm_W1 = work; /* n x 4 */
+    MLP_REAL *sigmoid_W1 = mm_W1 + 4*n; /* n x 4 */
+    MLP_REAL *mm_W2 = sigmoid_W1 + 4*n; /* n x 2 */
+    MLP_REAL *sq_Y = mm_W2 + 2*n; /* n x 2 */
+    MLP_REAL *grad_add_Y = sq_Y + 2*n; /* n x 2 */
+    MLP_REAL *colsum_Y = grad_add_Y + 2*n; /* 1 x 2 */
+    MLP_REAL *rowsum_Y = colsum_Y + 2; /* 1 x 1 */
 
-    /* t1 = sigmoid(b1 + t0) */
-    MLP_REAL *t1 = t0 + 4*n; /* n x 4 */
+    /* mm_W1 = X @ W1 */
+    symbackprop_f64_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, mm_W1);
+
+    /* sigmoid_W1 = sigmoid(b1 + mm_W1) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            t1[4*i + j] = (((t0[4*i + j] + b1[j]) >= 0 ? 1.0 : exp(-fabs(t0[4*i + j] + b1[j]))) / (1.0 + exp(-fabs(t0[4*i + j] + b1[j]))));
+            sigmoid_W1[4*i + j] = (((mm_W1[4*i + j] + b1[j]) >= 0 ? 1.0 : exp(-fabs(mm_W1[4*i + j] +
+                    b1[j]))) / (1.0 + exp(-fabs(mm_W1[4*i + j] + b1[j]))));
         }
     }
 
-    /* t2 = t1 @ W2 */
-    MLP_REAL *t2 = t1 + 4*n; /* n x 2 */
-    symbackprop_f64_matmul(n, 2, 4, t1, 4, 1, W2, 2, 1, t2);
+    /* mm_W2 = sigmoid_W1 @ W2 */
+    symbackprop_f64_matmul(n, 2, 4, sigmoid_W1, 4, 1, W2, 2, 1, mm_W2);
 
-    /* Y = b2 + t2 */
-    /* t3 = (-T + b2 + t2)**2 */
-    /* g0 = (-2*T + 2*b2 + 2*t2)/(2*n) */
-    MLP_REAL *t3 = t2 + 2*n; /* n x 2 */
-    MLP_REAL *g0 = t3 + 2*n; /* n x 2 */
+    /* Y = b2 + mm_W2 */
+    /* sq_Y = (-T + b2 + mm_W2)**2 */
+    /* grad_add_Y = (-2*T + 2*b2 + 2*mm_W2)/(2*n) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            const MLP_REAL x0 = t2[2*i + j] + b2[j];
+            const MLP_REAL x0 = mm_W2[2*i + j] + b2[j];
             Y[2*i + j] = x0;
-            t3[2*i + j] = pow(-T[2*i + j] + x0, 2);
-            g0[2*i + j] = (1.0/2.0)*(2*t2[2*i + j] + 2*b2[j] - 2*T[2*i + j])/((MLP_REAL)n);
+            sq_Y[2*i + j] = pow(-T[2*i + j] + x0, 2);
+            grad_add_Y[2*i + j] = (1.0/2.0)*(2*mm_W2[2*i + j] + 2*b2[j] -
+                    2*T[2*i + j])/((MLP_REAL)n);
         }
     }
 
-    /* t4 = sum of t3 down each column */
-    MLP_REAL *t4 = g0 + 2*n; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t3, n, 2, 2, t4);
+    /* colsum_Y = sum of sq_Y down each column */
+    symbackprop_f64_sum_columns(sq_Y, n, 2, 2, colsum_Y);
 
-    /* t5 = sum of t4 along each row */
-    MLP_REAL *t5 = t4 + 2; /* 1 x 1 */
-    t5[0] = symbackprop_f64_sum(t4, 2, 1);
+    /* rowsum_Y = sum of colsum_Y along each row */
+    rowsum_Y[0] = symbackprop_f64_sum(colsum_Y, 2, 1);
 
-    /* loss = t5/(2*n) */
+    /* loss = rowsum_Y/(2*n) */
     {
-        loss[0] = (1.0/2.0)*t5[0]/((MLP_REAL)n);
+        loss[0] = (1.0/2.0)*rowsum_Y[0]/((MLP_REAL)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_t1 = g0 @ W2^T */
-    MLP_REAL *grad_t1 = t0; /* n x 4, in t0's memory */
-    symbackprop_f64_matmul(n, 4, 2, g0, 2, 1, W2, 1, 2, grad_t1);
+    /* the gradient's buffers in work */
+    MLP_REAL *grad_sigmoid_W1 = mm_W1; /* n x 4, in mm_W1's memory */
 
-    /* grad_t1 = grad_t1*t1*(1 - t1) */
+    /* grad_sigmoid_W1 = grad_add_Y @ W2^T */
+    symbackprop_f64_matmul(n, 4, 2, grad_add_Y, 2, 1, W2, 1, 2, grad_sigmoid_W1);
+
+    /* grad_sigmoid_W1 = grad_sigmoid_W1*sigmoid_W1*(1 - sigmoid_W1) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            grad_t1[4*i + j] = t1[4*i + j]*grad_t1[4*i + j]*(1 - t1[4*i + j]);
+            grad_sigmoid_W1[4*i + j] = sigmoid_W1[4*i + j]*grad_sigmoid_W1[4*i + j]*(1 -
+                    sigmoid_W1[4*i + j]);
         }
     }
 
-    /* grad_W1 = X^T @ grad_t1 */
-    symbackprop_f64_matmul(3, 4, n, X, 1, 3, grad_t1, 4, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_sigmoid_W1 */
+    symbackprop_f64_matmul(3, 4, n, X, 1, 3, grad_sigmoid_W1, 4, 1, grad_W1);
 
-    /* grad_b1 = sum of grad_t1 down each column */
-    symbackprop_f64_sum_columns(grad_t1, n, 4, 4, grad_b1);
+    /* grad_b1 = sum of grad_sigmoid_W1 down each column */
+    symbackprop_f64_sum_columns(grad_sigmoid_W1, n, 4, 4, grad_b1);
 
-    /* grad_W2 = t1^T @ g0 */
-    symbackprop_f64_matmul(4, 2, n, t1, 1, 4, g0, 2, 1, grad_W2);
+    /* grad_W2 = sigmoid_W1^T @ grad_add_Y */
+    symbackprop_f64_matmul(4, 2, n, sigmoid_W1, 1, 4, grad_add_Y, 2, 1, grad_W2);
 
-    /* grad_b2 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, n, 2, 2, grad_b2);
+    /* grad_b2 = sum of grad_add_Y down each column */
+    symbackprop_f64_sum_columns(grad_add_Y, n, 2, 2, grad_b2);
     return 0;
 }
 
@@ -175,7 +182,8 @@ int mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1,
+            grad_W2, grad_b2, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see mlp.h) --- */
@@ -269,7 +277,8 @@ size_t mlp_forward_call_work_len(const int64_t *dims)
 /* mlp_forward with its arrays in arrays (see mlp.h). */
 int mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && mlp_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            mlp_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -284,7 +293,8 @@ int mlp_forward_call(const int64_t *dims, const void *const *in, void *const *ou
     }
     return mlp_forward(
         dims[0], (const MLP_REAL *)in[0], (const MLP_REAL *)in[1], (const MLP_REAL *)in[2],
-        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL *)out[0],
+        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL
+                *)out[0],
         (MLP_REAL *)out[1], work
     );
 }
@@ -367,9 +377,11 @@ size_t mlp_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* mlp_value_and_grad with its arrays in arrays (see mlp.h). */
-int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL *work)
+int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL
+        *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && mlp_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            mlp_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -384,7 +396,8 @@ int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *co
     }
     return mlp_value_and_grad(
         dims[0], (const MLP_REAL *)in[0], (const MLP_REAL *)in[1], (const MLP_REAL *)in[2],
-        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL *)out[0],
+        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL
+                *)out[0],
         (MLP_REAL *)out[1], (MLP_REAL *)out[2], (MLP_REAL *)out[3], (MLP_REAL *)out[4], work
     );
 }

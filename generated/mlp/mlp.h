@@ -83,7 +83,8 @@ const char *mlp_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t mlp_forward_work_len(int64_t n);
-int mlp_forward(int64_t n, const MLP_REAL *X, const MLP_REAL *T, const MLP_REAL *W1, const MLP_REAL *b1, const MLP_REAL *W2, const MLP_REAL *b2, MLP_REAL *loss, MLP_REAL *Y, MLP_REAL *work);
+int mlp_forward(int64_t n, const MLP_REAL *X, const MLP_REAL *T, const MLP_REAL *W1, const MLP_REAL
+        *b1, const MLP_REAL *W2, const MLP_REAL *b2, MLP_REAL *loss, MLP_REAL *Y, MLP_REAL *work);
 int mlp_forward_n_dims(void);
 const char *mlp_forward_name_dim(int64_t i);
 int mlp_forward_n_in(void);
@@ -112,7 +113,9 @@ int mlp_forward_call(const int64_t *dims, const void *const *in, void *const *ou
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t mlp_value_and_grad_work_len(int64_t n);
-int mlp_value_and_grad(int64_t n, const MLP_REAL *X, const MLP_REAL *T, const MLP_REAL *W1, const MLP_REAL *b1, const MLP_REAL *W2, const MLP_REAL *b2, MLP_REAL *loss, MLP_REAL *grad_W1, MLP_REAL *grad_b1, MLP_REAL *grad_W2, MLP_REAL *grad_b2, MLP_REAL *work);
+int mlp_value_and_grad(int64_t n, const MLP_REAL *X, const MLP_REAL *T, const MLP_REAL *W1, const
+        MLP_REAL *b1, const MLP_REAL *W2, const MLP_REAL *b2, MLP_REAL *loss, MLP_REAL *grad_W1,
+        MLP_REAL *grad_b1, MLP_REAL *grad_W2, MLP_REAL *grad_b2, MLP_REAL *work);
 int mlp_value_and_grad_n_dims(void);
 const char *mlp_value_and_grad_name_dim(int64_t i);
 int mlp_value_and_grad_n_in(void);
@@ -123,7 +126,8 @@ int mlp_value_and_grad_kind_in(int64_t i);
 int mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t mlp_value_and_grad_call_work_len(const int64_t *dims);
-int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL *work);
+int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL
+        *work);
 
 #ifdef __cplusplus
 }

@@ -37,104 +37,111 @@ static int mnist_mlp_run(
 )
 {
 
-    /* t0 = X @ W1 */
-    MNIST_MLP_REAL *t0 = work; /* 128 x 256 */
-    symbackprop_f64_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
+    /* where each buffer lies in work */
+    MNIST_MLP_REAL *mm_W1 = work; /* 128 x 256 */
+    MNIST_MLP_REAL *tanh_W1 = mm_W1 + 32768; /* 128 x 256 */
+    MNIST_MLP_REAL *mm_W2 = tanh_W1 + 32768; /* 128 x 10 */
+    MNIST_MLP_REAL *mul_logits = mm_W2 + 1280; /* 128 x 10 */
+    MNIST_MLP_REAL *rowsum_logits = mul_logits + 1280; /* 128 x 1 */
+    MNIST_MLP_REAL *softmax_axis_logits = mm_W2; /* 128 x 10, in mm_W2's memory */
+    MNIST_MLP_REAL *rowlse_logits = rowsum_logits + 128; /* 128 x 1 */
+    MNIST_MLP_REAL *add_logits = rowlse_logits + 128; /* 128 x 1 */
+    MNIST_MLP_REAL *colsum_logits = add_logits + 128; /* 1 x 1 */
 
-    /* t1 = tanh(b1 + t0) */
-    MNIST_MLP_REAL *t1 = t0 + 32768; /* 128 x 256 */
+    /* mm_W1 = X @ W1 */
+    symbackprop_f64_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, mm_W1);
+
+    /* tanh_W1 = tanh(b1 + mm_W1) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            t1[256*i + j] = tanh(t0[256*i + j] + b1[j]);
+            tanh_W1[256*i + j] = tanh(mm_W1[256*i + j] + b1[j]);
         }
     }
 
-    /* t2 = t1 @ W2 */
-    MNIST_MLP_REAL *t2 = t1 + 32768; /* 128 x 10 */
-    symbackprop_f64_matmul(128, 10, 256, t1, 256, 1, W2, 10, 1, t2);
+    /* mm_W2 = tanh_W1 @ W2 */
+    symbackprop_f64_matmul(128, 10, 256, tanh_W1, 256, 1, W2, 10, 1, mm_W2);
 
-    /* logits = b2 + t2 */
-    /* t3 = T*(b2 + t2) */
-    MNIST_MLP_REAL *t3 = t2 + 1280; /* 128 x 10 */
+    /* logits = b2 + mm_W2 */
+    /* mul_logits = T*(b2 + mm_W2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const MNIST_MLP_REAL x0 = t2[10*i + j] + b2[j];
+            const MNIST_MLP_REAL x0 = mm_W2[10*i + j] + b2[j];
             logits[10*i + j] = x0;
-            t3[10*i + j] = T[10*i + j]*x0;
+            mul_logits[10*i + j] = T[10*i + j]*x0;
         }
     }
 
-    /* t4 = sum of t3 along each row */
-    MNIST_MLP_REAL *t4 = t3 + 1280; /* 128 x 1 */
+    /* rowsum_logits = sum of mul_logits along each row */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
-    /* t5 = softmax of logits along each row, its max subtracted first */
-    MNIST_MLP_REAL *t5 = t2; /* 128 x 10, in t2's memory */
+    /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < 128; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t5 + 10*i, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1);
     }
 
-    /* t6 = log(sum(exp(logits))) along each row, its max subtracted first */
-    MNIST_MLP_REAL *t6 = t4 + 128; /* 128 x 1 */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        t6[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t5 + 10*i, 1);
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, softmax_axis_logits +
+                10*i, 1);
     }
 
-    /* t7 = -t4 + t6 */
-    MNIST_MLP_REAL *t7 = t6 + 128; /* 128 x 1 */
+    /* add_logits = rowlse_logits - rowsum_logits */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        t7[i] = -t4[i] + t6[i];
+        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
     }
 
-    /* t8 = sum of t7 down each column */
-    MNIST_MLP_REAL *t8 = t7 + 128; /* 1 x 1 */
-    t8[0] = symbackprop_f64_sum(t7, 128, 1);
+    /* colsum_logits = sum of add_logits down each column */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, 128, 1);
 
-    /* loss = t8/128 */
+    /* loss = colsum_logits/128 */
     {
-        loss[0] = (1.0/128.0)*t8[0];
+        loss[0] = (1.0/128.0)*colsum_logits[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_logits = -T/128 + t5/128 */
-    MNIST_MLP_REAL *grad_logits = t3; /* 128 x 10, in t3's memory */
+    /* the gradient's buffers in work */
+    MNIST_MLP_REAL *grad_logits = mul_logits; /* 128 x 10, in mul_logits's memory */
+    MNIST_MLP_REAL *grad_tanh_W1 = mm_W1; /* 128 x 256, in mm_W1's memory */
+
+    /* grad_logits = -T/128 + softmax_axis_logits/128 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = (1.0/128.0)*t5[10*i + j] - 1.0/128.0*T[10*i + j];
+            grad_logits[10*i + j] = (1.0/128.0)*softmax_axis_logits[10*i + j] -
+                    1.0/128.0*T[10*i + j];
         }
     }
 
-    /* grad_t1 = grad_logits @ W2^T */
-    MNIST_MLP_REAL *grad_t1 = t0; /* 128 x 256, in t0's memory */
-    symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
+    /* grad_tanh_W1 = grad_logits @ W2^T */
+    symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
-    /* grad_t1 = grad_t1*(1 - t1**2) */
+    /* grad_tanh_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_t1[256*i + j] = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
+            grad_tanh_W1[256*i + j] = grad_tanh_W1[256*i + j]*(1 -
+                    (tanh_W1[256*i + j]*tanh_W1[256*i + j]));
         }
     }
 
-    /* grad_W1 = X^T @ grad_t1 */
-    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, grad_t1, 256, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_tanh_W1 */
+    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, grad_tanh_W1, 256, 1, grad_W1);
 
-    /* grad_b1 = sum of grad_t1 down each column */
-    symbackprop_f64_sum_columns(grad_t1, 128, 256, 256, grad_b1);
+    /* grad_b1 = sum of grad_tanh_W1 down each column */
+    symbackprop_f64_sum_columns(grad_tanh_W1, 128, 256, 256, grad_b1);
 
-    /* grad_W2 = t1^T @ grad_logits */
-    symbackprop_f64_matmul(256, 10, 128, t1, 1, 256, grad_logits, 10, 1, grad_W2);
+    /* grad_W2 = tanh_W1^T @ grad_logits */
+    symbackprop_f64_matmul(256, 10, 128, tanh_W1, 1, 256, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     symbackprop_f64_sum_columns(grad_logits, 128, 10, 10, grad_b2);
@@ -183,7 +190,8 @@ int mnist_mlp_value_and_grad(
     MNIST_MLP_REAL *work
 )
 {
-    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1,
+            grad_b1, grad_W2, grad_b2, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see mnist_mlp.h) --- */
@@ -270,7 +278,8 @@ size_t mnist_mlp_forward_call_work_len(const int64_t *dims)
 }
 
 /* mnist_mlp_forward with its arrays in arrays (see mnist_mlp.h). */
-int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, MNIST_MLP_REAL *work)
+int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        MNIST_MLP_REAL *work)
 {
     if (in == NULL || out == NULL || (work == NULL && mnist_mlp_forward_call_work_len(dims) > 0)) {
         return 4;
@@ -365,9 +374,11 @@ size_t mnist_mlp_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* mnist_mlp_value_and_grad with its arrays in arrays (see mnist_mlp.h). */
-int mnist_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MNIST_MLP_REAL *work)
+int mnist_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        MNIST_MLP_REAL *work)
 {
-    if (in == NULL || out == NULL || (work == NULL && mnist_mlp_value_and_grad_call_work_len(dims) > 0)) {
+    if (in == NULL || out == NULL || (work == NULL && mnist_mlp_value_and_grad_call_work_len(dims) >
+            0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {

@@ -82,7 +82,9 @@ const char *mnist_mlp_name_dim(int64_t i);
  * Returns 0: success
  */
 size_t mnist_mlp_forward_work_len(void);
-int mnist_mlp_forward(const MNIST_MLP_REAL *X, const MNIST_MLP_REAL *T, const MNIST_MLP_REAL *W1, const MNIST_MLP_REAL *b1, const MNIST_MLP_REAL *W2, const MNIST_MLP_REAL *b2, MNIST_MLP_REAL *loss, MNIST_MLP_REAL *logits, MNIST_MLP_REAL *work);
+int mnist_mlp_forward(const MNIST_MLP_REAL *X, const MNIST_MLP_REAL *T, const MNIST_MLP_REAL *W1,
+        const MNIST_MLP_REAL *b1, const MNIST_MLP_REAL *W2, const MNIST_MLP_REAL *b2, MNIST_MLP_REAL
+        *loss, MNIST_MLP_REAL *logits, MNIST_MLP_REAL *work);
 int mnist_mlp_forward_n_dims(void);
 const char *mnist_mlp_forward_name_dim(int64_t i);
 int mnist_mlp_forward_n_in(void);
@@ -93,7 +95,8 @@ int mnist_mlp_forward_kind_in(int64_t i);
 int mnist_mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int mnist_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t mnist_mlp_forward_call_work_len(const int64_t *dims);
-int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, MNIST_MLP_REAL *work);
+int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        MNIST_MLP_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   X: input, 128 x 784
@@ -110,7 +113,10 @@ int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *con
  * Returns 0: success
  */
 size_t mnist_mlp_value_and_grad_work_len(void);
-int mnist_mlp_value_and_grad(const MNIST_MLP_REAL *X, const MNIST_MLP_REAL *T, const MNIST_MLP_REAL *W1, const MNIST_MLP_REAL *b1, const MNIST_MLP_REAL *W2, const MNIST_MLP_REAL *b2, MNIST_MLP_REAL *loss, MNIST_MLP_REAL *grad_W1, MNIST_MLP_REAL *grad_b1, MNIST_MLP_REAL *grad_W2, MNIST_MLP_REAL *grad_b2, MNIST_MLP_REAL *work);
+int mnist_mlp_value_and_grad(const MNIST_MLP_REAL *X, const MNIST_MLP_REAL *T, const MNIST_MLP_REAL
+        *W1, const MNIST_MLP_REAL *b1, const MNIST_MLP_REAL *W2, const MNIST_MLP_REAL *b2,
+        MNIST_MLP_REAL *loss, MNIST_MLP_REAL *grad_W1, MNIST_MLP_REAL *grad_b1, MNIST_MLP_REAL
+        *grad_W2, MNIST_MLP_REAL *grad_b2, MNIST_MLP_REAL *work);
 int mnist_mlp_value_and_grad_n_dims(void);
 const char *mnist_mlp_value_and_grad_name_dim(int64_t i);
 int mnist_mlp_value_and_grad_n_in(void);
@@ -121,7 +127,8 @@ int mnist_mlp_value_and_grad_kind_in(int64_t i);
 int mnist_mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int mnist_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t mnist_mlp_value_and_grad_call_work_len(const int64_t *dims);
-int mnist_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MNIST_MLP_REAL *work);
+int mnist_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        MNIST_MLP_REAL *work);
 
 #ifdef __cplusplus
 }

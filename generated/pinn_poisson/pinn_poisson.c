@@ -28,7 +28,7 @@
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_loop0(
+void pinn_poisson_tanh_loop(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -38,7 +38,7 @@ void pinn_poisson_loop0(
     const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
 );
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_loop1(
+void pinn_poisson_grad_add_loop(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -50,7 +50,7 @@ void pinn_poisson_loop1(
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_loop0(
+void pinn_poisson_tanh_loop(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -72,7 +72,7 @@ void pinn_poisson_loop0(
     }
 }
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_loop1(
+void pinn_poisson_grad_add_loop(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -127,161 +127,164 @@ int pinn_poisson_forward(
         return 1;
     }
 
-    /* t0 = xb @ W1 */
-    PINN_POISSON_REAL *t0 = work; /* 2 x 16 */
+    /* where each buffer lies in work */
+    PINN_POISSON_REAL *mm_W1 = work; /* 2 x 16 */
+    PINN_POISSON_REAL *tanh_W1 = mm_W1 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *mm_W2 = mm_W1; /* 2 x 16, in mm_W1's memory */
+    PINN_POISSON_REAL *tanh_W2 = tanh_W1; /* 2 x 16, in tanh_W1's memory */
+    PINN_POISSON_REAL *mm_W3 = tanh_W1 + 32; /* 2 x 1 */
+    PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
+    PINN_POISSON_REAL *colsum_W3 = sq_W3 + 2; /* 1 x 1 */
+    PINN_POISSON_REAL *mm_W1_2 = colsum_W3 + 1; /* n x 16 */
+    PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *add_W1 = tanh_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W1 = add_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_2 = mm_W1_2; /* n x 16, in mm_W1_2's memory */
+    PINN_POISSON_REAL *tanh_W2_2 = mul_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *add_W2 = tanh_W2_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W3 = add_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_3 = mm_W2_2; /* n x 16, in mm_W2_2's memory */
+    PINN_POISSON_REAL *mm_W2_4 = mul_W3; /* n x 16, in mul_W3's memory */
+    PINN_POISSON_REAL *mul_W2 = mul_W1; /* n x 16, in mul_W1's memory */
+    PINN_POISSON_REAL *mm_W2_5 = add_W2; /* n x 16, in add_W2's memory */
+    PINN_POISSON_REAL *mul_W2_2 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
+    PINN_POISSON_REAL *d2u = mul_W3 + 16*n; /* n x 1 */
+    PINN_POISSON_REAL *sq_d2u = d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *colsum_d2u = sq_d2u + n; /* 1 x 1 */
+    PINN_POISSON_REAL *mm_W3_2 = d2u; /* n x 1, in d2u's memory */
+
+    /* mm_W1 = xb @ W1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t0[16*i + j] = 0;
+            mm_W1[16*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
             const PINN_POISSON_REAL acc = xb[i];
             for (int64_t j = 0; j < 16; ++j) {
-                t0[16*i + j] += acc * W1[j];
+                mm_W1[16*i + j] += acc * W1[j];
             }
         }
     }
 
-    /* t1 = tanh(b1 + t0) */
-    PINN_POISSON_REAL *t1 = t0 + 32; /* 2 x 16 */
+    /* tanh_W1 = tanh(b1 + mm_W1) */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t1[16*i + j] = tanh(t0[16*i + j] + b1[j]);
+            tanh_W1[16*i + j] = tanh(mm_W1[16*i + j] + b1[j]);
         }
     }
 
-    /* t2 = t1 @ W2 */
-    PINN_POISSON_REAL *t2 = t0; /* 2 x 16, in t0's memory */
+    /* mm_W2 = tanh_W1 @ W2 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t2[16*i + j] = 0;
+            mm_W2[16*i + j] = 0;
         }
         for (int64_t k = 0; k < 16; ++k) {
-            const PINN_POISSON_REAL acc = t1[16*i + k];
+            const PINN_POISSON_REAL acc = tanh_W1[16*i + k];
             for (int64_t j = 0; j < 16; ++j) {
-                t2[16*i + j] += acc * W2[16*k + j];
+                mm_W2[16*i + j] += acc * W2[16*k + j];
             }
         }
     }
 
-    /* t3 = tanh(b2 + t2) */
-    PINN_POISSON_REAL *t3 = t1; /* 2 x 16, in t1's memory */
+    /* tanh_W2 = tanh(b2 + mm_W2) */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t3[16*i + j] = tanh(t2[16*i + j] + b2[j]);
+            tanh_W2[16*i + j] = tanh(mm_W2[16*i + j] + b2[j]);
         }
     }
 
-    /* t4 = t3 @ W3 */
-    PINN_POISSON_REAL *t4 = t1 + 32; /* 2 x 1 */
+    /* mm_W3 = tanh_W2 @ W3 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
-            t4[i + j] = 0;
+            mm_W3[i + j] = 0;
         }
         for (int64_t k = 0; k < 16; ++k) {
-            const PINN_POISSON_REAL acc = t3[16*i + k];
+            const PINN_POISSON_REAL acc = tanh_W2[16*i + k];
             for (int64_t j = 0; j < 1; ++j) {
-                t4[i + j] += acc * W3[k];
+                mm_W3[i + j] += acc * W3[k];
             }
         }
     }
 
-    /* t5 = (b3 + t4)**2 */
-    PINN_POISSON_REAL *t5 = t4 + 2; /* 2 x 1 */
+    /* sq_W3 = (b3 + mm_W3)**2 */
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         for (int64_t i = 0; i < 2; ++i) {
-            t5[i] = pow(t4[i] + b3_value, 2);
+            sq_W3[i] = pow(mm_W3[i] + b3_value, 2);
         }
     }
 
-    /* t6 = sum of t5 down each column */
-    PINN_POISSON_REAL *t6 = t5 + 2; /* 1 x 1 */
-    t6[0] = symbackprop_f64_sum(t5, 2, 1);
+    /* colsum_W3 = sum of sq_W3 down each column */
+    colsum_W3[0] = symbackprop_f64_sum(sq_W3, 2, 1);
 
-    /* t7 = x @ W1 */
-    PINN_POISSON_REAL *t7 = t6 + 1; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, t7);
+    /* mm_W1_2 = x @ W1 */
+    symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, mm_W1_2);
 
-    /* t8 = tanh(b1 + t7) */
-    /* t9 = 1 - tanh(b1 + t7)**2 */
-    /* t10 = W1*(1 - tanh(b1 + t7)**2) */
-    PINN_POISSON_REAL *t8 = t7 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t9 = t8 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t10 = t9 + 16*n; /* n x 16 */
-    pinn_poisson_loop0(n, t8, t9, t10, W1, t7, b1);
+    /* tanh_W1_2 = tanh(b1 + mm_W1_2) */
+    /* add_W1 = 1 - tanh(b1 + mm_W1_2)**2 */
+    /* mul_W1 = W1*(1 - tanh(b1 + mm_W1_2)**2) */
+    pinn_poisson_tanh_loop(n, tanh_W1_2, add_W1, mul_W1, W1, mm_W1_2, b1);
 
-    /* t11 = t8 @ W2 */
-    PINN_POISSON_REAL *t11 = t7; /* n x 16, in t7's memory */
-    symbackprop_f64_matmul(n, 16, 16, t8, 16, 1, W2, 16, 1, t11);
+    /* mm_W2_2 = tanh_W1_2 @ W2 */
+    symbackprop_f64_matmul(n, 16, 16, tanh_W1_2, 16, 1, W2, 16, 1, mm_W2_2);
 
-    /* t12 = tanh(b2 + t11) */
-    /* t13 = 1 - tanh(b2 + t11)**2 */
-    /* t14 = W3^T*(1 - tanh(b2 + t11)**2) */
-    PINN_POISSON_REAL *t12 = t10 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t13 = t12 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t14 = t13 + 16*n; /* n x 16 */
-    pinn_poisson_loop0(n, t12, t13, t14, W3, t11, b2);
+    /* tanh_W2_2 = tanh(b2 + mm_W2_2) */
+    /* add_W2 = 1 - tanh(b2 + mm_W2_2)**2 */
+    /* mul_W3 = W3^T*(1 - tanh(b2 + mm_W2_2)**2) */
+    pinn_poisson_tanh_loop(n, tanh_W2_2, add_W2, mul_W3, W3, mm_W2_2, b2);
 
-    /* t15 = t14 @ W2^T */
-    PINN_POISSON_REAL *t15 = t11; /* n x 16, in t11's memory */
-    symbackprop_f64_matmul(n, 16, 16, t14, 16, 1, W2, 1, 16, t15);
+    /* mm_W2_3 = mul_W3 @ W2^T */
+    symbackprop_f64_matmul(n, 16, 16, mul_W3, 16, 1, W2, 1, 16, mm_W2_3);
 
-    /* t16 = t10 @ W2 */
-    PINN_POISSON_REAL *t16 = t14; /* n x 16, in t14's memory */
-    symbackprop_f64_matmul(n, 16, 16, t10, 16, 1, W2, 16, 1, t16);
+    /* mm_W2_4 = mul_W1 @ W2 */
+    symbackprop_f64_matmul(n, 16, 16, mul_W1, 16, 1, W2, 16, 1, mm_W2_4);
 
-    /* t17 = -2*W3^T*t12*t13*t16 */
-    PINN_POISSON_REAL *t17 = t10; /* n x 16, in t10's memory */
+    /* mul_W2 = -2*W3^T*add_W2*mm_W2_4*tanh_W2_2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t17[16*i + j] = -2*t16[16*i + j]*W3[j]*t12[16*i + j]*t13[16*i + j];
+            mul_W2[16*i + j] = -2*mm_W2_4[16*i + j]*W3[j]*tanh_W2_2[16*i + j]*add_W2[16*i + j];
         }
     }
 
-    /* t18 = t17 @ W2^T */
-    PINN_POISSON_REAL *t18 = t13; /* n x 16, in t13's memory */
-    symbackprop_f64_matmul(n, 16, 16, t17, 16, 1, W2, 1, 16, t18);
+    /* mm_W2_5 = mul_W2 @ W2^T */
+    symbackprop_f64_matmul(n, 16, 16, mul_W2, 16, 1, W2, 1, 16, mm_W2_5);
 
-    /* t19 = t9*(-2*W1*t15*t8 + t18) */
-    PINN_POISSON_REAL *t19 = t16; /* n x 16, in t16's memory */
+    /* mul_W2_2 = add_W1*(-2*W1*mm_W2_3*tanh_W1_2 + mm_W2_5) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t19[16*i + j] = t9[16*i + j]*(-2*W1[j]*t15[16*i + j]*t8[16*i + j] + t18[16*i + j]);
+            mul_W2_2[16*i + j] = add_W1[16*i + j]*(-2*W1[j]*mm_W2_3[16*i + j]*tanh_W1_2[16*i + j] +
+                    mm_W2_5[16*i + j]);
         }
     }
 
-    /* d2u = t19 @ W1^T */
-    PINN_POISSON_REAL *d2u = t14 + 16*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 16, t19, 16, 1, W1, 1, 0, d2u);
+    /* d2u = mul_W2_2 @ W1^T */
+    symbackprop_f64_matmul(n, 1, 16, mul_W2_2, 16, 1, W1, 1, 0, d2u);
 
-    /* t20 = (d2u + pi**2*sin(pi*x))**2 */
-    PINN_POISSON_REAL *t20 = d2u + n; /* n x 1 */
+    /* sq_d2u = (d2u + pi**2*sin(pi*x))**2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t20[i] = pow(d2u[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]), 2);
+        sq_d2u[i] = pow(d2u[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]), 2);
     }
 
-    /* t21 = sum of t20 down each column */
-    PINN_POISSON_REAL *t21 = t20 + n; /* 1 x 1 */
-    t21[0] = symbackprop_f64_sum(t20, n, 1);
+    /* colsum_d2u = sum of sq_d2u down each column */
+    colsum_d2u[0] = symbackprop_f64_sum(sq_d2u, n, 1);
 
-    /* loss = t6/2 + t21/n */
+    /* loss = colsum_W3/2 + colsum_d2u/n */
     {
-        loss[0] = (1.0/2.0)*t6[0] + t21[0]/((PINN_POISSON_REAL)n);
+        loss[0] = (1.0/2.0)*colsum_W3[0] + colsum_d2u[0]/((PINN_POISSON_REAL)n);
     }
 
-    /* t22 = t12 @ W3 */
-    PINN_POISSON_REAL *t22 = d2u; /* n x 1, in d2u's memory */
-    symbackprop_f64_matmul(n, 1, 16, t12, 16, 1, W3, 1, 0, t22);
+    /* mm_W3_2 = tanh_W2_2 @ W3 */
+    symbackprop_f64_matmul(n, 1, 16, tanh_W2_2, 16, 1, W3, 1, 0, mm_W3_2);
 
-    /* u = b3 + t22 */
+    /* u = b3 + mm_W3_2 */
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < n; ++i) {
-            u[i] = t22[i] + b3_value;
+            u[i] = mm_W3_2[i] + b3_value;
         }
     }
     return 0;
@@ -313,7 +316,52 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     const PINN_POISSON_REAL *W3,
     const PINN_POISSON_REAL *b3,
     PINN_POISSON_REAL *loss,
-    PINN_POISSON_REAL *work
+    PINN_POISSON_REAL *mm_W1,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *mm_W2,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *mm_W3,
+    PINN_POISSON_REAL *sq_W3,
+    PINN_POISSON_REAL *grad_add_W3,
+    PINN_POISSON_REAL *colsum_W3,
+    PINN_POISSON_REAL *mm_W1_2,
+    PINN_POISSON_REAL *tanh_W1_2,
+    PINN_POISSON_REAL *mul_W1_2,
+    PINN_POISSON_REAL *add_W1,
+    PINN_POISSON_REAL *mm_W2_2,
+    PINN_POISSON_REAL *add_W2,
+    PINN_POISSON_REAL *mul_W3,
+    PINN_POISSON_REAL *mul_W2_3,
+    PINN_POISSON_REAL *mm_W2_3,
+    PINN_POISSON_REAL *mul_W1_3,
+    PINN_POISSON_REAL *mul_W1,
+    PINN_POISSON_REAL *mm_W2_4,
+    PINN_POISSON_REAL *mul_W2_4,
+    PINN_POISSON_REAL *mul_W2_5,
+    PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *mm_W2_5,
+    PINN_POISSON_REAL *add_W2_2,
+    PINN_POISSON_REAL *mul_W2_2,
+    PINN_POISSON_REAL *d2u,
+    PINN_POISSON_REAL *sq_d2u,
+    PINN_POISSON_REAL *grad_add_d2u,
+    PINN_POISSON_REAL *colsum_d2u,
+    PINN_POISSON_REAL *grad_W1_part,
+    PINN_POISSON_REAL *grad_mul_W2_2,
+    PINN_POISSON_REAL *grad_add_W2_2,
+    PINN_POISSON_REAL *grad_mul_W1_3,
+    PINN_POISSON_REAL *grad_mm_W2_3,
+    PINN_POISSON_REAL *grad_mul_W2,
+    PINN_POISSON_REAL *grad_mul_W2_5,
+    PINN_POISSON_REAL *grad_mul_W2_4,
+    PINN_POISSON_REAL *grad_mm_W2_4,
+    PINN_POISSON_REAL *grad_mul_W1,
+    PINN_POISSON_REAL *grad_mul_W3,
+    PINN_POISSON_REAL *grad_add_W2,
+    PINN_POISSON_REAL *grad_copy_W3,
+    PINN_POISSON_REAL *grad_tanh_W1_2_part,
+    PINN_POISSON_REAL *grad_add_W1,
+    PINN_POISSON_REAL *grad_copy_W1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
@@ -327,275 +375,326 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     const PINN_POISSON_REAL *W3,
     const PINN_POISSON_REAL *b3,
     PINN_POISSON_REAL *loss,
-    PINN_POISSON_REAL *work
+    PINN_POISSON_REAL *mm_W1,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *mm_W2,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *mm_W3,
+    PINN_POISSON_REAL *sq_W3,
+    PINN_POISSON_REAL *grad_add_W3,
+    PINN_POISSON_REAL *colsum_W3,
+    PINN_POISSON_REAL *mm_W1_2,
+    PINN_POISSON_REAL *tanh_W1_2,
+    PINN_POISSON_REAL *mul_W1_2,
+    PINN_POISSON_REAL *add_W1,
+    PINN_POISSON_REAL *mm_W2_2,
+    PINN_POISSON_REAL *add_W2,
+    PINN_POISSON_REAL *mul_W3,
+    PINN_POISSON_REAL *mul_W2_3,
+    PINN_POISSON_REAL *mm_W2_3,
+    PINN_POISSON_REAL *mul_W1_3,
+    PINN_POISSON_REAL *mul_W1,
+    PINN_POISSON_REAL *mm_W2_4,
+    PINN_POISSON_REAL *mul_W2_4,
+    PINN_POISSON_REAL *mul_W2_5,
+    PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *mm_W2_5,
+    PINN_POISSON_REAL *add_W2_2,
+    PINN_POISSON_REAL *mul_W2_2,
+    PINN_POISSON_REAL *d2u,
+    PINN_POISSON_REAL *sq_d2u,
+    PINN_POISSON_REAL *grad_add_d2u,
+    PINN_POISSON_REAL *colsum_d2u,
+    PINN_POISSON_REAL *grad_W1_part,
+    PINN_POISSON_REAL *grad_mul_W2_2,
+    PINN_POISSON_REAL *grad_add_W2_2,
+    PINN_POISSON_REAL *grad_mul_W1_3,
+    PINN_POISSON_REAL *grad_mm_W2_3,
+    PINN_POISSON_REAL *grad_mul_W2,
+    PINN_POISSON_REAL *grad_mul_W2_5,
+    PINN_POISSON_REAL *grad_mul_W2_4,
+    PINN_POISSON_REAL *grad_mm_W2_4,
+    PINN_POISSON_REAL *grad_mul_W1,
+    PINN_POISSON_REAL *grad_mul_W3,
+    PINN_POISSON_REAL *grad_add_W2,
+    PINN_POISSON_REAL *grad_copy_W3,
+    PINN_POISSON_REAL *grad_tanh_W1_2_part,
+    PINN_POISSON_REAL *grad_add_W1,
+    PINN_POISSON_REAL *grad_copy_W1
 )
 {
-    /* t0 = xb @ W1 */
-    PINN_POISSON_REAL *t0 = work; /* 2 x 16 */
+    /* mm_W1 = xb @ W1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t0[16*i + j] = 0;
+            mm_W1[16*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
             const PINN_POISSON_REAL acc = xb[i];
             for (int64_t j = 0; j < 16; ++j) {
-                t0[16*i + j] += acc * W1[j];
+                mm_W1[16*i + j] += acc * W1[j];
             }
         }
     }
 
-    /* t1 = tanh(b1 + t0) */
-    PINN_POISSON_REAL *t1 = t0 + 32; /* 2 x 16 */
+    /* tanh_W1 = tanh(b1 + mm_W1) */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t1[16*i + j] = tanh(t0[16*i + j] + b1[j]);
+            tanh_W1[16*i + j] = tanh(mm_W1[16*i + j] + b1[j]);
         }
     }
 
-    /* t2 = t1 @ W2 */
-    PINN_POISSON_REAL *t2 = t0; /* 2 x 16, in t0's memory */
+    /* mm_W2 = tanh_W1 @ W2 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t2[16*i + j] = 0;
+            mm_W2[16*i + j] = 0;
         }
         for (int64_t k = 0; k < 16; ++k) {
-            const PINN_POISSON_REAL acc = t1[16*i + k];
+            const PINN_POISSON_REAL acc = tanh_W1[16*i + k];
             for (int64_t j = 0; j < 16; ++j) {
-                t2[16*i + j] += acc * W2[16*k + j];
+                mm_W2[16*i + j] += acc * W2[16*k + j];
             }
         }
     }
 
-    /* t3 = tanh(b2 + t2) */
-    PINN_POISSON_REAL *t3 = t1 + 32; /* 2 x 16 */
+    /* tanh_W2 = tanh(b2 + mm_W2) */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t3[16*i + j] = tanh(t2[16*i + j] + b2[j]);
+            tanh_W2[16*i + j] = tanh(mm_W2[16*i + j] + b2[j]);
         }
     }
 
-    /* t4 = t3 @ W3 */
-    PINN_POISSON_REAL *t4 = t3 + 32; /* 2 x 1 */
+    /* mm_W3 = tanh_W2 @ W3 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
-            t4[i + j] = 0;
+            mm_W3[i + j] = 0;
         }
         for (int64_t k = 0; k < 16; ++k) {
-            const PINN_POISSON_REAL acc = t3[16*i + k];
+            const PINN_POISSON_REAL acc = tanh_W2[16*i + k];
             for (int64_t j = 0; j < 1; ++j) {
-                t4[i + j] += acc * W3[k];
+                mm_W3[i + j] += acc * W3[k];
             }
         }
     }
 
-    /* t5 = (b3 + t4)**2 */
-    /* g0 = b3 + t4 */
-    PINN_POISSON_REAL *t5 = t4 + 2; /* 2 x 1 */
-    PINN_POISSON_REAL *g0 = t5 + 2; /* 2 x 1 */
+    /* sq_W3 = (b3 + mm_W3)**2 */
+    /* grad_add_W3 = b3 + mm_W3 */
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         for (int64_t i = 0; i < 2; ++i) {
-            const PINN_POISSON_REAL x0 = t4[i] + b3_value;
-            t5[i] = (x0*x0);
-            g0[i] = x0;
+            const PINN_POISSON_REAL x0 = mm_W3[i] + b3_value;
+            sq_W3[i] = (x0*x0);
+            grad_add_W3[i] = x0;
         }
     }
 
-    /* t6 = sum of t5 down each column */
-    PINN_POISSON_REAL *t6 = g0 + 2; /* 1 x 1 */
-    t6[0] = symbackprop_f64_sum(t5, 2, 1);
+    /* colsum_W3 = sum of sq_W3 down each column */
+    colsum_W3[0] = symbackprop_f64_sum(sq_W3, 2, 1);
 
-    /* t7 = x @ W1 */
-    PINN_POISSON_REAL *t7 = t6 + 1; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, t7);
+    /* mm_W1_2 = x @ W1 */
+    symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, mm_W1_2);
 
-    /* t8 = tanh(b1 + t7) */
-    /* t23 = -2*tanh(b1 + t7) */
-    /* t9 = 1 - tanh(b1 + t7)**2 */
-    PINN_POISSON_REAL *t8 = t7 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t23 = t8 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t9 = t23 + 16*n; /* n x 16 */
+    /* tanh_W1_2 = tanh(b1 + mm_W1_2) */
+    /* mul_W1_2 = -2*tanh(b1 + mm_W1_2) */
+    /* add_W1 = 1 - tanh(b1 + mm_W1_2)**2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(t7[16*i + j] + b1[j]);
-            t8[16*i + j] = x0;
-            t23[16*i + j] = -2*x0;
-            t9[16*i + j] = 1 - (x0*x0);
+            const PINN_POISSON_REAL x0 = tanh(mm_W1_2[16*i + j] + b1[j]);
+            tanh_W1_2[16*i + j] = x0;
+            mul_W1_2[16*i + j] = -2*x0;
+            add_W1[16*i + j] = 1 - (x0*x0);
         }
     }
 
-    /* t11 = t8 @ W2 */
-    PINN_POISSON_REAL *t11 = t7; /* n x 16, in t7's memory */
-    symbackprop_f64_matmul(n, 16, 16, t8, 16, 1, W2, 16, 1, t11);
+    /* mm_W2_2 = tanh_W1_2 @ W2 */
+    symbackprop_f64_matmul(n, 16, 16, tanh_W1_2, 16, 1, W2, 16, 1, mm_W2_2);
 
-    /* t13 = 1 - tanh(b2 + t11)**2 */
-    /* t14 = W3^T*(1 - tanh(b2 + t11)**2) */
-    /* t24 = -2*tanh(b2 + t11) */
-    PINN_POISSON_REAL *t13 = t9 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t14 = t13 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t24 = t14 + 16*n; /* n x 16 */
+    /* add_W2 = 1 - tanh(b2 + mm_W2_2)**2 */
+    /* mul_W3 = W3^T*(1 - tanh(b2 + mm_W2_2)**2) */
+    /* mul_W2_3 = -2*tanh(b2 + mm_W2_2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(t11[16*i + j] + b2[j]);
+            const PINN_POISSON_REAL x0 = tanh(mm_W2_2[16*i + j] + b2[j]);
             const PINN_POISSON_REAL x1 = 1 - (x0*x0);
-            t13[16*i + j] = x1;
-            t14[16*i + j] = W3[j]*x1;
-            t24[16*i + j] = -2*x0;
+            add_W2[16*i + j] = x1;
+            mul_W3[16*i + j] = W3[j]*x1;
+            mul_W2_3[16*i + j] = -2*x0;
         }
     }
 
-    /* t15 = t14 @ W2^T */
-    PINN_POISSON_REAL *t15 = t11; /* n x 16, in t11's memory */
-    symbackprop_f64_matmul(n, 16, 16, t14, 16, 1, W2, 1, 16, t15);
+    /* mm_W2_3 = mul_W3 @ W2^T */
+    symbackprop_f64_matmul(n, 16, 16, mul_W3, 16, 1, W2, 1, 16, mm_W2_3);
 
-    /* t25 = W1*t15 */
-    /* t10 = W1*t9 */
-    PINN_POISSON_REAL *t25 = t24 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t10 = t25 + 16*n; /* n x 16 */
+    /* mul_W1_3 = W1*mm_W2_3 */
+    /* mul_W1 = W1*add_W1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t25[16*i + j] = W1[j]*t15[16*i + j];
-            t10[16*i + j] = W1[j]*t9[16*i + j];
+            mul_W1_3[16*i + j] = W1[j]*mm_W2_3[16*i + j];
+            mul_W1[16*i + j] = W1[j]*add_W1[16*i + j];
         }
     }
 
-    /* t16 = t10 @ W2 */
-    PINN_POISSON_REAL *t16 = t10 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, t10, 16, 1, W2, 16, 1, t16);
+    /* mm_W2_4 = mul_W1 @ W2 */
+    symbackprop_f64_matmul(n, 16, 16, mul_W1, 16, 1, W2, 16, 1, mm_W2_4);
 
-    /* t26 = W3^T*t16 */
-    /* t27 = W3^T*t16*t24 */
-    /* t17 = W3^T*t13*t16*t24 */
-    PINN_POISSON_REAL *t26 = t16 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t27 = t26 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t17 = t27 + 16*n; /* n x 16 */
+    /* mul_W2_4 = W3^T*mm_W2_4 */
+    /* mul_W2_5 = W3^T*mm_W2_4*mul_W2_3 */
+    /* mul_W2 = W3^T*add_W2*mm_W2_4*mul_W2_3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = t16[16*i + j]*W3[j];
-            const PINN_POISSON_REAL x1 = t24[16*i + j]*x0;
-            t26[16*i + j] = x0;
-            t27[16*i + j] = x1;
-            t17[16*i + j] = t13[16*i + j]*x1;
+            const PINN_POISSON_REAL x0 = mm_W2_4[16*i + j]*W3[j];
+            const PINN_POISSON_REAL x1 = mul_W2_3[16*i + j]*x0;
+            mul_W2_4[16*i + j] = x0;
+            mul_W2_5[16*i + j] = x1;
+            mul_W2[16*i + j] = add_W2[16*i + j]*x1;
         }
     }
 
-    /* t18 = t17 @ W2^T */
-    PINN_POISSON_REAL *t18 = t17 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, t17, 16, 1, W2, 1, 16, t18);
+    /* mm_W2_5 = mul_W2 @ W2^T */
+    symbackprop_f64_matmul(n, 16, 16, mul_W2, 16, 1, W2, 1, 16, mm_W2_5);
 
-    /* t28 = t18 + t23*t25 */
-    /* t19 = t9*(t18 + t23*t25) */
-    PINN_POISSON_REAL *t28 = t18 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t19 = t28 + 16*n; /* n x 16 */
+    /* add_W2_2 = mm_W2_5 + mul_W1_2*mul_W1_3 */
+    /* mul_W2_2 = add_W1*(mm_W2_5 + mul_W1_2*mul_W1_3) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = t25[16*i + j]*t23[16*i + j] + t18[16*i + j];
-            t28[16*i + j] = x0;
-            t19[16*i + j] = t9[16*i + j]*x0;
+            const PINN_POISSON_REAL x0 = mul_W1_3[16*i + j]*mul_W1_2[16*i + j] + mm_W2_5[16*i + j];
+            add_W2_2[16*i + j] = x0;
+            mul_W2_2[16*i + j] = add_W1[16*i + j]*x0;
         }
     }
 
-    /* d2u = t19 @ W1^T */
-    PINN_POISSON_REAL *d2u = t19 + 16*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 16, t19, 16, 1, W1, 1, 0, d2u);
+    /* d2u = mul_W2_2 @ W1^T */
+    symbackprop_f64_matmul(n, 1, 16, mul_W2_2, 16, 1, W1, 1, 0, d2u);
 
-    /* t20 = (d2u + pi**2*sin(pi*x))**2 */
-    /* g1 = (2*d2u + 2*pi**2*sin(pi*x))/n */
-    PINN_POISSON_REAL *t20 = d2u + n; /* n x 1 */
-    PINN_POISSON_REAL *g1 = t20 + n; /* n x 1 */
+    /* sq_d2u = (d2u + pi**2*sin(pi*x))**2 */
+    /* grad_add_d2u = (2*d2u + 2*pi**2*sin(pi*x))/n */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const PINN_POISSON_REAL x0 = pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]);
-        t20[i] = pow(d2u[i] + x0, 2);
-        g1[i] = (2*d2u[i] + 2*x0)/((PINN_POISSON_REAL)n);
+        sq_d2u[i] = pow(d2u[i] + x0, 2);
+        grad_add_d2u[i] = (2*d2u[i] + 2*x0)/((PINN_POISSON_REAL)n);
     }
 
-    /* t21 = sum of t20 down each column */
-    PINN_POISSON_REAL *t21 = g1 + n; /* 1 x 1 */
-    t21[0] = symbackprop_f64_sum(t20, n, 1);
+    /* colsum_d2u = sum of sq_d2u down each column */
+    colsum_d2u[0] = symbackprop_f64_sum(sq_d2u, n, 1);
 
-    /* loss = t6/2 + t21/n */
+    /* loss = colsum_W3/2 + colsum_d2u/n */
     {
-        loss[0] = (1.0/2.0)*t6[0] + t21[0]/((PINN_POISSON_REAL)n);
+        loss[0] = (1.0/2.0)*colsum_W3[0] + colsum_d2u[0]/((PINN_POISSON_REAL)n);
     }
 
-    /* grad_W1_part = g1^T @ t19, the first of 3 products added up here */
-    PINN_POISSON_REAL *grad_W1_part = t21 + 1; /* 1 x 16 */
-    symbackprop_f64_matmul(1, 16, n, g1, 0, 1, t19, 16, 1, grad_W1_part);
+    /* grad_W1_part = grad_add_d2u^T @ mul_W2_2, the first of 3 products added up here */
+    symbackprop_f64_matmul(1, 16, n, grad_add_d2u, 0, 1, mul_W2_2, 16, 1, grad_W1_part);
 
-    /* grad_t19 = g1 @ W1 */
-    PINN_POISSON_REAL *grad_t19 = t18; /* n x 16, in t18's memory */
-    symbackprop_f64_matmul(n, 16, 1, g1, 1, 0, W1, 0, 1, grad_t19);
+    /* grad_mul_W2_2 = grad_add_d2u @ W1 */
+    symbackprop_f64_matmul(n, 16, 1, grad_add_d2u, 1, 0, W1, 0, 1, grad_mul_W2_2);
 
-    /* grad_t28 = grad_t19*t9 */
-    /* grad_t25 = grad_t19*t23*t9 */
-    /* grad_t15 = W1*grad_t19*t23*t9 */
-    PINN_POISSON_REAL *grad_t28 = t19; /* n x 16, in t19's memory */
-    PINN_POISSON_REAL *grad_t25 = grad_W1_part + 16; /* n x 16 */
-    PINN_POISSON_REAL *grad_t15 = grad_t25 + 16*n; /* n x 16 */
-    pinn_poisson_loop1(n, grad_t28, grad_t25, grad_t15, W1, grad_t19, t9, t23);
+    /* grad_add_W2_2 = add_W1*grad_mul_W2_2 */
+    /* grad_mul_W1_3 = add_W1*grad_mul_W2_2*mul_W1_2 */
+    /* grad_mm_W2_3 = W1*add_W1*grad_mul_W2_2*mul_W1_2 */
+    pinn_poisson_grad_add_loop(n, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, W1, grad_mul_W2_2,
+            add_W1, mul_W1_2);
 
-    /* grad_t17 = grad_t28 @ W2 */
-    PINN_POISSON_REAL *grad_t17 = grad_t15 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, grad_t28, 16, 1, W2, 16, 1, grad_t17);
+    /* grad_mul_W2 = grad_add_W2_2 @ W2 */
+    symbackprop_f64_matmul(n, 16, 16, grad_add_W2_2, 16, 1, W2, 16, 1, grad_mul_W2);
 
-    /* grad_t27 = grad_t17*t13 */
-    /* grad_t26 = grad_t17*t13*t24 */
-    /* grad_t16 = W3^T*grad_t17*t13*t24 */
-    PINN_POISSON_REAL *grad_t27 = grad_t17 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_t26 = grad_t27 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_t16 = grad_t26 + 16*n; /* n x 16 */
-    pinn_poisson_loop1(n, grad_t27, grad_t26, grad_t16, W3, grad_t17, t13, t24);
+    /* grad_mul_W2_5 = add_W2*grad_mul_W2 */
+    /* grad_mul_W2_4 = add_W2*grad_mul_W2*mul_W2_3 */
+    /* grad_mm_W2_4 = W3^T*add_W2*grad_mul_W2*mul_W2_3 */
+    pinn_poisson_grad_add_loop(n, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, W3, grad_mul_W2,
+            add_W2, mul_W2_3);
 
-    /* grad_t10 = grad_t16 @ W2^T */
-    PINN_POISSON_REAL *grad_t10 = grad_t16 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, grad_t16, 16, 1, W2, 1, 16, grad_t10);
+    /* grad_mul_W1 = grad_mm_W2_4 @ W2^T */
+    symbackprop_f64_matmul(n, 16, 16, grad_mm_W2_4, 16, 1, W2, 1, 16, grad_mul_W1);
 
-    /* grad_t14 = grad_t15 @ W2 */
-    PINN_POISSON_REAL *grad_t14 = grad_t10 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, grad_t15, 16, 1, W2, 16, 1, grad_t14);
+    /* grad_mul_W3 = grad_mm_W2_3 @ W2 */
+    symbackprop_f64_matmul(n, 16, 16, grad_mm_W2_3, 16, 1, W2, 16, 1, grad_mul_W3);
 
-    /* g2 = t13*(-2*grad_t27*t26 + t24*(W3^T*grad_t14 + grad_t17*t27)) */
-    /* g3 = grad_t14*t13 + grad_t26*t16 */
-    PINN_POISSON_REAL *g2 = grad_t14 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *g3 = g2 + 16*n; /* n x 16 */
+    /* grad_add_W2 = add_W2*(-2*grad_mul_W2_5*mul_W2_4 + mul_W2_3*(W3^T*grad_mul_W3 +
+     * grad_mul_W2*mul_W2_5)) */
+    /* grad_copy_W3 = add_W2*grad_mul_W3 + grad_mul_W2_4*mm_W2_4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g2[16*i + j] = t13[16*i + j]*(-2*grad_t27[16*i + j]*t26[16*i + j] + t24[16*i + j]*(grad_t17[16*i + j]*t27[16*i + j] + grad_t14[16*i + j]*W3[j]));
-            g3[16*i + j] = grad_t14[16*i + j]*t13[16*i + j] + grad_t26[16*i + j]*t16[16*i + j];
+            grad_add_W2[16*i + j] = add_W2[16*i + j]*(-2*grad_mul_W2_5[16*i + j]*mul_W2_4[16*i + j]
+                    + mul_W2_3[16*i + j]*(grad_mul_W2[16*i + j]*mul_W2_5[16*i + j] +
+                    grad_mul_W3[16*i + j]*W3[j]));
+            grad_copy_W3[16*i + j] = grad_mul_W3[16*i + j]*add_W2[16*i + j] +
+                    grad_mul_W2_4[16*i + j]*mm_W2_4[16*i + j];
         }
     }
 
-    /* grad_t8_part = g2 @ W2^T */
-    PINN_POISSON_REAL *grad_t8_part = t13; /* n x 16, in t13's memory */
-    symbackprop_f64_matmul(n, 16, 16, g2, 16, 1, W2, 1, 16, grad_t8_part);
+    /* grad_tanh_W1_2_part = grad_add_W2 @ W2^T */
+    symbackprop_f64_matmul(n, 16, 16, grad_add_W2, 16, 1, W2, 1, 16, grad_tanh_W1_2_part);
 
-    /* g4 = t9*(-2*grad_t28*t25 + grad_t8_part + t23*(W1*grad_t10 + grad_t19*t28)) */
-    /* g5 = grad_t10*t9 + grad_t25*t15 */
-    PINN_POISSON_REAL *g4 = t24; /* n x 16, in t24's memory */
-    PINN_POISSON_REAL *g5 = t16; /* n x 16, in t16's memory */
+    /* grad_add_W1 = add_W1*(-2*grad_add_W2_2*mul_W1_3 + grad_tanh_W1_2_part +
+     * mul_W1_2*(W1*grad_mul_W1 + add_W2_2*grad_mul_W2_2)) */
+    /* grad_copy_W1 = add_W1*grad_mul_W1 + grad_mul_W1_3*mm_W2_3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g4[16*i + j] = t9[16*i + j]*(t23[16*i + j]*(grad_t19[16*i + j]*t28[16*i + j] + grad_t10[16*i + j]*W1[j]) - 2*grad_t28[16*i + j]*t25[16*i + j] + grad_t8_part[16*i + j]);
-            g5[16*i + j] = t15[16*i + j]*grad_t25[16*i + j] + grad_t10[16*i + j]*t9[16*i + j];
+            grad_add_W1[16*i + j] =
+                    add_W1[16*i + j]*(mul_W1_2[16*i + j]*(grad_mul_W2_2[16*i + j]*add_W2_2[16*i + j]
+                    + grad_mul_W1[16*i + j]*W1[j]) - 2*grad_add_W2_2[16*i + j]*mul_W1_3[16*i + j] +
+                    grad_tanh_W1_2_part[16*i + j]);
+            grad_copy_W1[16*i + j] = mm_W2_3[16*i + j]*grad_mul_W1_3[16*i + j] +
+                    grad_mul_W1[16*i + j]*add_W1[16*i + j];
         }
     }
 
-    /* grad_W1_part += x^T @ g4 */
-    symbackprop_f64_matmul_add(1, 16, n, x, 0, 1, g4, 16, 1, grad_W1_part);
+    /* grad_W1_part += x^T @ grad_add_W1 */
+    symbackprop_f64_matmul_add(1, 16, n, x, 0, 1, grad_add_W1, 16, 1, grad_W1_part);
 }
 #endif
 
 /* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 55): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
+    int64_t n,
+    const PINN_POISSON_REAL *xb,
+    const PINN_POISSON_REAL *W2,
+    const PINN_POISSON_REAL *W3,
+    PINN_POISSON_REAL *grad_W1,
+    PINN_POISSON_REAL *grad_b1,
+    PINN_POISSON_REAL *grad_W2,
+    PINN_POISSON_REAL *grad_b2,
+    PINN_POISSON_REAL *grad_W3,
+    PINN_POISSON_REAL *grad_b3,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *grad_add_W3,
+    PINN_POISSON_REAL *tanh_W1_2,
+    PINN_POISSON_REAL *mul_W3,
+    PINN_POISSON_REAL *mul_W1,
+    PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *grad_W1_part,
+    PINN_POISSON_REAL *grad_add_W2_2,
+    PINN_POISSON_REAL *grad_mm_W2_3,
+    PINN_POISSON_REAL *grad_mm_W2_4,
+    PINN_POISSON_REAL *grad_add_W2,
+    PINN_POISSON_REAL *grad_copy_W3,
+    PINN_POISSON_REAL *grad_add_W1,
+    PINN_POISSON_REAL *grad_copy_W1,
+    PINN_POISSON_REAL *grad_W1_part_2,
+    PINN_POISSON_REAL *grad_tanh_W2,
+    PINN_POISSON_REAL *grad_add_W2_3,
+    PINN_POISSON_REAL *grad_tanh_W1,
+    PINN_POISSON_REAL *grad_add_W1_2,
+    PINN_POISSON_REAL *grad_b1_part,
+    PINN_POISSON_REAL *grad_b1_part_2,
+    PINN_POISSON_REAL *grad_W2_part,
+    PINN_POISSON_REAL *grad_transpose_W2,
+    PINN_POISSON_REAL *grad_b2_part,
+    PINN_POISSON_REAL *grad_b2_part_2,
+    PINN_POISSON_REAL *grad_transpose_W3,
+    PINN_POISSON_REAL *grad_W3_part
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     int64_t n,
@@ -608,168 +707,168 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *grad_b2,
     PINN_POISSON_REAL *grad_W3,
     PINN_POISSON_REAL *grad_b3,
-    PINN_POISSON_REAL *work
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *grad_add_W3,
+    PINN_POISSON_REAL *tanh_W1_2,
+    PINN_POISSON_REAL *mul_W3,
+    PINN_POISSON_REAL *mul_W1,
+    PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *grad_W1_part,
+    PINN_POISSON_REAL *grad_add_W2_2,
+    PINN_POISSON_REAL *grad_mm_W2_3,
+    PINN_POISSON_REAL *grad_mm_W2_4,
+    PINN_POISSON_REAL *grad_add_W2,
+    PINN_POISSON_REAL *grad_copy_W3,
+    PINN_POISSON_REAL *grad_add_W1,
+    PINN_POISSON_REAL *grad_copy_W1,
+    PINN_POISSON_REAL *grad_W1_part_2,
+    PINN_POISSON_REAL *grad_tanh_W2,
+    PINN_POISSON_REAL *grad_add_W2_3,
+    PINN_POISSON_REAL *grad_tanh_W1,
+    PINN_POISSON_REAL *grad_add_W1_2,
+    PINN_POISSON_REAL *grad_b1_part,
+    PINN_POISSON_REAL *grad_b1_part_2,
+    PINN_POISSON_REAL *grad_W2_part,
+    PINN_POISSON_REAL *grad_transpose_W2,
+    PINN_POISSON_REAL *grad_b2_part,
+    PINN_POISSON_REAL *grad_b2_part_2,
+    PINN_POISSON_REAL *grad_transpose_W3,
+    PINN_POISSON_REAL *grad_W3_part
 )
 {
-    PINN_POISSON_REAL *t1 = work + 32; /* 2 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t2 = work; /* 2 x 16, in t0's memory; placed in an earlier part */
-    PINN_POISSON_REAL *t3 = work + 64; /* 2 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *g0 = work + 100; /* 2 x 1; placed in an earlier part */
-    PINN_POISSON_REAL *t8 = work + 16*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t14 = work + 80*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t10 = work + 128*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t17 = work + 192*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_W1_part = work + 259*n + 104; /* 1 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t28 = work + 240*n + 103; /* n x 16, in t19's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t15 = work + 275*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t16 = work + 339*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *g2 = work + 387*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *g3 = work + 403*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *g4 = work + 96*n + 103; /* n x 16, in t24's memory; placed in an earlier part */
-    PINN_POISSON_REAL *g5 = work + 144*n + 103; /* n x 16, in t16's memory; placed in an earlier part */
-    /* grad_W1_part_1 = sum of g5 down each column */
-    PINN_POISSON_REAL *grad_W1_part_1 = g3 + 16*n; /* 1 x 16 */
-    symbackprop_f64_sum_columns(g5, n, 16, 16, grad_W1_part_1);
+    /* grad_W1_part_2 = sum of grad_copy_W1 down each column */
+    symbackprop_f64_sum_columns(grad_copy_W1, n, 16, 16, grad_W1_part_2);
 
-    /* grad_t3 = g0 @ W3^T */
-    PINN_POISSON_REAL *grad_t3 = t2; /* 2 x 16, in t2's memory */
+    /* grad_tanh_W2 = grad_add_W3 @ W3^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_t3[16*i + j] = 0;
+            grad_tanh_W2[16*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
-            const PINN_POISSON_REAL acc = g0[i];
+            const PINN_POISSON_REAL acc = grad_add_W3[i];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_t3[16*i + j] += acc * W3[j];
+                grad_tanh_W2[16*i + j] += acc * W3[j];
             }
         }
     }
 
-    /* g6 = grad_t3*(1 - t3**2) */
-    PINN_POISSON_REAL *g6 = grad_W1_part_1 + 16; /* 2 x 16 */
+    /* grad_add_W2_3 = grad_tanh_W2*(1 - tanh_W2**2) */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g6[16*i + j] = grad_t3[16*i + j]*(1 - (t3[16*i + j]*t3[16*i + j]));
+            grad_add_W2_3[16*i + j] = grad_tanh_W2[16*i + j]*(1 -
+                    (tanh_W2[16*i + j]*tanh_W2[16*i + j]));
         }
     }
 
-    /* grad_t1 = g6 @ W2^T */
-    PINN_POISSON_REAL *grad_t1 = grad_t3; /* 2 x 16, in grad_t3's memory */
+    /* grad_tanh_W1 = grad_add_W2_3 @ W2^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             PINN_POISSON_REAL acc = 0;
             for (int64_t k = 0; k < 16; ++k) {
-                acc += g6[16*i + k] * W2[k + 16*j];
+                acc += grad_add_W2_3[16*i + k] * W2[k + 16*j];
             }
-            grad_t1[16*i + j] = acc;
+            grad_tanh_W1[16*i + j] = acc;
         }
     }
 
-    /* g7 = grad_t1*(1 - t1**2) */
-    PINN_POISSON_REAL *g7 = g6 + 32; /* 2 x 16 */
+    /* grad_add_W1_2 = grad_tanh_W1*(1 - tanh_W1**2) */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g7[16*i + j] = grad_t1[16*i + j]*(1 - (t1[16*i + j]*t1[16*i + j]));
+            grad_add_W1_2[16*i + j] = grad_tanh_W1[16*i + j]*(1 -
+                    (tanh_W1[16*i + j]*tanh_W1[16*i + j]));
         }
     }
 
-    /* grad_W1_part += xb^T @ g7 */
+    /* grad_W1_part += xb^T @ grad_add_W1_2 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t k = 0; k < 2; ++k) {
             const PINN_POISSON_REAL acc = xb[k];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_W1_part[16*i + j] += acc * g7[16*k + j];
+                grad_W1_part[16*i + j] += acc * grad_add_W1_2[16*k + j];
             }
         }
     }
 
-    /* grad_W1 = grad_W1_part + grad_W1_part_1 */
+    /* grad_W1 = grad_W1_part + grad_W1_part_2 */
     for (int64_t j = 0; j < 16; ++j) {
-        grad_W1[j] = grad_W1_part[j] + grad_W1_part_1[j];
+        grad_W1[j] = grad_W1_part[j] + grad_W1_part_2[j];
     }
 
-    /* grad_b1_part = sum of g4 down each column */
-    PINN_POISSON_REAL *grad_b1_part = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
-    symbackprop_f64_sum_columns(g4, n, 16, 16, grad_b1_part);
+    /* grad_b1_part = sum of grad_add_W1 down each column */
+    symbackprop_f64_sum_columns(grad_add_W1, n, 16, 16, grad_b1_part);
 
-    /* grad_b1_part_1 = sum of g7 down each column */
-    PINN_POISSON_REAL *grad_b1_part_1 = grad_W1_part_1; /* 1 x 16, in grad_W1_part_1's memory */
-    symbackprop_f64_sum_columns(g7, 2, 16, 16, grad_b1_part_1);
+    /* grad_b1_part_2 = sum of grad_add_W1_2 down each column */
+    symbackprop_f64_sum_columns(grad_add_W1_2, 2, 16, 16, grad_b1_part_2);
 
-    /* grad_b1 = grad_b1_part + grad_b1_part_1 */
+    /* grad_b1 = grad_b1_part + grad_b1_part_2 */
     for (int64_t j = 0; j < 16; ++j) {
-        grad_b1[j] = grad_b1_part[j] + grad_b1_part_1[j];
+        grad_b1[j] = grad_b1_part[j] + grad_b1_part_2[j];
     }
 
-    /* grad_W2_part = t10^T @ grad_t16, the first of 3 products added up here */
-    PINN_POISSON_REAL *grad_W2_part = g7 + 32; /* 16 x 16 */
-    symbackprop_f64_matmul(16, 16, n, t10, 1, 16, grad_t16, 16, 1, grad_W2_part);
+    /* grad_W2_part = mul_W1^T @ grad_mm_W2_4, the first of 3 products added up here */
+    symbackprop_f64_matmul(16, 16, n, mul_W1, 1, 16, grad_mm_W2_4, 16, 1, grad_W2_part);
 
-    /* g8 = t17^T @ grad_t28, the first of 2 products added up here */
-    PINN_POISSON_REAL *g8 = grad_W2_part + 256; /* 16 x 16 */
-    symbackprop_f64_matmul(16, 16, n, t17, 1, 16, grad_t28, 16, 1, g8);
+    /* grad_transpose_W2 = mul_W2^T @ grad_add_W2_2, the first of 2 products added up here */
+    symbackprop_f64_matmul(16, 16, n, mul_W2, 1, 16, grad_add_W2_2, 16, 1, grad_transpose_W2);
 
-    /* g8 += t14^T @ grad_t15 */
-    symbackprop_f64_matmul_add(16, 16, n, t14, 1, 16, grad_t15, 16, 1, g8);
+    /* grad_transpose_W2 += mul_W3^T @ grad_mm_W2_3 */
+    symbackprop_f64_matmul_add(16, 16, n, mul_W3, 1, 16, grad_mm_W2_3, 16, 1, grad_transpose_W2);
 
-    /* grad_W2_part += t8^T @ g2 */
-    symbackprop_f64_matmul_add(16, 16, n, t8, 1, 16, g2, 16, 1, grad_W2_part);
+    /* grad_W2_part += tanh_W1_2^T @ grad_add_W2 */
+    symbackprop_f64_matmul_add(16, 16, n, tanh_W1_2, 1, 16, grad_add_W2, 16, 1, grad_W2_part);
 
-    /* grad_W2_part += t1^T @ g6 */
+    /* grad_W2_part += tanh_W1^T @ grad_add_W2_3 */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t k = 0; k < 2; ++k) {
-            const PINN_POISSON_REAL acc = t1[i + 16*k];
+            const PINN_POISSON_REAL acc = tanh_W1[i + 16*k];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_W2_part[16*i + j] += acc * g6[16*k + j];
+                grad_W2_part[16*i + j] += acc * grad_add_W2_3[16*k + j];
             }
         }
     }
 
-    /* grad_W2 = g8^T + grad_W2_part */
+    /* grad_W2 = grad_W2_part + grad_transpose_W2^T */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_W2[16*i + j] = grad_W2_part[16*i + j] + g8[i + 16*j];
+            grad_W2[16*i + j] = grad_W2_part[16*i + j] + grad_transpose_W2[i + 16*j];
         }
     }
 
-    /* grad_b2_part = sum of g2 down each column */
-    PINN_POISSON_REAL *grad_b2_part = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
-    symbackprop_f64_sum_columns(g2, n, 16, 16, grad_b2_part);
+    /* grad_b2_part = sum of grad_add_W2 down each column */
+    symbackprop_f64_sum_columns(grad_add_W2, n, 16, 16, grad_b2_part);
 
-    /* grad_b2_part_1 = sum of g6 down each column */
-    PINN_POISSON_REAL *grad_b2_part_1 = grad_b1_part_1; /* 1 x 16, in grad_b1_part_1's memory */
-    symbackprop_f64_sum_columns(g6, 2, 16, 16, grad_b2_part_1);
+    /* grad_b2_part_2 = sum of grad_add_W2_3 down each column */
+    symbackprop_f64_sum_columns(grad_add_W2_3, 2, 16, 16, grad_b2_part_2);
 
-    /* grad_b2 = grad_b2_part + grad_b2_part_1 */
+    /* grad_b2 = grad_b2_part + grad_b2_part_2 */
     for (int64_t j = 0; j < 16; ++j) {
-        grad_b2[j] = grad_b2_part[j] + grad_b2_part_1[j];
+        grad_b2[j] = grad_b2_part[j] + grad_b2_part_2[j];
     }
 
-    /* g9 = sum of g3 down each column */
-    PINN_POISSON_REAL *g9 = grad_b2_part; /* 1 x 16, in grad_b2_part's memory */
-    symbackprop_f64_sum_columns(g3, n, 16, 16, g9);
+    /* grad_transpose_W3 = sum of grad_copy_W3 down each column */
+    symbackprop_f64_sum_columns(grad_copy_W3, n, 16, 16, grad_transpose_W3);
 
-    /* grad_W3_part = t3^T @ g0 */
-    PINN_POISSON_REAL *grad_W3_part = grad_b2_part_1; /* 16 x 1, in grad_b2_part_1's memory */
+    /* grad_W3_part = tanh_W2^T @ grad_add_W3 */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             grad_W3_part[i + j] = 0;
         }
         for (int64_t k = 0; k < 2; ++k) {
-            const PINN_POISSON_REAL acc = t3[i + 16*k];
+            const PINN_POISSON_REAL acc = tanh_W2[i + 16*k];
             for (int64_t j = 0; j < 1; ++j) {
-                grad_W3_part[i + j] += acc * g0[k];
+                grad_W3_part[i + j] += acc * grad_add_W3[k];
             }
         }
     }
 
-    /* grad_W3 = g9^T + grad_W3_part */
+    /* grad_W3 = grad_W3_part + grad_transpose_W3^T */
     for (int64_t i = 0; i < 16; ++i) {
-        grad_W3[i] = g9[i] + grad_W3_part[i];
+        grad_W3[i] = grad_transpose_W3[i] + grad_W3_part[i];
     }
 
-    /* grad_b3 = sum of g0 down each column */
-    grad_b3[0] = symbackprop_f64_sum(g0, 2, 1);
+    /* grad_b3 = sum of grad_add_W3 down each column */
+    grad_b3[0] = symbackprop_f64_sum(grad_add_W3, 2, 1);
 }
 #endif
 
@@ -798,8 +897,81 @@ int pinn_poisson_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, work);
-    pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3, grad_b3, work);
+
+    /* where each buffer lies in work */
+    PINN_POISSON_REAL *mm_W1 = work; /* 2 x 16 */
+    PINN_POISSON_REAL *tanh_W1 = mm_W1 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *mm_W2 = mm_W1; /* 2 x 16, in mm_W1's memory */
+    PINN_POISSON_REAL *tanh_W2 = tanh_W1 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *mm_W3 = tanh_W2 + 32; /* 2 x 1 */
+    PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
+    PINN_POISSON_REAL *grad_add_W3 = sq_W3 + 2; /* 2 x 1 */
+    PINN_POISSON_REAL *colsum_W3 = grad_add_W3 + 2; /* 1 x 1 */
+    PINN_POISSON_REAL *mm_W1_2 = colsum_W3 + 1; /* n x 16 */
+    PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W1_2 = tanh_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *add_W1 = mul_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_2 = mm_W1_2; /* n x 16, in mm_W1_2's memory */
+    PINN_POISSON_REAL *add_W2 = add_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W3 = add_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2_3 = mul_W3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_3 = mm_W2_2; /* n x 16, in mm_W2_2's memory */
+    PINN_POISSON_REAL *mul_W1_3 = mul_W2_3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W1 = mul_W1_3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_4 = mul_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2_4 = mm_W2_4 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2_5 = mul_W2_4 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2 = mul_W2_5 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_5 = mul_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *add_W2_2 = mm_W2_5 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2_2 = add_W2_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *d2u = mul_W2_2 + 16*n; /* n x 1 */
+    PINN_POISSON_REAL *sq_d2u = d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *grad_add_d2u = sq_d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *colsum_d2u = grad_add_d2u + n; /* 1 x 1 */
+    PINN_POISSON_REAL *grad_W1_part = colsum_d2u + 1; /* 1 x 16 */
+    PINN_POISSON_REAL *grad_mul_W2_2 = mm_W2_5; /* n x 16, in mm_W2_5's memory */
+    PINN_POISSON_REAL *grad_add_W2_2 = mul_W2_2; /* n x 16, in mul_W2_2's memory */
+    PINN_POISSON_REAL *grad_mul_W1_3 = grad_W1_part + 16; /* n x 16 */
+    PINN_POISSON_REAL *grad_mm_W2_3 = grad_mul_W1_3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W2 = grad_mm_W2_3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W2_5 = grad_mul_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W2_4 = grad_mul_W2_5 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mm_W2_4 = grad_mul_W2_4 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W1 = grad_mm_W2_4 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W3 = grad_mul_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_add_W2 = grad_mul_W3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_copy_W3 = grad_add_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_tanh_W1_2_part = add_W2; /* n x 16, in add_W2's memory */
+    PINN_POISSON_REAL *grad_add_W1 = mul_W2_3; /* n x 16, in mul_W2_3's memory */
+    PINN_POISSON_REAL *grad_copy_W1 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
+    PINN_POISSON_REAL *grad_W1_part_2 = grad_copy_W3 + 16*n; /* 1 x 16 */
+    PINN_POISSON_REAL *grad_tanh_W2 = mm_W2; /* 2 x 16, in mm_W2's memory */
+    PINN_POISSON_REAL *grad_add_W2_3 = grad_W1_part_2 + 16; /* 2 x 16 */
+    PINN_POISSON_REAL *grad_tanh_W1 = grad_tanh_W2; /* 2 x 16, in grad_tanh_W2's memory */
+    PINN_POISSON_REAL *grad_add_W1_2 = grad_add_W2_3 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *grad_b1_part = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
+    PINN_POISSON_REAL *grad_b1_part_2 = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
+    PINN_POISSON_REAL *grad_W2_part = grad_add_W1_2 + 32; /* 16 x 16 */
+    PINN_POISSON_REAL *grad_transpose_W2 = grad_W2_part + 256; /* 16 x 16 */
+    PINN_POISSON_REAL *grad_b2_part = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
+    PINN_POISSON_REAL *grad_b2_part_2 = grad_b1_part_2; /* 1 x 16, in grad_b1_part_2's memory */
+    PINN_POISSON_REAL *grad_transpose_W3 = grad_b2_part; /* 1 x 16, in grad_b2_part's memory */
+    PINN_POISSON_REAL *grad_W3_part = grad_b2_part_2; /* 16 x 1, in grad_b2_part_2's memory */
+
+    pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, mm_W1, tanh_W1, mm_W2,
+            tanh_W2, mm_W3, sq_W3, grad_add_W3, colsum_W3, mm_W1_2, tanh_W1_2, mul_W1_2, add_W1,
+            mm_W2_2, add_W2, mul_W3, mul_W2_3, mm_W2_3, mul_W1_3, mul_W1, mm_W2_4, mul_W2_4,
+            mul_W2_5, mul_W2, mm_W2_5, add_W2_2, mul_W2_2, d2u, sq_d2u, grad_add_d2u, colsum_d2u,
+            grad_W1_part, grad_mul_W2_2, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, grad_mul_W2,
+            grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, grad_mul_W1, grad_mul_W3, grad_add_W2,
+            grad_copy_W3, grad_tanh_W1_2_part, grad_add_W1, grad_copy_W1);
+    pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3,
+            grad_b3, tanh_W1, tanh_W2, grad_add_W3, tanh_W1_2, mul_W3, mul_W1, mul_W2, grad_W1_part,
+            grad_add_W2_2, grad_mm_W2_3, grad_mm_W2_4, grad_add_W2, grad_copy_W3, grad_add_W1,
+            grad_copy_W1, grad_W1_part_2, grad_tanh_W2, grad_add_W2_3, grad_tanh_W1, grad_add_W1_2,
+            grad_b1_part, grad_b1_part_2, grad_W2_part, grad_transpose_W2, grad_b2_part,
+            grad_b2_part_2, grad_transpose_W3, grad_W3_part);
     return 0;
 }
 #endif
@@ -897,9 +1069,11 @@ size_t pinn_poisson_forward_call_work_len(const int64_t *dims)
 }
 
 /* pinn_poisson_forward with its arrays in arrays (see pinn_poisson.h). */
-int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work)
+int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        PINN_POISSON_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && pinn_poisson_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            pinn_poisson_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 8; ++i) {
@@ -914,8 +1088,10 @@ int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *
     }
     return pinn_poisson_forward(
         dims[0], (const PINN_POISSON_REAL *)in[0], (const PINN_POISSON_REAL *)in[1],
-        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL *)in[4],
-        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL *)in[7],
+        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL
+                *)in[4],
+        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL
+                *)in[7],
         (PINN_POISSON_REAL *)out[0], (PINN_POISSON_REAL *)out[1], work
     );
 }
@@ -1002,9 +1178,11 @@ size_t pinn_poisson_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* pinn_poisson_value_and_grad with its arrays in arrays (see pinn_poisson.h). */
-int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work)
+int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        PINN_POISSON_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && pinn_poisson_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            pinn_poisson_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 8; ++i) {
@@ -1019,8 +1197,10 @@ int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in,
     }
     return pinn_poisson_value_and_grad(
         dims[0], (const PINN_POISSON_REAL *)in[0], (const PINN_POISSON_REAL *)in[1],
-        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL *)in[4],
-        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL *)in[7],
+        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL
+                *)in[4],
+        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL
+                *)in[7],
         (PINN_POISSON_REAL *)out[0], (PINN_POISSON_REAL *)out[1], (PINN_POISSON_REAL *)out[2],
         (PINN_POISSON_REAL *)out[3], (PINN_POISSON_REAL *)out[4], (PINN_POISSON_REAL *)out[5],
         (PINN_POISSON_REAL *)out[6], work

@@ -85,7 +85,10 @@ const char *pinn_poisson_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t pinn_poisson_forward_work_len(int64_t n);
-int pinn_poisson_forward(int64_t n, const PINN_POISSON_REAL *x, const PINN_POISSON_REAL *xb, const PINN_POISSON_REAL *W1, const PINN_POISSON_REAL *b1, const PINN_POISSON_REAL *W2, const PINN_POISSON_REAL *b2, const PINN_POISSON_REAL *W3, const PINN_POISSON_REAL *b3, PINN_POISSON_REAL *loss, PINN_POISSON_REAL *u, PINN_POISSON_REAL *work);
+int pinn_poisson_forward(int64_t n, const PINN_POISSON_REAL *x, const PINN_POISSON_REAL *xb, const
+        PINN_POISSON_REAL *W1, const PINN_POISSON_REAL *b1, const PINN_POISSON_REAL *W2, const
+        PINN_POISSON_REAL *b2, const PINN_POISSON_REAL *W3, const PINN_POISSON_REAL *b3,
+        PINN_POISSON_REAL *loss, PINN_POISSON_REAL *u, PINN_POISSON_REAL *work);
 int pinn_poisson_forward_n_dims(void);
 const char *pinn_poisson_forward_name_dim(int64_t i);
 int pinn_poisson_forward_n_in(void);
@@ -96,7 +99,8 @@ int pinn_poisson_forward_kind_in(int64_t i);
 int pinn_poisson_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int pinn_poisson_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t pinn_poisson_forward_call_work_len(const int64_t *dims);
-int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work);
+int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        PINN_POISSON_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   x: input, n x 1
@@ -118,7 +122,12 @@ int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t pinn_poisson_value_and_grad_work_len(int64_t n);
-int pinn_poisson_value_and_grad(int64_t n, const PINN_POISSON_REAL *x, const PINN_POISSON_REAL *xb, const PINN_POISSON_REAL *W1, const PINN_POISSON_REAL *b1, const PINN_POISSON_REAL *W2, const PINN_POISSON_REAL *b2, const PINN_POISSON_REAL *W3, const PINN_POISSON_REAL *b3, PINN_POISSON_REAL *loss, PINN_POISSON_REAL *grad_W1, PINN_POISSON_REAL *grad_b1, PINN_POISSON_REAL *grad_W2, PINN_POISSON_REAL *grad_b2, PINN_POISSON_REAL *grad_W3, PINN_POISSON_REAL *grad_b3, PINN_POISSON_REAL *work);
+int pinn_poisson_value_and_grad(int64_t n, const PINN_POISSON_REAL *x, const PINN_POISSON_REAL *xb,
+        const PINN_POISSON_REAL *W1, const PINN_POISSON_REAL *b1, const PINN_POISSON_REAL *W2, const
+        PINN_POISSON_REAL *b2, const PINN_POISSON_REAL *W3, const PINN_POISSON_REAL *b3,
+        PINN_POISSON_REAL *loss, PINN_POISSON_REAL *grad_W1, PINN_POISSON_REAL *grad_b1,
+        PINN_POISSON_REAL *grad_W2, PINN_POISSON_REAL *grad_b2, PINN_POISSON_REAL *grad_W3,
+        PINN_POISSON_REAL *grad_b3, PINN_POISSON_REAL *work);
 int pinn_poisson_value_and_grad_n_dims(void);
 const char *pinn_poisson_value_and_grad_name_dim(int64_t i);
 int pinn_poisson_value_and_grad_n_in(void);
@@ -129,7 +138,8 @@ int pinn_poisson_value_and_grad_kind_in(int64_t i);
 int pinn_poisson_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int pinn_poisson_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t pinn_poisson_value_and_grad_call_work_len(const int64_t *dims);
-int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work);
+int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        PINN_POISSON_REAL *work);
 
 #ifdef __cplusplus
 }

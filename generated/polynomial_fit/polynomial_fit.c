@@ -37,6 +37,9 @@ static int polynomial_fit_run(
         return 1;
     }
 
+    /* where each buffer lies in work */
+    POLYNOMIAL_FIT_REAL *colsum_squared_error = work; /* 1 x 1 */
+
     /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
      * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
      * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
@@ -72,7 +75,8 @@ static int polynomial_fit_run(
                     const POLYNOMIAL_FIT_REAL x8 = points[2*i]*x7;
                     const POLYNOMIAL_FIT_REAL x9 = points[2*i]*x8;
                     const POLYNOMIAL_FIT_REAL x10 = points[2*i]*x9;
-                    const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                    const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 +
+                            x3*x8 + x4*x9 + x5*x10;
                     const POLYNOMIAL_FIT_REAL x12 = 2*x11;
                     const POLYNOMIAL_FIT_REAL x13 = x6*x12;
                     squared_error[i] = (x11*x11);
@@ -97,7 +101,8 @@ static int polynomial_fit_run(
                 const POLYNOMIAL_FIT_REAL x8 = points[2*i]*x7;
                 const POLYNOMIAL_FIT_REAL x9 = points[2*i]*x8;
                 const POLYNOMIAL_FIT_REAL x10 = points[2*i]*x9;
-                const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 +
+                        x3*x8 + x4*x9 + x5*x10;
                 const POLYNOMIAL_FIT_REAL x12 = 2*x11;
                 const POLYNOMIAL_FIT_REAL x13 = x6*x12;
                 squared_error[i] = (x11*x11);
@@ -128,19 +133,19 @@ static int polynomial_fit_run(
                 const POLYNOMIAL_FIT_REAL x8 = points[2*i]*x7;
                 const POLYNOMIAL_FIT_REAL x9 = points[2*i]*x8;
                 const POLYNOMIAL_FIT_REAL x10 = points[2*i]*x9;
-                const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 +
+                        x3*x8 + x4*x9 + x5*x10;
                 squared_error[i] = (x11*x11);
             }
         }
     }
 
-    /* t0 = sum of squared_error down each column */
-    POLYNOMIAL_FIT_REAL *t0 = work; /* 1 x 1 */
-    t0[0] = symbackprop_f64_sum(squared_error, N, 1);
+    /* colsum_squared_error = sum of squared_error down each column */
+    colsum_squared_error[0] = symbackprop_f64_sum(squared_error, N, 1);
 
-    /* loss = t0/N */
+    /* loss = colsum_squared_error/N */
     {
-        loss[0] = t0[0]/((POLYNOMIAL_FIT_REAL)N);
+        loss[0] = colsum_squared_error[0]/((POLYNOMIAL_FIT_REAL)N);
     }
     (void)with_grads;
     return 0;
@@ -167,7 +172,8 @@ int polynomial_fit_forward(
     if (N < 1) {
         return 1;
     }
-    return polynomial_fit_run(N, points, coeffs, loss, squared_error, work + polynomial_fit_run_work_len(N, 0), work, 0);
+    return polynomial_fit_run(N, points, coeffs, loss, squared_error, work +
+            polynomial_fit_run_work_len(N, 0), work, 0);
 }
 
 size_t polynomial_fit_value_and_grad_work_len(int64_t N)
@@ -191,7 +197,8 @@ int polynomial_fit_value_and_grad(
     if (N < 1) {
         return 1;
     }
-    return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1), grad_coeffs, work, 1);
+    return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1),
+            grad_coeffs, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see
@@ -280,9 +287,11 @@ size_t polynomial_fit_forward_call_work_len(const int64_t *dims)
 }
 
 /* polynomial_fit_forward with its arrays in arrays (see polynomial_fit.h). */
-int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void *const *out, POLYNOMIAL_FIT_REAL *work)
+int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        POLYNOMIAL_FIT_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && polynomial_fit_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            polynomial_fit_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 2; ++i) {
@@ -372,9 +381,11 @@ size_t polynomial_fit_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* polynomial_fit_value_and_grad with its arrays in arrays (see polynomial_fit.h). */
-int polynomial_fit_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, POLYNOMIAL_FIT_REAL *work)
+int polynomial_fit_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        POLYNOMIAL_FIT_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && polynomial_fit_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            polynomial_fit_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 2; ++i) {

@@ -79,7 +79,9 @@ const char *polynomial_fit_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t polynomial_fit_forward_work_len(int64_t N);
-int polynomial_fit_forward(int64_t N, const POLYNOMIAL_FIT_REAL *points, const POLYNOMIAL_FIT_REAL *coeffs, POLYNOMIAL_FIT_REAL *loss, POLYNOMIAL_FIT_REAL *squared_error, POLYNOMIAL_FIT_REAL *work);
+int polynomial_fit_forward(int64_t N, const POLYNOMIAL_FIT_REAL *points, const POLYNOMIAL_FIT_REAL
+        *coeffs, POLYNOMIAL_FIT_REAL *loss, POLYNOMIAL_FIT_REAL *squared_error, POLYNOMIAL_FIT_REAL
+        *work);
 int polynomial_fit_forward_n_dims(void);
 const char *polynomial_fit_forward_name_dim(int64_t i);
 int polynomial_fit_forward_n_in(void);
@@ -90,7 +92,8 @@ int polynomial_fit_forward_kind_in(int64_t i);
 int polynomial_fit_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int polynomial_fit_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t polynomial_fit_forward_call_work_len(const int64_t *dims);
-int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void *const *out, POLYNOMIAL_FIT_REAL *work);
+int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        POLYNOMIAL_FIT_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   points: input, N x 2
@@ -101,7 +104,9 @@ int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t polynomial_fit_value_and_grad_work_len(int64_t N);
-int polynomial_fit_value_and_grad(int64_t N, const POLYNOMIAL_FIT_REAL *points, const POLYNOMIAL_FIT_REAL *coeffs, POLYNOMIAL_FIT_REAL *loss, POLYNOMIAL_FIT_REAL *grad_coeffs, POLYNOMIAL_FIT_REAL *work);
+int polynomial_fit_value_and_grad(int64_t N, const POLYNOMIAL_FIT_REAL *points, const
+        POLYNOMIAL_FIT_REAL *coeffs, POLYNOMIAL_FIT_REAL *loss, POLYNOMIAL_FIT_REAL *grad_coeffs,
+        POLYNOMIAL_FIT_REAL *work);
 int polynomial_fit_value_and_grad_n_dims(void);
 const char *polynomial_fit_value_and_grad_name_dim(int64_t i);
 int polynomial_fit_value_and_grad_n_in(void);
@@ -112,7 +117,8 @@ int polynomial_fit_value_and_grad_kind_in(int64_t i);
 int polynomial_fit_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int polynomial_fit_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t polynomial_fit_value_and_grad_call_work_len(const int64_t *dims);
-int polynomial_fit_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, POLYNOMIAL_FIT_REAL *work);
+int polynomial_fit_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        POLYNOMIAL_FIT_REAL *work);
 
 #ifdef __cplusplus
 }

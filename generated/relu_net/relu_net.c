@@ -33,29 +33,32 @@ static int relu_net_run(
 )
 {
 
-    /* t0 = W1 @ x */
-    RELU_NET_REAL *t0 = work; /* 2 x 1 */
+    /* where each buffer lies in work */
+    RELU_NET_REAL *mm_W1 = work; /* 2 x 1 */
+    RELU_NET_REAL *relu_W1 = mm_W1 + 2; /* 2 x 1 */
+    RELU_NET_REAL *grad_add_y = relu_W1 + 2; /* 1 x 1 */
+
+    /* mm_W1 = W1 @ x */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
-            t0[i + j] = 0;
+            mm_W1[i + j] = 0;
         }
         for (int64_t k = 0; k < 2; ++k) {
             const RELU_NET_REAL acc = W1[2*i + k];
             for (int64_t j = 0; j < 1; ++j) {
-                t0[i + j] += acc * x[k];
+                mm_W1[i + j] += acc * x[k];
             }
         }
     }
 
-    /* t1 = Max(0, t0) */
-    /* t0 = Heaviside(t0) */
-    RELU_NET_REAL *t1 = t0 + 2; /* 2 x 1 */
+    /* relu_W1 = Max(0, mm_W1) */
+    /* mm_W1 = Heaviside(mm_W1) */
     for (int64_t i = 0; i < 2; ++i) {
-        t1[i] = (((0) > (t0[i])) ? (0) : (t0[i]));
-        t0[i] = (isnan(t0[i]) ? (t0[i]) : (t0[i]) > 0 ? 1.0 : 0.0);
+        relu_W1[i] = (((0) > (mm_W1[i])) ? (0) : (mm_W1[i]));
+        mm_W1[i] = (isnan(mm_W1[i]) ? (mm_W1[i]) : (mm_W1[i]) > 0 ? 1.0 : 0.0);
     }
 
-    /* y = W2 @ t1 */
+    /* y = W2 @ relu_W1 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             y[i + j] = 0;
@@ -63,65 +66,66 @@ static int relu_net_run(
         for (int64_t k = 0; k < 2; ++k) {
             const RELU_NET_REAL acc = W2[k];
             for (int64_t j = 0; j < 1; ++j) {
-                y[i + j] += acc * t1[k];
+                y[i + j] += acc * relu_W1[k];
             }
         }
     }
 
     /* loss = (-t + y)**2/2 */
-    /* g0 = -t + y */
-    RELU_NET_REAL *g0 = t1 + 2; /* 1 x 1 */
+    /* grad_add_y = -t + y */
     {
         const RELU_NET_REAL x0 = -t[0] + y[0];
         loss[0] = (1.0/2.0)*(x0*x0);
-        g0[0] = x0;
+        grad_add_y[0] = x0;
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_t1 = W2^T @ g0 */
-    RELU_NET_REAL *grad_t1 = g0 + 1; /* 2 x 1 */
+    /* the gradient's buffers in work */
+    RELU_NET_REAL *grad_relu_W1 = grad_add_y + 1; /* 2 x 1 */
+
+    /* grad_relu_W1 = W2^T @ grad_add_y */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
-            grad_t1[i + j] = 0;
+            grad_relu_W1[i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
             const RELU_NET_REAL acc = W2[i];
             for (int64_t j = 0; j < 1; ++j) {
-                grad_t1[i + j] += acc * g0[0];
+                grad_relu_W1[i + j] += acc * grad_add_y[0];
             }
         }
     }
 
-    /* grad_t1 = grad_t1*t0 */
+    /* grad_relu_W1 = grad_relu_W1*mm_W1 */
     for (int64_t i = 0; i < 2; ++i) {
-        grad_t1[i] = grad_t1[i]*t0[i];
+        grad_relu_W1[i] = grad_relu_W1[i]*mm_W1[i];
     }
 
-    /* grad_W1 = grad_t1 @ x^T */
+    /* grad_W1 = grad_relu_W1 @ x^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             grad_W1[2*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
-            const RELU_NET_REAL acc = grad_t1[i];
+            const RELU_NET_REAL acc = grad_relu_W1[i];
             for (int64_t j = 0; j < 2; ++j) {
                 grad_W1[2*i + j] += acc * x[j];
             }
         }
     }
 
-    /* grad_W2 = g0 @ t1^T */
+    /* grad_W2 = grad_add_y @ relu_W1^T */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             grad_W2[2*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
-            const RELU_NET_REAL acc = g0[0];
+            const RELU_NET_REAL acc = grad_add_y[0];
             for (int64_t j = 0; j < 2; ++j) {
-                grad_W2[2*i + j] += acc * t1[j];
+                grad_W2[2*i + j] += acc * relu_W1[j];
             }
         }
     }
@@ -164,7 +168,8 @@ int relu_net_value_and_grad(
     RELU_NET_REAL *work
 )
 {
-    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work, 1);
+    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work,
+            1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see relu_net.h) --- */
@@ -249,7 +254,8 @@ size_t relu_net_forward_call_work_len(const int64_t *dims)
 }
 
 /* relu_net_forward with its arrays in arrays (see relu_net.h). */
-int relu_net_forward_call(const int64_t *dims, const void *const *in, void *const *out, RELU_NET_REAL *work)
+int relu_net_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        RELU_NET_REAL *work)
 {
     if (in == NULL || out == NULL || (work == NULL && relu_net_forward_call_work_len(dims) > 0)) {
         return 4;
@@ -339,9 +345,11 @@ size_t relu_net_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* relu_net_value_and_grad with its arrays in arrays (see relu_net.h). */
-int relu_net_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, RELU_NET_REAL *work)
+int relu_net_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        RELU_NET_REAL *work)
 {
-    if (in == NULL || out == NULL || (work == NULL && relu_net_value_and_grad_call_work_len(dims) > 0)) {
+    if (in == NULL || out == NULL || (work == NULL && relu_net_value_and_grad_call_work_len(dims) >
+            0)) {
         return 4;
     }
     for (int i = 0; i < 4; ++i) {

@@ -80,7 +80,8 @@ const char *relu_net_name_dim(int64_t i);
  * Returns 0: success
  */
 size_t relu_net_forward_work_len(void);
-int relu_net_forward(const RELU_NET_REAL *x, const RELU_NET_REAL *t, const RELU_NET_REAL *W1, const RELU_NET_REAL *W2, RELU_NET_REAL *loss, RELU_NET_REAL *y, RELU_NET_REAL *work);
+int relu_net_forward(const RELU_NET_REAL *x, const RELU_NET_REAL *t, const RELU_NET_REAL *W1, const
+        RELU_NET_REAL *W2, RELU_NET_REAL *loss, RELU_NET_REAL *y, RELU_NET_REAL *work);
 int relu_net_forward_n_dims(void);
 const char *relu_net_forward_name_dim(int64_t i);
 int relu_net_forward_n_in(void);
@@ -91,7 +92,8 @@ int relu_net_forward_kind_in(int64_t i);
 int relu_net_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int relu_net_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t relu_net_forward_call_work_len(const int64_t *dims);
-int relu_net_forward_call(const int64_t *dims, const void *const *in, void *const *out, RELU_NET_REAL *work);
+int relu_net_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        RELU_NET_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   x: input, 2 x 1
@@ -104,7 +106,9 @@ int relu_net_forward_call(const int64_t *dims, const void *const *in, void *cons
  * Returns 0: success
  */
 size_t relu_net_value_and_grad_work_len(void);
-int relu_net_value_and_grad(const RELU_NET_REAL *x, const RELU_NET_REAL *t, const RELU_NET_REAL *W1, const RELU_NET_REAL *W2, RELU_NET_REAL *loss, RELU_NET_REAL *grad_W1, RELU_NET_REAL *grad_W2, RELU_NET_REAL *work);
+int relu_net_value_and_grad(const RELU_NET_REAL *x, const RELU_NET_REAL *t, const RELU_NET_REAL *W1,
+        const RELU_NET_REAL *W2, RELU_NET_REAL *loss, RELU_NET_REAL *grad_W1, RELU_NET_REAL
+        *grad_W2, RELU_NET_REAL *work);
 int relu_net_value_and_grad_n_dims(void);
 const char *relu_net_value_and_grad_name_dim(int64_t i);
 int relu_net_value_and_grad_n_in(void);
@@ -115,7 +119,8 @@ int relu_net_value_and_grad_kind_in(int64_t i);
 int relu_net_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int relu_net_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t relu_net_value_and_grad_call_work_len(const int64_t *dims);
-int relu_net_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, RELU_NET_REAL *work);
+int relu_net_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        RELU_NET_REAL *work);
 
 #ifdef __cplusplus
 }

@@ -25,114 +25,144 @@
 #define TRANSFORMER_LM_SHARED static
 #endif
 
-/* Its 78 matrix products, a function for each kind of call (its sizes
+/* Its 39 matrix products, a function for each kind of call (its sizes
  * and strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
 }
 #endif
 
-/* Its 48 element-wise loops that repeat (in several functions, or at
+/* Its 23 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void transformer_lm_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop1(
+void transformer_lm_add_loop_2(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -140,7 +170,7 @@ void transformer_lm_loop1(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop2(
+void transformer_lm_mul_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -148,7 +178,7 @@ void transformer_lm_loop2(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop3(
+void transformer_lm_add_loop_3(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -156,9 +186,7 @@ void transformer_lm_loop3(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
+void transformer_lm_grad_norm_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -166,121 +194,14 @@ void transformer_lm_loop5(
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
+void transformer_lm_grad_mul_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop8(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
-);
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop9(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void transformer_lm_grad_add_Wo1_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            a0[256*i + j] = a0[256*i + j]*a1[256*i + j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a0[64*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop1(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop2(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = a2[256*i + j] + a3[j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
-            const TRANSFORMER_LM_REAL x2 = erf(x1);
-            a0[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            a1[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop8(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[j];
-            a3[64*i + j] = a1[64*i + j]*a4[64*i + j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop9(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop3(
+void transformer_lm_add_loop_3(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -296,15 +217,7 @@ void transformer_lm_loop3(
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
+void transformer_lm_grad_norm_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -320,8 +233,152 @@ void transformer_lm_loop5(
         }
     }
 }
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_grad_add_Wo1_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a0[64*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_mul_loop(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            const TRANSFORMER_LM_REAL x0 = a2[256*i + j] + a3[j];
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            a0[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            a1[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 +
+                    1.0/2.0;
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_add_loop_2(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_grad_mul_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            a0[256*i + j] = a0[256*i + j]*a1[256*i + j];
+        }
+    }
+}
 #endif
 
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads);
+TRANSFORMER_LM_SHARED int transformer_lm_run(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *E,
+    const TRANSFORMER_LM_REAL *P,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *b0a,
+    const TRANSFORMER_LM_REAL *Wq0,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *b0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *c0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *c0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    const TRANSFORMER_LM_REAL *b1a,
+    const TRANSFORMER_LM_REAL *Wq1,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *b1m,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *c1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads)
 {
@@ -335,169 +392,169 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
 /* transformer_lm_run, part 1 of 8 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     const TRANSFORMER_LM_REAL *E,
     const TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     const TRANSFORMER_LM_REAL *E,
     const TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P
 )
 {
-    /* t0[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
+    /* emap_E[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
      * E[ids[i], 5], E[ids[i], 6], E[ids[i], 7], E[ids[i], 8], E[ids[i], 9], E[ids[i], 10],
      * E[ids[i], 11], E[ids[i], 12], E[ids[i], 13], E[ids[i], 14], E[ids[i], 15],
      * E[ids[i], 16], E[ids[i], 17], E[ids[i], 18], E[ids[i], 19], E[ids[i], 20],
      * E[ids[i], 21], E[ids[i], 22], E[ids[i], 23], E[ids[i], 24], E[ids[i], 25],
      * E[ids[i], 26], E[ids[i], 27], E[ids[i], 28], E[ids[i], 29], E[ids[i], 30], ... */
-    /* t1[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
+    /* emap_P[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
      * P[positions[i], 3], P[positions[i], 4], P[positions[i], 5], P[positions[i], 6],
      * P[positions[i], 7], P[positions[i], 8], P[positions[i], 9], P[positions[i], 10],
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64 */
-    TRANSFORMER_LM_REAL *t1 = t0 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t0[64*i] = E[64*ids[i]];
-        t0[64*i + 1] = E[64*ids[i] + 1];
-        t0[64*i + 2] = E[64*ids[i] + 2];
-        t0[64*i + 3] = E[64*ids[i] + 3];
-        t0[64*i + 4] = E[64*ids[i] + 4];
-        t0[64*i + 5] = E[64*ids[i] + 5];
-        t0[64*i + 6] = E[64*ids[i] + 6];
-        t0[64*i + 7] = E[64*ids[i] + 7];
-        t0[64*i + 8] = E[64*ids[i] + 8];
-        t0[64*i + 9] = E[64*ids[i] + 9];
-        t0[64*i + 10] = E[64*ids[i] + 10];
-        t0[64*i + 11] = E[64*ids[i] + 11];
-        t0[64*i + 12] = E[64*ids[i] + 12];
-        t0[64*i + 13] = E[64*ids[i] + 13];
-        t0[64*i + 14] = E[64*ids[i] + 14];
-        t0[64*i + 15] = E[64*ids[i] + 15];
-        t0[64*i + 16] = E[64*ids[i] + 16];
-        t0[64*i + 17] = E[64*ids[i] + 17];
-        t0[64*i + 18] = E[64*ids[i] + 18];
-        t0[64*i + 19] = E[64*ids[i] + 19];
-        t0[64*i + 20] = E[64*ids[i] + 20];
-        t0[64*i + 21] = E[64*ids[i] + 21];
-        t0[64*i + 22] = E[64*ids[i] + 22];
-        t0[64*i + 23] = E[64*ids[i] + 23];
-        t0[64*i + 24] = E[64*ids[i] + 24];
-        t0[64*i + 25] = E[64*ids[i] + 25];
-        t0[64*i + 26] = E[64*ids[i] + 26];
-        t0[64*i + 27] = E[64*ids[i] + 27];
-        t0[64*i + 28] = E[64*ids[i] + 28];
-        t0[64*i + 29] = E[64*ids[i] + 29];
-        t0[64*i + 30] = E[64*ids[i] + 30];
-        t0[64*i + 31] = E[64*ids[i] + 31];
-        t0[64*i + 32] = E[64*ids[i] + 32];
-        t0[64*i + 33] = E[64*ids[i] + 33];
-        t0[64*i + 34] = E[64*ids[i] + 34];
-        t0[64*i + 35] = E[64*ids[i] + 35];
-        t0[64*i + 36] = E[64*ids[i] + 36];
-        t0[64*i + 37] = E[64*ids[i] + 37];
-        t0[64*i + 38] = E[64*ids[i] + 38];
-        t0[64*i + 39] = E[64*ids[i] + 39];
-        t0[64*i + 40] = E[64*ids[i] + 40];
-        t0[64*i + 41] = E[64*ids[i] + 41];
-        t0[64*i + 42] = E[64*ids[i] + 42];
-        t0[64*i + 43] = E[64*ids[i] + 43];
-        t0[64*i + 44] = E[64*ids[i] + 44];
-        t0[64*i + 45] = E[64*ids[i] + 45];
-        t0[64*i + 46] = E[64*ids[i] + 46];
-        t0[64*i + 47] = E[64*ids[i] + 47];
-        t0[64*i + 48] = E[64*ids[i] + 48];
-        t0[64*i + 49] = E[64*ids[i] + 49];
-        t0[64*i + 50] = E[64*ids[i] + 50];
-        t0[64*i + 51] = E[64*ids[i] + 51];
-        t0[64*i + 52] = E[64*ids[i] + 52];
-        t0[64*i + 53] = E[64*ids[i] + 53];
-        t0[64*i + 54] = E[64*ids[i] + 54];
-        t0[64*i + 55] = E[64*ids[i] + 55];
-        t0[64*i + 56] = E[64*ids[i] + 56];
-        t0[64*i + 57] = E[64*ids[i] + 57];
-        t0[64*i + 58] = E[64*ids[i] + 58];
-        t0[64*i + 59] = E[64*ids[i] + 59];
-        t0[64*i + 60] = E[64*ids[i] + 60];
-        t0[64*i + 61] = E[64*ids[i] + 61];
-        t0[64*i + 62] = E[64*ids[i] + 62];
-        t0[64*i + 63] = E[64*ids[i] + 63];
-        t1[64*i] = P[64*positions[i]];
-        t1[64*i + 1] = P[64*positions[i] + 1];
-        t1[64*i + 2] = P[64*positions[i] + 2];
-        t1[64*i + 3] = P[64*positions[i] + 3];
-        t1[64*i + 4] = P[64*positions[i] + 4];
-        t1[64*i + 5] = P[64*positions[i] + 5];
-        t1[64*i + 6] = P[64*positions[i] + 6];
-        t1[64*i + 7] = P[64*positions[i] + 7];
-        t1[64*i + 8] = P[64*positions[i] + 8];
-        t1[64*i + 9] = P[64*positions[i] + 9];
-        t1[64*i + 10] = P[64*positions[i] + 10];
-        t1[64*i + 11] = P[64*positions[i] + 11];
-        t1[64*i + 12] = P[64*positions[i] + 12];
-        t1[64*i + 13] = P[64*positions[i] + 13];
-        t1[64*i + 14] = P[64*positions[i] + 14];
-        t1[64*i + 15] = P[64*positions[i] + 15];
-        t1[64*i + 16] = P[64*positions[i] + 16];
-        t1[64*i + 17] = P[64*positions[i] + 17];
-        t1[64*i + 18] = P[64*positions[i] + 18];
-        t1[64*i + 19] = P[64*positions[i] + 19];
-        t1[64*i + 20] = P[64*positions[i] + 20];
-        t1[64*i + 21] = P[64*positions[i] + 21];
-        t1[64*i + 22] = P[64*positions[i] + 22];
-        t1[64*i + 23] = P[64*positions[i] + 23];
-        t1[64*i + 24] = P[64*positions[i] + 24];
-        t1[64*i + 25] = P[64*positions[i] + 25];
-        t1[64*i + 26] = P[64*positions[i] + 26];
-        t1[64*i + 27] = P[64*positions[i] + 27];
-        t1[64*i + 28] = P[64*positions[i] + 28];
-        t1[64*i + 29] = P[64*positions[i] + 29];
-        t1[64*i + 30] = P[64*positions[i] + 30];
-        t1[64*i + 31] = P[64*positions[i] + 31];
-        t1[64*i + 32] = P[64*positions[i] + 32];
-        t1[64*i + 33] = P[64*positions[i] + 33];
-        t1[64*i + 34] = P[64*positions[i] + 34];
-        t1[64*i + 35] = P[64*positions[i] + 35];
-        t1[64*i + 36] = P[64*positions[i] + 36];
-        t1[64*i + 37] = P[64*positions[i] + 37];
-        t1[64*i + 38] = P[64*positions[i] + 38];
-        t1[64*i + 39] = P[64*positions[i] + 39];
-        t1[64*i + 40] = P[64*positions[i] + 40];
-        t1[64*i + 41] = P[64*positions[i] + 41];
-        t1[64*i + 42] = P[64*positions[i] + 42];
-        t1[64*i + 43] = P[64*positions[i] + 43];
-        t1[64*i + 44] = P[64*positions[i] + 44];
-        t1[64*i + 45] = P[64*positions[i] + 45];
-        t1[64*i + 46] = P[64*positions[i] + 46];
-        t1[64*i + 47] = P[64*positions[i] + 47];
-        t1[64*i + 48] = P[64*positions[i] + 48];
-        t1[64*i + 49] = P[64*positions[i] + 49];
-        t1[64*i + 50] = P[64*positions[i] + 50];
-        t1[64*i + 51] = P[64*positions[i] + 51];
-        t1[64*i + 52] = P[64*positions[i] + 52];
-        t1[64*i + 53] = P[64*positions[i] + 53];
-        t1[64*i + 54] = P[64*positions[i] + 54];
-        t1[64*i + 55] = P[64*positions[i] + 55];
-        t1[64*i + 56] = P[64*positions[i] + 56];
-        t1[64*i + 57] = P[64*positions[i] + 57];
-        t1[64*i + 58] = P[64*positions[i] + 58];
-        t1[64*i + 59] = P[64*positions[i] + 59];
-        t1[64*i + 60] = P[64*positions[i] + 60];
-        t1[64*i + 61] = P[64*positions[i] + 61];
-        t1[64*i + 62] = P[64*positions[i] + 62];
-        t1[64*i + 63] = P[64*positions[i] + 63];
+        emap_E[64*i] = E[64*ids[i]];
+        emap_E[64*i + 1] = E[64*ids[i] + 1];
+        emap_E[64*i + 2] = E[64*ids[i] + 2];
+        emap_E[64*i + 3] = E[64*ids[i] + 3];
+        emap_E[64*i + 4] = E[64*ids[i] + 4];
+        emap_E[64*i + 5] = E[64*ids[i] + 5];
+        emap_E[64*i + 6] = E[64*ids[i] + 6];
+        emap_E[64*i + 7] = E[64*ids[i] + 7];
+        emap_E[64*i + 8] = E[64*ids[i] + 8];
+        emap_E[64*i + 9] = E[64*ids[i] + 9];
+        emap_E[64*i + 10] = E[64*ids[i] + 10];
+        emap_E[64*i + 11] = E[64*ids[i] + 11];
+        emap_E[64*i + 12] = E[64*ids[i] + 12];
+        emap_E[64*i + 13] = E[64*ids[i] + 13];
+        emap_E[64*i + 14] = E[64*ids[i] + 14];
+        emap_E[64*i + 15] = E[64*ids[i] + 15];
+        emap_E[64*i + 16] = E[64*ids[i] + 16];
+        emap_E[64*i + 17] = E[64*ids[i] + 17];
+        emap_E[64*i + 18] = E[64*ids[i] + 18];
+        emap_E[64*i + 19] = E[64*ids[i] + 19];
+        emap_E[64*i + 20] = E[64*ids[i] + 20];
+        emap_E[64*i + 21] = E[64*ids[i] + 21];
+        emap_E[64*i + 22] = E[64*ids[i] + 22];
+        emap_E[64*i + 23] = E[64*ids[i] + 23];
+        emap_E[64*i + 24] = E[64*ids[i] + 24];
+        emap_E[64*i + 25] = E[64*ids[i] + 25];
+        emap_E[64*i + 26] = E[64*ids[i] + 26];
+        emap_E[64*i + 27] = E[64*ids[i] + 27];
+        emap_E[64*i + 28] = E[64*ids[i] + 28];
+        emap_E[64*i + 29] = E[64*ids[i] + 29];
+        emap_E[64*i + 30] = E[64*ids[i] + 30];
+        emap_E[64*i + 31] = E[64*ids[i] + 31];
+        emap_E[64*i + 32] = E[64*ids[i] + 32];
+        emap_E[64*i + 33] = E[64*ids[i] + 33];
+        emap_E[64*i + 34] = E[64*ids[i] + 34];
+        emap_E[64*i + 35] = E[64*ids[i] + 35];
+        emap_E[64*i + 36] = E[64*ids[i] + 36];
+        emap_E[64*i + 37] = E[64*ids[i] + 37];
+        emap_E[64*i + 38] = E[64*ids[i] + 38];
+        emap_E[64*i + 39] = E[64*ids[i] + 39];
+        emap_E[64*i + 40] = E[64*ids[i] + 40];
+        emap_E[64*i + 41] = E[64*ids[i] + 41];
+        emap_E[64*i + 42] = E[64*ids[i] + 42];
+        emap_E[64*i + 43] = E[64*ids[i] + 43];
+        emap_E[64*i + 44] = E[64*ids[i] + 44];
+        emap_E[64*i + 45] = E[64*ids[i] + 45];
+        emap_E[64*i + 46] = E[64*ids[i] + 46];
+        emap_E[64*i + 47] = E[64*ids[i] + 47];
+        emap_E[64*i + 48] = E[64*ids[i] + 48];
+        emap_E[64*i + 49] = E[64*ids[i] + 49];
+        emap_E[64*i + 50] = E[64*ids[i] + 50];
+        emap_E[64*i + 51] = E[64*ids[i] + 51];
+        emap_E[64*i + 52] = E[64*ids[i] + 52];
+        emap_E[64*i + 53] = E[64*ids[i] + 53];
+        emap_E[64*i + 54] = E[64*ids[i] + 54];
+        emap_E[64*i + 55] = E[64*ids[i] + 55];
+        emap_E[64*i + 56] = E[64*ids[i] + 56];
+        emap_E[64*i + 57] = E[64*ids[i] + 57];
+        emap_E[64*i + 58] = E[64*ids[i] + 58];
+        emap_E[64*i + 59] = E[64*ids[i] + 59];
+        emap_E[64*i + 60] = E[64*ids[i] + 60];
+        emap_E[64*i + 61] = E[64*ids[i] + 61];
+        emap_E[64*i + 62] = E[64*ids[i] + 62];
+        emap_E[64*i + 63] = E[64*ids[i] + 63];
+        emap_P[64*i] = P[64*positions[i]];
+        emap_P[64*i + 1] = P[64*positions[i] + 1];
+        emap_P[64*i + 2] = P[64*positions[i] + 2];
+        emap_P[64*i + 3] = P[64*positions[i] + 3];
+        emap_P[64*i + 4] = P[64*positions[i] + 4];
+        emap_P[64*i + 5] = P[64*positions[i] + 5];
+        emap_P[64*i + 6] = P[64*positions[i] + 6];
+        emap_P[64*i + 7] = P[64*positions[i] + 7];
+        emap_P[64*i + 8] = P[64*positions[i] + 8];
+        emap_P[64*i + 9] = P[64*positions[i] + 9];
+        emap_P[64*i + 10] = P[64*positions[i] + 10];
+        emap_P[64*i + 11] = P[64*positions[i] + 11];
+        emap_P[64*i + 12] = P[64*positions[i] + 12];
+        emap_P[64*i + 13] = P[64*positions[i] + 13];
+        emap_P[64*i + 14] = P[64*positions[i] + 14];
+        emap_P[64*i + 15] = P[64*positions[i] + 15];
+        emap_P[64*i + 16] = P[64*positions[i] + 16];
+        emap_P[64*i + 17] = P[64*positions[i] + 17];
+        emap_P[64*i + 18] = P[64*positions[i] + 18];
+        emap_P[64*i + 19] = P[64*positions[i] + 19];
+        emap_P[64*i + 20] = P[64*positions[i] + 20];
+        emap_P[64*i + 21] = P[64*positions[i] + 21];
+        emap_P[64*i + 22] = P[64*positions[i] + 22];
+        emap_P[64*i + 23] = P[64*positions[i] + 23];
+        emap_P[64*i + 24] = P[64*positions[i] + 24];
+        emap_P[64*i + 25] = P[64*positions[i] + 25];
+        emap_P[64*i + 26] = P[64*positions[i] + 26];
+        emap_P[64*i + 27] = P[64*positions[i] + 27];
+        emap_P[64*i + 28] = P[64*positions[i] + 28];
+        emap_P[64*i + 29] = P[64*positions[i] + 29];
+        emap_P[64*i + 30] = P[64*positions[i] + 30];
+        emap_P[64*i + 31] = P[64*positions[i] + 31];
+        emap_P[64*i + 32] = P[64*positions[i] + 32];
+        emap_P[64*i + 33] = P[64*positions[i] + 33];
+        emap_P[64*i + 34] = P[64*positions[i] + 34];
+        emap_P[64*i + 35] = P[64*positions[i] + 35];
+        emap_P[64*i + 36] = P[64*positions[i] + 36];
+        emap_P[64*i + 37] = P[64*positions[i] + 37];
+        emap_P[64*i + 38] = P[64*positions[i] + 38];
+        emap_P[64*i + 39] = P[64*positions[i] + 39];
+        emap_P[64*i + 40] = P[64*positions[i] + 40];
+        emap_P[64*i + 41] = P[64*positions[i] + 41];
+        emap_P[64*i + 42] = P[64*positions[i] + 42];
+        emap_P[64*i + 43] = P[64*positions[i] + 43];
+        emap_P[64*i + 44] = P[64*positions[i] + 44];
+        emap_P[64*i + 45] = P[64*positions[i] + 45];
+        emap_P[64*i + 46] = P[64*positions[i] + 46];
+        emap_P[64*i + 47] = P[64*positions[i] + 47];
+        emap_P[64*i + 48] = P[64*positions[i] + 48];
+        emap_P[64*i + 49] = P[64*positions[i] + 49];
+        emap_P[64*i + 50] = P[64*positions[i] + 50];
+        emap_P[64*i + 51] = P[64*positions[i] + 51];
+        emap_P[64*i + 52] = P[64*positions[i] + 52];
+        emap_P[64*i + 53] = P[64*positions[i] + 53];
+        emap_P[64*i + 54] = P[64*positions[i] + 54];
+        emap_P[64*i + 55] = P[64*positions[i] + 55];
+        emap_P[64*i + 56] = P[64*positions[i] + 56];
+        emap_P[64*i + 57] = P[64*positions[i] + 57];
+        emap_P[64*i + 58] = P[64*positions[i] + 58];
+        emap_P[64*i + 59] = P[64*positions[i] + 59];
+        emap_P[64*i + 60] = P[64*positions[i] + 60];
+        emap_P[64*i + 61] = P[64*positions[i] + 61];
+        emap_P[64*i + 62] = P[64*positions[i] + 62];
+        emap_P[64*i + 63] = P[64*positions[i] + 63];
     }
 }
 #endif
@@ -505,7 +562,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
 /* transformer_lm_run, part 2 of 8 (kernels 2 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -528,10 +585,44 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *mm_Wo0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mm_W0up,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *mm_W0down,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *mm_Wo1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -554,29 +645,59 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *mm_Wo0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mm_W0up,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *mm_W0down,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *mm_Wo1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
-    /* t2 = t0 + t1 */
-    TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
-    transformer_lm_loop0(m, t2, t0, t1);
+    /* add_E = emap_E + emap_P */
+    transformer_lm_add_loop(m, add_E, emap_E, emap_P);
 
-    /* t3[i, :] = (t2[i, :] - mu_i) r_i, mu_i = mean_j t2[i, j], r_i = 1/sqrt(mean_j
-     * (t2[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t3 = t0; /* m x 64, in t0's memory */
+    /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
+     * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t3 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_E + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t2[64*i + k + l];
+                    sum_lane[l] += add_E[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -584,13 +705,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t2[64*i + k];
+                sum += add_E[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t2[64*i + j] - mean;
+            row[j] = add_E[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -614,32 +735,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         }
     }
 
-    /* t4 = b0a + g0a*t3 */
-    TRANSFORMER_LM_REAL *t4 = t1; /* m x 64, in t1's memory */
-    transformer_lm_loop1(m, t4, g0a, t3, b0a);
+    /* add_b0a = b0a + g0a*norm_E */
+    transformer_lm_add_loop_2(m, add_b0a, g0a, norm_E, b0a);
 
-    /* t5 = Wq0/4 */
-    TRANSFORMER_LM_REAL *t5 = t2 + 64*m; /* 64 x 64 */
+    /* mul_Wq0 = Wq0/4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t5[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+            mul_Wq0[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
         }
     }
 
-    /* t6 = t4 @ t5 */
-    TRANSFORMER_LM_REAL *t6 = with_grads ? t5 + 4096 : t3; /* m x 64 */
-    transformer_lm_product0(m, t4, t5, t6);
+    /* mm_Wq0 = add_b0a @ mul_Wq0 */
+    transformer_lm_product0(m, add_b0a, mul_Wq0, mm_Wq0);
 
-    /* t7 = t4 @ Wk0 */
-    TRANSFORMER_LM_REAL *t7 = with_grads ? t6 + 64*m : t5 + 4096; /* m x 64 */
-    transformer_lm_product0(m, t4, Wk0, t7);
+    /* mm_Wk0 = add_b0a @ Wk0 */
+    transformer_lm_product0(m, add_b0a, Wk0, mm_Wk0);
 
-    /* t8[(e,t),(h,s)] = sum_k t6[(e,t),h*dh+k] * t7[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t8_block = t8 + 256*m; /* 64 x 16 */
-    (void)t8_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
+    /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
+     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    (void)scores_Wk0_block; /* the loops' workspace: unused where BLAS computes the scores
+            (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -648,29 +764,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t6 t7^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t6 + row0 * 64 + hd * 16, 64, t7 + row0 * 64 + hd * 16, 64,
-                                          t8 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores mm_Wq0 mm_Wk0^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, mm_Wq0 + row0 * 64 + hd * 16, 64, mm_Wk0 + row0 *
+                    64 + hd * 16, 64,
+                                          scores_Wk0 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t8_block[dk][ks] = t7[(e,ks), hd*16+dk]: the head's keys transposed, so that a
-             * row of scores is a sum of contiguous rows */
+            /* scores_Wk0_block[dk][ks] = mm_Wk0[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t8_block[dk * 64 + ks] = t7[(row0 + ks) * 64 + hd * 16 + dk];
+                    scores_Wk0_block[dk * 64 + ks] = mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t8 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = scores_Wk0 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t6[(e,qt), hd*16+dk] * t8_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += mm_Wq0[(e,qt), hd*16+dk] * scores_Wk0_block[dk][ks] for keys
+                 * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t6[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t8_block[dk * 64 + ks];
+                        srow[ks] += aw * scores_Wk0_block[dk * 64 + ks];
                     }
                 }
             }
@@ -678,9 +796,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #endif
     }
 
-    /* t9[(e,t),(h,s)] = exp(t8[(e,t),(h,s)] - max_{s'<=t} t8[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t9 = t8_block + 1024; /* m x 256 */
+    /* softmax_Wk0[(e,t),(h,s)] = exp(scores_Wk0[(e,t),(h,s)] - max_{s'<=t}
+     * scores_Wk0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
+     * mask) (rows (e,t) = e*64+t, 4 heads) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -688,59 +806,58 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t8[qbase];
+                TRANSFORMER_LM_REAL top = scores_Wk0[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
-                    t9[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
+                    softmax_Wk0[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t9[qbase + ks];
+                    total += softmax_Wk0[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t9[qbase + ks] /= total;
+                    softmax_Wk0[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t9[qbase + ks] = 0;
+                    softmax_Wk0[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t10 = t4 @ Wv0 */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? t9 + 256*m : t6; /* m x 64 */
-    transformer_lm_product0(m, t4, Wv0, t10);
+    /* mm_Wv0 = add_b0a @ Wv0 */
+    transformer_lm_product0(m, add_b0a, Wv0, mm_Wv0);
 
-    /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? t10 + 64*m : t7; /* m x 64 */
+    /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t9) t10 */
-            symbackprop_f64_causal_mix(0, len, 16, t9 + row0 * 256 + hd * 64, 256,
-                                       t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk0) mm_Wv0 */
+            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wv0 + row0 * 64 + hd * 16, 64, mix_Wv0 + row0 * 64 + hd *
+                                               16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t9[(e,qt),(hd,ks)] *
-                 * t10[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t11 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of softmax_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wv0[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = mix_Wv0 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t10[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -748,27 +865,24 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #endif
     }
 
-    /* t12 = t11 @ Wo0 */
-    TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t4; /* m x 64 */
-    transformer_lm_product0(m, t11, Wo0, t12);
+    /* mm_Wo0 = mix_Wv0 @ Wo0 */
+    transformer_lm_product0(m, mix_Wv0, Wo0, mm_Wo0);
 
-    /* t13 = t12 + t2 */
-    TRANSFORMER_LM_REAL *t13 = with_grads ? t12 + 64*m : t10; /* m x 64 */
-    transformer_lm_loop0(m, t13, t2, t12);
+    /* add_Wo0 = add_E + mm_Wo0 */
+    transformer_lm_add_loop(m, add_Wo0, add_E, mm_Wo0);
 
-    /* t14[i, :] = (t13[i, :] - mu_i) r_i, mu_i = mean_j t13[i, j], r_i = 1/sqrt(mean_j
-     * (t13[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? t12 : t11; /* m x 64, in t12's memory */
+    /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
+     * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t14 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_Wo0 + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t13[64*i + k + l];
+                    sum_lane[l] += add_Wo0[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -776,13 +890,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t13[64*i + k];
+                sum += add_Wo0[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t13[64*i + j] - mean;
+            row[j] = add_Wo0[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -806,42 +920,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         }
     }
 
-    /* t15 = b0m + g0m*t14 */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? t13 + 64*m : t2; /* m x 64 */
-    transformer_lm_loop1(m, t15, g0m, t14, b0m);
+    /* add_b0m = b0m + g0m*norm_Wo0 */
+    transformer_lm_add_loop_2(m, add_b0m, g0m, norm_Wo0, b0m);
 
-    /* t16 = t15 @ W0up */
-    TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
-    transformer_lm_product1(m, t15, W0up, t16);
+    /* mm_W0up = add_b0m @ W0up */
+    transformer_lm_product1(m, add_b0m, W0up, mm_W0up);
 
-    /* t17 = (c0up + t16)*(erf(sqrt(2)*(c0up + t16)/2) + 1)/2 */
-    /* t18 = sqrt(2)*(c0up + t16)*exp(-(c0up + t16)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
-     * t16)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? t15 + 64*m : t9; /* m x 256 */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? t17 + 256*m : t9 + 256*m; /* m x 256 */
-    transformer_lm_loop2(m, t17, t18, t16, c0up);
+    /* mul_W0up = (c0up + mm_W0up)*(erf(sqrt(2)*(c0up + mm_W0up)/2) + 1)/2 */
+    /* add_W0up = sqrt(2)*(c0up + mm_W0up)*exp(-(c0up + mm_W0up)**2/2)/(2*sqrt(pi)) +
+     * erf(sqrt(2)*(c0up + mm_W0up)/2)/2 + 1/2 */
+    transformer_lm_mul_loop(m, mul_W0up, add_W0up, mm_W0up, c0up);
 
-    /* t19 = t17 @ W0down */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? t18 + 256*m : t12; /* m x 64 */
-    transformer_lm_product2(m, t17, W0down, t19);
+    /* mm_W0down = mul_W0up @ W0down */
+    transformer_lm_product2(m, mul_W0up, W0down, mm_W0down);
 
-    /* t20 = c0down + t13 + t19 */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? t19 + 64*m : t14; /* m x 64 */
-    transformer_lm_loop3(m, t20, t13, t19, c0down);
+    /* add_W0down = add_Wo0 + c0down + mm_W0down */
+    transformer_lm_add_loop_3(m, add_W0down, add_Wo0, mm_W0down, c0down);
 
-    /* t21[i, :] = (t20[i, :] - mu_i) r_i, mu_i = mean_j t20[i, j], r_i = 1/sqrt(mean_j
-     * (t20[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? t19 : t15; /* m x 64, in t19's memory */
+    /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
+     * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t21 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_W0down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t20[64*i + k + l];
+                    sum_lane[l] += add_W0down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -849,13 +956,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t20[64*i + k];
+                sum += add_W0down[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t20[64*i + j] - mean;
+            row[j] = add_W0down[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -879,32 +986,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         }
     }
 
-    /* t22 = b1a + g1a*t21 */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? t20 + 64*m : t13; /* m x 64 */
-    transformer_lm_loop1(m, t22, g1a, t21, b1a);
+    /* add_b1a = b1a + g1a*norm_W0down */
+    transformer_lm_add_loop_2(m, add_b1a, g1a, norm_W0down, b1a);
 
-    /* t23 = Wq1/4 */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? t22 + 64*m : t5; /* 64 x 64 */
+    /* mul_Wq1 = Wq1/4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t23[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+            mul_Wq1[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
         }
     }
 
-    /* t24 = t22 @ t23 */
-    TRANSFORMER_LM_REAL *t24 = with_grads ? t23 + 4096 : t19; /* m x 64 */
-    transformer_lm_product0(m, t22, t23, t24);
+    /* mm_Wq1 = add_b1a @ mul_Wq1 */
+    transformer_lm_product0(m, add_b1a, mul_Wq1, mm_Wq1);
 
-    /* t25 = t22 @ Wk1 */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? t24 + 64*m : t21; /* m x 64 */
-    transformer_lm_product0(m, t22, Wk1, t25);
+    /* mm_Wk1 = add_b1a @ Wk1 */
+    transformer_lm_product0(m, add_b1a, Wk1, mm_Wk1);
 
-    /* t26[(e,t),(h,s)] = sum_k t24[(e,t),h*dh+k] * t25[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
-    TRANSFORMER_LM_REAL *t26_block = t8_block; /* 64 x 16, in t8_block's memory */
-    (void)t26_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
+    /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
+     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    (void)scores_Wk1_block; /* the loops' workspace: unused where BLAS computes the scores
+            (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -913,29 +1015,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t24 t25^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t24 + row0 * 64 + hd * 16, 64, t25 + row0 * 64 + hd * 16, 64,
-                                          t26 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores mm_Wq1 mm_Wk1^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, mm_Wq1 + row0 * 64 + hd * 16, 64, mm_Wk1 + row0 *
+                    64 + hd * 16, 64,
+                                          scores_Wk1 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t26_block[dk][ks] = t25[(e,ks), hd*16+dk]: the head's keys transposed, so that
-             * a row of scores is a sum of contiguous rows */
+            /* scores_Wk1_block[dk][ks] = mm_Wk1[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t26_block[dk * 64 + ks] = t25[(row0 + ks) * 64 + hd * 16 + dk];
+                    scores_Wk1_block[dk * 64 + ks] = mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t26 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = scores_Wk1 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t24[(e,qt), hd*16+dk] * t26_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += mm_Wq1[(e,qt), hd*16+dk] * scores_Wk1_block[dk][ks] for keys
+                 * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t24[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t26_block[dk * 64 + ks];
+                        srow[ks] += aw * scores_Wk1_block[dk * 64 + ks];
                     }
                 }
             }
@@ -943,9 +1047,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #endif
     }
 
-    /* t27[(e,t),(h,s)] = exp(t26[(e,t),(h,s)] - max_{s'<=t} t26[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? t25 + 64*m : t18; /* m x 256 */
+    /* softmax_Wk1[(e,t),(h,s)] = exp(scores_Wk1[(e,t),(h,s)] - max_{s'<=t}
+     * scores_Wk1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
+     * mask) (rows (e,t) = e*64+t, 4 heads) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -953,59 +1057,58 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t26[qbase];
+                TRANSFORMER_LM_REAL top = scores_Wk1[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
-                    t27[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
+                    softmax_Wk1[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t27[qbase + ks];
+                    total += softmax_Wk1[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t27[qbase + ks] /= total;
+                    softmax_Wk1[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t27[qbase + ks] = 0;
+                    softmax_Wk1[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t28 = t22 @ Wv1 */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? t27 + 256*m : t24; /* m x 64 */
-    transformer_lm_product0(m, t22, Wv1, t28);
+    /* mm_Wv1 = add_b1a @ Wv1 */
+    transformer_lm_product0(m, add_b1a, Wv1, mm_Wv1);
 
-    /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? t28 + 64*m : t25; /* m x 64 */
+    /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t27) t28 */
-            symbackprop_f64_causal_mix(0, len, 16, t27 + row0 * 256 + hd * 64, 256,
-                                       t28 + row0 * 64 + hd * 16, 64, t29 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk1) mm_Wv1 */
+            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wv1 + row0 * 64 + hd * 16, 64, mix_Wv1 + row0 * 64 + hd *
+                                               16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t27[(e,qt),(hd,ks)] *
-                 * t28[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t29 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of softmax_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wv1[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = mix_Wv1 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t28[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1013,27 +1116,24 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #endif
     }
 
-    /* t30 = t29 @ Wo1 */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? t29 + 64*m : t22; /* m x 64 */
-    transformer_lm_product0(m, t29, Wo1, t30);
+    /* mm_Wo1 = mix_Wv1 @ Wo1 */
+    transformer_lm_product0(m, mix_Wv1, Wo1, mm_Wo1);
 
-    /* t31 = t20 + t30 */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? t30 + 64*m : t28; /* m x 64 */
-    transformer_lm_loop0(m, t31, t20, t30);
+    /* add_Wo1 = add_W0down + mm_Wo1 */
+    transformer_lm_add_loop(m, add_Wo1, add_W0down, mm_Wo1);
 
-    /* t32[i, :] = (t31[i, :] - mu_i) r_i, mu_i = mean_j t31[i, j], r_i = 1/sqrt(mean_j
-     * (t31[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? t30 : t29; /* m x 64, in t30's memory */
+    /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
+     * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t32 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_Wo1 + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t31[64*i + k + l];
+                    sum_lane[l] += add_Wo1[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1041,13 +1141,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t31[64*i + k];
+                sum += add_Wo1[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t31[64*i + j] - mean;
+            row[j] = add_Wo1[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -1071,16 +1171,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         }
     }
 
-    /* t33 = b1m + g1m*t32 */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? t31 + 64*m : t20; /* m x 64 */
-    transformer_lm_loop1(m, t33, g1m, t32, b1m);
+    /* add_b1m = b1m + g1m*norm_Wo1 */
+    transformer_lm_add_loop_2(m, add_b1m, g1m, norm_Wo1, b1m);
 }
 #endif
 
 /* transformer_lm_run, part 3 of 8 (kernels 33 to 45): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1092,10 +1191,23 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *bf,
     const TRANSFORMER_LM_REAL *Wout,
     TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mm_W1up,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *mm_W1down,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *rowlse_Wout,
+    TRANSFORMER_LM_REAL *add_Wout,
+    TRANSFORMER_LM_REAL *colsum_Wout
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1107,50 +1219,49 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *bf,
     const TRANSFORMER_LM_REAL *Wout,
     TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mm_W1up,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *mm_W1down,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *rowlse_Wout,
+    TRANSFORMER_LM_REAL *add_Wout,
+    TRANSFORMER_LM_REAL *colsum_Wout
 )
 {
-    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 320*m + 4096 : work + 256*m + 4096; /* m x 256, in t16's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2368*m + 9216 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    /* t34 = t33 @ W1up */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? t26 : t17; /* m x 256, in t26's memory */
-    transformer_lm_product1(m, t33, W1up, t34);
+    /* mm_W1up = add_b1m @ W1up */
+    transformer_lm_product1(m, add_b1m, W1up, mm_W1up);
 
-    /* t35 = (c1up + t34)*(erf(sqrt(2)*(c1up + t34)/2) + 1)/2 */
-    /* t36 = sqrt(2)*(c1up + t34)*exp(-(c1up + t34)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
-     * t34)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? t33 + 64*m : t26; /* m x 256 */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 256*m : t27; /* m x 256 */
-    transformer_lm_loop2(m, t35, t36, t34, c1up);
+    /* mul_W1up = (c1up + mm_W1up)*(erf(sqrt(2)*(c1up + mm_W1up)/2) + 1)/2 */
+    /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
+     * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
+    transformer_lm_mul_loop(m, mul_W1up, add_W1up, mm_W1up, c1up);
 
-    /* t37 = t35 @ W1down */
-    TRANSFORMER_LM_REAL *t37 = with_grads ? t36 + 256*m : t30; /* m x 64 */
-    transformer_lm_product2(m, t35, W1down, t37);
+    /* mm_W1down = mul_W1up @ W1down */
+    transformer_lm_product2(m, mul_W1up, W1down, mm_W1down);
 
-    /* t38 = c1down + t31 + t37 */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? t37 + 64*m : t32; /* m x 64 */
-    transformer_lm_loop3(m, t38, t31, t37, c1down);
+    /* add_W1down = add_Wo1 + c1down + mm_W1down */
+    transformer_lm_add_loop_3(m, add_W1down, add_Wo1, mm_W1down, c1down);
 
-    /* t39[i, :] = (t38[i, :] - mu_i) r_i, mu_i = mean_j t38[i, j], r_i = 1/sqrt(mean_j
-     * (t38[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? t37 : t33; /* m x 64, in t37's memory */
+    /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
+     * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t39 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_W1down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t38[64*i + k + l];
+                    sum_lane[l] += add_W1down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1158,13 +1269,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t38[64*i + k];
+                sum += add_W1down[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t38[64*i + j] - mean;
+            row[j] = add_W1down[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -1188,46 +1299,43 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
         }
     }
 
-    /* t40 = bf + gf*t39 */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? t38 + 64*m : t31; /* m x 64 */
-    transformer_lm_loop1(m, t40, gf, t39, bf);
+    /* add_bf = bf + gf*norm_W1down */
+    transformer_lm_add_loop_2(m, add_bf, gf, norm_W1down, bf);
 
-    /* t41 = t40 @ Wout */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t18 + 256*m; /* m x 62 */
-    transformer_lm_product3(m, t40, Wout, t41);
+    /* mm_Wout = add_bf @ Wout */
+    transformer_lm_product3(m, add_bf, Wout, mm_Wout);
 
-    /* t42[i] = t41[i, targets[i]] */
-    TRANSFORMER_LM_REAL *t42 = t41 + 62*m; /* m x 1 */
+    /* pick_targets[i] = mm_Wout[i, targets[i]] */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
-        t42[i] = t41[62*i + column];
+        pick_targets[i] = mm_Wout[62*i + column];
     }
 
-    /* t43 = softmax of t41 along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 62 */
+    /* softmax_axis_Wout = softmax of mm_Wout along each row, its max subtracted first */
     for (int64_t i = 0; i < m; ++i) {
-        symbackprop_f64_softmax_axis(t41 + 62*i, 62, 1, t43 + 62*i, 1);
+        symbackprop_f64_softmax_axis(mm_Wout + 62*i, 62, 1, softmax_axis_Wout + 62*i, 1);
     }
 
-    /* t44 = log(sum(exp(t41))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t44 = t43 + 62*m; /* m x 1 */
+    /* rowlse_Wout = log(sum(exp(mm_Wout))) along each row, its max subtracted first */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t44[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1, t43 + 62*i, 1);
+        rowlse_Wout[i] = symbackprop_f64_logsumexp(mm_Wout + 62*i, 62, 1, softmax_axis_Wout + 62*i,
+                1);
     }
 
-    /* t45 = -t42 + t44 */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* m x 1 */
-    transformer_lm_loop4(m, t45, t42, t44);
+    /* add_Wout = -pick_targets + rowlse_Wout */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        add_Wout[i] = -pick_targets[i] + rowlse_Wout[i];
+    }
 
-    /* t46 = sum of t45 down each column */
-    TRANSFORMER_LM_REAL *t46 = t45 + m; /* 1 x 1 */
-    t46[0] = symbackprop_f64_sum(t45, m, 1);
+    /* colsum_Wout = sum of add_Wout down each column */
+    colsum_Wout[0] = symbackprop_f64_sum(add_Wout, m, 1);
 
-    /* loss = t46/m */
+    /* loss = colsum_Wout/m */
     {
-        loss[0] = t46[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = colsum_Wout[0]/((TRANSFORMER_LM_REAL)m);
     }
 }
 #endif
@@ -1235,7 +1343,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 /* transformer_lm_run, part 4 of 8 (kernels 46 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const int64_t *targets,
@@ -1247,10 +1355,34 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_norm_W1down,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo1,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_mix_Wv1,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const int64_t *targets,
@@ -1262,66 +1394,73 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_norm_W1down,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo1,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_mix_Wv1,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1
 )
 {
-    TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26_block = with_grads ? work + 576*m + 4096 : work + 512*m + 4096; /* 64 x 16, in t8_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 2240*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 320*m + 4096 : work + 512*m + 5120; /* m x 256, in t26's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2816*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 3136*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 3264*m + 9216 : work + 1024*m + 5120; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t43 = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t46 = with_grads ? work + 3391*m + 9216 : work + 1151*m + 5120; /* 1 x 1; placed in an earlier part */
-    /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_t41_part = t41; /* m x 62, in t41's memory */
+    /* grad_mm_Wout_part[i, j] = (-1/m) if j == targets[i], else 0 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
         for (int64_t j = 0; j < 62; ++j) {
-            grad_t41_part[62*i + j] = 0;
+            grad_mm_Wout_part[62*i + j] = 0;
         }
-        grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
+        grad_mm_Wout_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
     }
 
-    /* grad_t41_part = grad_t41_part + t43/m */
+    /* grad_mm_Wout_part = grad_mm_Wout_part + softmax_axis_Wout/m */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
-            grad_t41_part[62*i + j] = t43[62*i + j]/((TRANSFORMER_LM_REAL)m) + grad_t41_part[62*i + j];
+            grad_mm_Wout_part[62*i + j] = softmax_axis_Wout[62*i + j]/((TRANSFORMER_LM_REAL)m) +
+                    grad_mm_Wout_part[62*i + j];
         }
     }
 
-    /* grad_t40 = grad_t41_part @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t40 = t46 + 1; /* m x 64 */
-    transformer_lm_product4(m, grad_t41_part, Wout, grad_t40);
+    /* grad_add_bf = grad_mm_Wout_part @ Wout^T */
+    transformer_lm_product4(m, grad_mm_Wout_part, Wout, grad_add_bf);
 
-    /* grad_t39 = gf*grad_t40 */
-    /* t39 = grad_t40*t39 */
-    TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
-    transformer_lm_loop5(m, grad_t39, grad_t40, gf, t39);
+    /* grad_norm_W1down = gf*grad_add_bf */
+    /* norm_W1down = grad_add_bf*norm_W1down */
+    transformer_lm_grad_norm_loop(m, grad_norm_W1down, grad_add_bf, gf, norm_W1down);
 
-    /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
-     * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t38's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t38 = grad_t39 + 64*m; /* m x 64 */
+    /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
+     * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
+     * in normalize_rows (mu_i, r_i of add_W1down's row i, recomputed) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t38 + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_W1down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t38[64*i + k + l];
+                    sum_lane[l] += add_W1down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1329,7 +1468,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t38[64*i + k];
+                sum += add_W1down[64*i + k];
             }
             mean = sum / 64;
         }
@@ -1342,9 +1481,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t38[64*i + k + l] - mean)*(t38[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t39[64*i + k + l];
-                    grads_c_lane[l] += grad_t39[64*i + k + l]*(t38[64*i + k + l] - mean);
+                    squares_lane[l] += (add_W1down[64*i + k + l] - mean)*(add_W1down[64*i + k + l] -
+                            mean);
+                    grads_lane[l] += grad_norm_W1down[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_W1down[64*i + k + l]*(add_W1down[64*i + k + l] -
+                            mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1356,49 +1497,46 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t38[64*i + k] - mean)*(t38[64*i + k] - mean);
-                grads += grad_t39[64*i + k];
-                grads_c += grad_t39[64*i + k]*(t38[64*i + k] - mean);
+                squares += (add_W1down[64*i + k] - mean)*(add_W1down[64*i + k] - mean);
+                grads += grad_norm_W1down[64*i + k];
+                grads_c += grad_norm_W1down[64*i + k]*(add_W1down[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t39[64*i + j] - grads_mean - (t38[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_W1down[64*i + j] - grads_mean - (add_W1down[64*i + j] -
+                        mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t35 = grad_t38 @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
-    transformer_lm_product5(m, grad_t38, W1down, grad_t35);
+    /* grad_mul_W1up = grad_add_W1down @ W1down^T */
+    transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
 
-    /* grad_t35 = grad_t35*t36 */
-    transformer_lm_loop6(m, grad_t35, t36);
+    /* grad_mul_W1up = add_W1up*grad_mul_W1up */
+    transformer_lm_grad_mul_loop(m, grad_mul_W1up, add_W1up);
 
-    /* grad_t33 = grad_t35 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
-    transformer_lm_product6(m, grad_t35, W1up, grad_t33);
+    /* grad_add_b1m = grad_mul_W1up @ W1up^T */
+    transformer_lm_product6(m, grad_mul_W1up, W1up, grad_add_b1m);
 
-    /* grad_t32 = g1m*grad_t33 */
-    /* t32 = grad_t33*t32 */
-    TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
-    transformer_lm_loop5(m, grad_t32, grad_t33, g1m, t32);
+    /* grad_norm_Wo1 = g1m*grad_add_b1m */
+    /* norm_Wo1 = grad_add_b1m*norm_Wo1 */
+    transformer_lm_grad_norm_loop(m, grad_norm_Wo1, grad_add_b1m, g1m, norm_Wo1);
 
-    /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
-     * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t31's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t31_part = grad_t38 + 64*m; /* m x 64 */
+    /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
+     * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
+     * normalize_rows (mu_i, r_i of add_Wo1's row i, recomputed) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_Wo1_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t31[64*i + k + l];
+                    sum_lane[l] += add_Wo1[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1406,7 +1544,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t31[64*i + k];
+                sum += add_Wo1[64*i + k];
             }
             mean = sum / 64;
         }
@@ -1419,9 +1557,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t31[64*i + k + l] - mean)*(t31[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t32[64*i + k + l];
-                    grads_c_lane[l] += grad_t32[64*i + k + l]*(t31[64*i + k + l] - mean);
+                    squares_lane[l] += (add_Wo1[64*i + k + l] - mean)*(add_Wo1[64*i + k + l] -
+                            mean);
+                    grads_lane[l] += grad_norm_Wo1[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_Wo1[64*i + k + l]*(add_Wo1[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1433,52 +1572,52 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t31[64*i + k] - mean)*(t31[64*i + k] - mean);
-                grads += grad_t32[64*i + k];
-                grads_c += grad_t32[64*i + k]*(t31[64*i + k] - mean);
+                squares += (add_Wo1[64*i + k] - mean)*(add_Wo1[64*i + k] - mean);
+                grads += grad_norm_Wo1[64*i + k];
+                grads_c += grad_norm_Wo1[64*i + k]*(add_Wo1[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t32[64*i + j] - grads_mean - (t31[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_Wo1[64*i + j] - grads_mean - (add_Wo1[64*i + j] - mean) * r
+                        * grads_y_mean);
             }
         }
     }
 
-    /* grad_t31_part = grad_t31_part + grad_t38 */
-    transformer_lm_loop7(m, grad_t31_part, grad_t38);
+    /* grad_add_Wo1_part = grad_add_W1down + grad_add_Wo1_part */
+    transformer_lm_grad_add_Wo1_loop(m, grad_add_Wo1_part, grad_add_W1down);
 
-    /* grad_t29 = grad_t31_part @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t29 = t31; /* m x 64, in t31's memory */
-    transformer_lm_product7(m, grad_t31_part, Wo1, grad_t29);
+    /* grad_mix_Wv1 = grad_add_Wo1_part @ Wo1^T */
+    transformer_lm_product7(m, grad_add_Wo1_part, Wo1, grad_mix_Wv1);
 
-    /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t28 = grad_t32; /* m x 64, in grad_t32's memory */
+    /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
+     * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t27)^T grad_t29 */
-            symbackprop_f64_causal_mix(1, len, 16, t27 + row0 * 256 + hd * 64, 256,
-                                       grad_t29 + row0 * 64 + hd * 16, 64, grad_t28 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk1)^T grad_mix_Wv1 */
+            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
+                                       grad_mix_Wv1 + row0 * 64 + hd * 16, 64, grad_mm_Wv1 + row0 *
+                                               64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t27[(e,qt),(hd,ks)] *
-                 * grad_t29[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t28 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of softmax_Wk1[(e,qt),(hd,ks)] *
+                 * grad_mix_Wv1[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wv1 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1486,15 +1625,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t22 = grad_t31_part + 64*m; /* m x 64 */
-    transformer_lm_product7(m, grad_t28, Wv1, grad_t22);
+    /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
+    transformer_lm_product7(m, grad_mm_Wv1, Wv1, grad_add_b1a);
 
-    /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
-     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
-    TRANSFORMER_LM_REAL *grad_t27_block = t26_block; /* 64 x 16, in t26_block's memory */
-    (void)grad_t27_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
+    /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
+     * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
+     * columns) */
+    (void)grad_softmax_Wk1_block; /* the loops' workspace: unused where BLAS computes the scores
+            (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1503,30 +1641,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t29 t28^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t29 + row0 * 64 + hd * 16, 64, t28 + row0 * 64 + hd * 16, 64,
-                                          grad_t27 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_mix_Wv1 mm_Wv1^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv1 + row0 * 64 + hd * 16, 64, mm_Wv1 +
+                    row0 * 64 + hd * 16, 64,
+                                          grad_softmax_Wk1 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t27_block[dk][ks] = t28[(e,ks), hd*16+dk]: the head's keys transposed, so
-             * that a row of scores is a sum of contiguous rows */
+            /* grad_softmax_Wk1_block[dk][ks] = mm_Wv1[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t27_block[dk * 64 + ks] = t28[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_softmax_Wk1_block[dk * 64 + ks] = mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t27 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk1 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t29[(e,qt), hd*16+dk] * grad_t27_block[dk][ks] for keys
-                 * ks <= qt */
+                /* srow[ks] += grad_mix_Wv1[(e,qt), hd*16+dk] *
+                 * grad_softmax_Wk1_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t27_block[dk * 64 + ks];
+                        srow[ks] += aw * grad_softmax_Wk1_block[dk * 64 + ks];
                     }
                 }
             }
@@ -1534,10 +1673,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t26[(e,t),(h,s)] = t27[(e,t),(h,s)] * (grad_t27[(e,t),(h,s)] - sum_{s'<=t}
-     * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
-     * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t26 = grad_t22 + 64*m; /* m x 256 */
+    /* grad_scores_Wk1[(e,t),(h,s)] = softmax_Wk1[(e,t),(h,s)] *
+     * (grad_softmax_Wk1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk1[(e,t),(h,s')] *
+     * grad_softmax_Wk1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1547,44 +1685,46 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t27[qbase + ks] * grad_t27[qbase + ks];
+                    dot += softmax_Wk1[qbase + ks] * grad_softmax_Wk1[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t26[qbase + ks] = t27[qbase + ks] * (grad_t27[qbase + ks] - dot);
+                    grad_scores_Wk1[qbase + ks] = softmax_Wk1[qbase + ks] *
+                            (grad_softmax_Wk1[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t26[qbase + ks] = 0;
+                    grad_scores_Wk1[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
+    /* grad_mm_Wk1[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk1[(e,t),(h,s)] *
+     * mm_Wq1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t26)^T t24 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
-                                       t24 + row0 * 64 + hd * 16, 64, grad_t25 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk1)^T mm_Wq1 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wq1 + row0 * 64 + hd * 16, 64, grad_mm_Wk1 + row0 * 64 +
+                                               hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t26[(e,qt),(hd,ks)] *
-                 * t24[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t25 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wq1[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wk1 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw =
+                            grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t24[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1592,35 +1732,36 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t22 += grad_t25 @ Wk1^T */
-    transformer_lm_product8(m, grad_t25, Wk1, grad_t22);
+    /* grad_add_b1a += grad_mm_Wk1 @ Wk1^T */
+    transformer_lm_product8(m, grad_mm_Wk1, Wk1, grad_add_b1a);
 
-    /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t24 = grad_t29; /* m x 64, in grad_t29's memory */
+    /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
+     * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t26) t25 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
-                                       t25 + row0 * 64 + hd * 16, 64, grad_t24 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk1) mm_Wk1 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wk1 + row0 * 64 + hd * 16, 64, grad_mm_Wq1 + row0 * 64 +
+                                               hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t26[(e,qt),(hd,ks)] *
-                 * t25[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t24 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wk1[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wq1 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw =
+                            grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t25[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1633,7 +1774,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 /* transformer_lm_run, part 5 of 8 (kernels 65 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -1644,54 +1785,105 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_norm_W0down,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo0,
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
+    TRANSFORMER_LM_REAL *grad_mix_Wv0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_norm_E,
+    TRANSFORMER_LM_REAL *grad_add_E_part
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
+    int64_t m,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_norm_W0down,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo0,
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
+    TRANSFORMER_LM_REAL *grad_mix_Wv0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_norm_E,
+    TRANSFORMER_LM_REAL *grad_add_E_part
 )
 {
-    TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t6 = with_grads ? work + 192*m + 4096 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t7 = with_grads ? work + 256*m + 4096 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = with_grads ? work + 576*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 832*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 1024*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 960*m + 5120 : work + 192*m + 4096; /* m x 64, in t12's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31_part = work + 3583*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3647*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27_block = work + 576*m + 4096; /* 64 x 16, in t26_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t26 = work + 3711*m + 9217; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 2432*m + 9216; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    /* grad_t22 += grad_t24 @ t23^T */
-    transformer_lm_product8(m, grad_t24, t23, grad_t22);
+    /* grad_add_b1a += grad_mm_Wq1 @ mul_Wq1^T */
+    transformer_lm_product8(m, grad_mm_Wq1, mul_Wq1, grad_add_b1a);
 
-    /* grad_t21 = g1a*grad_t22 */
-    /* t21 = grad_t22*t21 */
-    TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
-    transformer_lm_loop5(m, grad_t21, grad_t22, g1a, t21);
+    /* grad_norm_W0down = g1a*grad_add_b1a */
+    /* norm_W0down = grad_add_b1a*norm_W0down */
+    transformer_lm_grad_norm_loop(m, grad_norm_W0down, grad_add_b1a, g1a, norm_W0down);
 
-    /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
-     * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t20's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t20_part = t25; /* m x 64, in t25's memory */
+    /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
+     * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
+     * (add_W0down - mu) r normalized as in normalize_rows (mu_i, r_i of add_W0down's row i,
+     * recomputed) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t20_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_W0down_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t20[64*i + k + l];
+                    sum_lane[l] += add_W0down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1699,7 +1891,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t20[64*i + k];
+                sum += add_W0down[64*i + k];
             }
             mean = sum / 64;
         }
@@ -1712,9 +1904,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t20[64*i + k + l] - mean)*(t20[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t21[64*i + k + l];
-                    grads_c_lane[l] += grad_t21[64*i + k + l]*(t20[64*i + k + l] - mean);
+                    squares_lane[l] += (add_W0down[64*i + k + l] - mean)*(add_W0down[64*i + k + l] -
+                            mean);
+                    grads_lane[l] += grad_norm_W0down[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_W0down[64*i + k + l]*(add_W0down[64*i + k + l] -
+                            mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1726,52 +1920,49 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t20[64*i + k] - mean)*(t20[64*i + k] - mean);
-                grads += grad_t21[64*i + k];
-                grads_c += grad_t21[64*i + k]*(t20[64*i + k] - mean);
+                squares += (add_W0down[64*i + k] - mean)*(add_W0down[64*i + k] - mean);
+                grads += grad_norm_W0down[64*i + k];
+                grads_c += grad_norm_W0down[64*i + k]*(add_W0down[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t21[64*i + j] - grads_mean - (t20[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_W0down[64*i + j] - grads_mean - (add_W0down[64*i + j] -
+                        mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t20_part = grad_t20_part + grad_t31_part */
-    transformer_lm_loop7(m, grad_t20_part, grad_t31_part);
+    /* grad_add_W0down_part = grad_add_W0down_part + grad_add_Wo1_part */
+    transformer_lm_grad_add_Wo1_loop(m, grad_add_W0down_part, grad_add_Wo1_part);
 
-    /* grad_t17 = grad_t20_part @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
-    transformer_lm_product5(m, grad_t20_part, W0down, grad_t17);
+    /* grad_mul_W0up = grad_add_W0down_part @ W0down^T */
+    transformer_lm_product5(m, grad_add_W0down_part, W0down, grad_mul_W0up);
 
-    /* grad_t17 = grad_t17*t18 */
-    transformer_lm_loop6(m, grad_t17, t18);
+    /* grad_mul_W0up = add_W0up*grad_mul_W0up */
+    transformer_lm_grad_mul_loop(m, grad_mul_W0up, add_W0up);
 
-    /* grad_t15 = grad_t17 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t15 = t20; /* m x 64, in t20's memory */
-    transformer_lm_product6(m, grad_t17, W0up, grad_t15);
+    /* grad_add_b0m = grad_mul_W0up @ W0up^T */
+    transformer_lm_product6(m, grad_mul_W0up, W0up, grad_add_b0m);
 
-    /* grad_t14 = g0m*grad_t15 */
-    /* t14 = grad_t15*t14 */
-    TRANSFORMER_LM_REAL *grad_t14 = grad_t21; /* m x 64, in grad_t21's memory */
-    transformer_lm_loop5(m, grad_t14, grad_t15, g0m, t14);
+    /* grad_norm_Wo0 = g0m*grad_add_b0m */
+    /* norm_Wo0 = grad_add_b0m*norm_Wo0 */
+    transformer_lm_grad_norm_loop(m, grad_norm_Wo0, grad_add_b0m, g0m, norm_Wo0);
 
-    /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
-     * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = grad_t26 + 256*m; /* m x 64 */
+    /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
+     * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
+     * normalize_rows (mu_i, r_i of add_Wo0's row i, recomputed) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_Wo0_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t13[64*i + k + l];
+                    sum_lane[l] += add_Wo0[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1779,7 +1970,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t13[64*i + k];
+                sum += add_Wo0[64*i + k];
             }
             mean = sum / 64;
         }
@@ -1792,9 +1983,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t13[64*i + k + l] - mean)*(t13[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t14[64*i + k + l];
-                    grads_c_lane[l] += grad_t14[64*i + k + l]*(t13[64*i + k + l] - mean);
+                    squares_lane[l] += (add_Wo0[64*i + k + l] - mean)*(add_Wo0[64*i + k + l] -
+                            mean);
+                    grads_lane[l] += grad_norm_Wo0[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_Wo0[64*i + k + l]*(add_Wo0[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1806,52 +1998,52 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t13[64*i + k] - mean)*(t13[64*i + k] - mean);
-                grads += grad_t14[64*i + k];
-                grads_c += grad_t14[64*i + k]*(t13[64*i + k] - mean);
+                squares += (add_Wo0[64*i + k] - mean)*(add_Wo0[64*i + k] - mean);
+                grads += grad_norm_Wo0[64*i + k];
+                grads_c += grad_norm_Wo0[64*i + k]*(add_Wo0[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t14[64*i + j] - grads_mean - (t13[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_Wo0[64*i + j] - grads_mean - (add_Wo0[64*i + j] - mean) * r
+                        * grads_y_mean);
             }
         }
     }
 
-    /* grad_t13_part = grad_t13_part + grad_t20_part */
-    transformer_lm_loop7(m, grad_t13_part, grad_t20_part);
+    /* grad_add_Wo0_part = grad_add_W0down_part + grad_add_Wo0_part */
+    transformer_lm_grad_add_Wo1_loop(m, grad_add_Wo0_part, grad_add_W0down_part);
 
-    /* grad_t11 = grad_t13_part @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = t13; /* m x 64, in t13's memory */
-    transformer_lm_product7(m, grad_t13_part, Wo0, grad_t11);
+    /* grad_mix_Wv0 = grad_add_Wo0_part @ Wo0^T */
+    transformer_lm_product7(m, grad_add_Wo0_part, Wo0, grad_mix_Wv0);
 
-    /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = grad_t14; /* m x 64, in grad_t14's memory */
+    /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
+     * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t9)^T grad_t11 */
-            symbackprop_f64_causal_mix(1, len, 16, t9 + row0 * 256 + hd * 64, 256,
-                                       grad_t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk0)^T grad_mix_Wv0 */
+            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
+                                       grad_mix_Wv0 + row0 * 64 + hd * 16, 64, grad_mm_Wv0 + row0 *
+                                               64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t9[(e,qt),(hd,ks)] *
-                 * grad_t11[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of softmax_Wk0[(e,qt),(hd,ks)] *
+                 * grad_mix_Wv0[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wv0 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1859,15 +2051,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t4 = grad_t13_part + 64*m; /* m x 64 */
-    transformer_lm_product7(m, grad_t10, Wv0, grad_t4);
+    /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
+    transformer_lm_product7(m, grad_mm_Wv0, Wv0, grad_add_b0a);
 
-    /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
-     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = grad_t27; /* m x 256, in grad_t27's memory */
-    TRANSFORMER_LM_REAL *grad_t9_block = grad_t27_block; /* 64 x 16, in grad_t27_block's memory */
-    (void)grad_t9_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
+    /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
+     * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
+     * columns) */
+    (void)grad_softmax_Wk0_block; /* the loops' workspace: unused where BLAS computes the scores
+            (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1876,30 +2067,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t11 t10^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t11 + row0 * 64 + hd * 16, 64, t10 + row0 * 64 + hd * 16, 64,
-                                          grad_t9 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_mix_Wv0 mm_Wv0^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv0 + row0 * 64 + hd * 16, 64, mm_Wv0 +
+                    row0 * 64 + hd * 16, 64,
+                                          grad_softmax_Wk0 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t9_block[dk][ks] = t10[(e,ks), hd*16+dk]: the head's keys transposed, so
-             * that a row of scores is a sum of contiguous rows */
+            /* grad_softmax_Wk0_block[dk][ks] = mm_Wv0[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t9_block[dk * 64 + ks] = t10[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_softmax_Wk0_block[dk * 64 + ks] = mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t9 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk0 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t11[(e,qt), hd*16+dk] * grad_t9_block[dk][ks] for keys ks
-                 * <= qt */
+                /* srow[ks] += grad_mix_Wv0[(e,qt), hd*16+dk] *
+                 * grad_softmax_Wk0_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t9_block[dk * 64 + ks];
+                        srow[ks] += aw * grad_softmax_Wk0_block[dk * 64 + ks];
                     }
                 }
             }
@@ -1907,10 +2099,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t8[(e,t),(h,s)] = t9[(e,t),(h,s)] * (grad_t9[(e,t),(h,s)] - sum_{s'<=t}
-     * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
-     * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t8 = grad_t26; /* m x 256, in grad_t26's memory */
+    /* grad_scores_Wk0[(e,t),(h,s)] = softmax_Wk0[(e,t),(h,s)] *
+     * (grad_softmax_Wk0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk0[(e,t),(h,s')] *
+     * grad_softmax_Wk0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1920,44 +2111,46 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t9[qbase + ks] * grad_t9[qbase + ks];
+                    dot += softmax_Wk0[qbase + ks] * grad_softmax_Wk0[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t8[qbase + ks] = t9[qbase + ks] * (grad_t9[qbase + ks] - dot);
+                    grad_scores_Wk0[qbase + ks] = softmax_Wk0[qbase + ks] *
+                            (grad_softmax_Wk0[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t8[qbase + ks] = 0;
+                    grad_scores_Wk0[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
-     * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t7 = t10; /* m x 64, in t10's memory */
+    /* grad_mm_Wk0[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk0[(e,t),(h,s)] *
+     * mm_Wq0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t8)^T t6 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
-                                       t6 + row0 * 64 + hd * 16, 64, grad_t7 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk0)^T mm_Wq0 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wq0 + row0 * 64 + hd * 16, 64, grad_mm_Wk0 + row0 * 64 +
+                                               hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t8[(e,qt),(hd,ks)] *
-                 * t6[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t7 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wq0[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wk0 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw =
+                            grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t6[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1965,35 +2158,36 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4 += grad_t7 @ Wk0^T */
-    transformer_lm_product8(m, grad_t7, Wk0, grad_t4);
+    /* grad_add_b0a += grad_mm_Wk0 @ Wk0^T */
+    transformer_lm_product8(m, grad_mm_Wk0, Wk0, grad_add_b0a);
 
-    /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
-     * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
+    /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
+     * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t8) t7 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
-                                       t7 + row0 * 64 + hd * 16, 64, grad_t6 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk0) mm_Wk0 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wk0 + row0 * 64 + hd * 16, 64, grad_mm_Wq0 + row0 * 64 +
+                                               hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t8[(e,qt),(hd,ks)] *
-                 * t7[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t6 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wk0[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wq0 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw =
+                            grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t7[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -2001,28 +2195,26 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4 += grad_t6 @ t5^T */
-    transformer_lm_product8(m, grad_t6, t5, grad_t4);
+    /* grad_add_b0a += grad_mm_Wq0 @ mul_Wq0^T */
+    transformer_lm_product8(m, grad_mm_Wq0, mul_Wq0, grad_add_b0a);
 
-    /* grad_t3 = g0a*grad_t4 */
-    /* t3 = grad_t4*t3 */
-    TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
-    transformer_lm_loop5(m, grad_t3, grad_t4, g0a, t3);
+    /* grad_norm_E = g0a*grad_add_b0a */
+    /* norm_E = grad_add_b0a*norm_E */
+    transformer_lm_grad_norm_loop(m, grad_norm_E, grad_add_b0a, g0a, norm_E);
 
-    /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
-     * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
-     * t2's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t2_part = t7; /* m x 64, in t7's memory */
+    /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
+     * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
+     * (mu_i, r_i of add_E's row i, recomputed) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_E_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t2[64*i + k + l];
+                    sum_lane[l] += add_E[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -2030,7 +2222,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t2[64*i + k];
+                sum += add_E[64*i + k];
             }
             mean = sum / 64;
         }
@@ -2043,9 +2235,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t2[64*i + k + l] - mean)*(t2[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t3[64*i + k + l];
-                    grads_c_lane[l] += grad_t3[64*i + k + l]*(t2[64*i + k + l] - mean);
+                    squares_lane[l] += (add_E[64*i + k + l] - mean)*(add_E[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_E[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_E[64*i + k + l]*(add_E[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -2057,59 +2249,59 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t2[64*i + k] - mean)*(t2[64*i + k] - mean);
-                grads += grad_t3[64*i + k];
-                grads_c += grad_t3[64*i + k]*(t2[64*i + k] - mean);
+                squares += (add_E[64*i + k] - mean)*(add_E[64*i + k] - mean);
+                grads += grad_norm_E[64*i + k];
+                grads_c += grad_norm_E[64*i + k]*(add_E[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t3[64*i + j] - grads_mean - (t2[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_E[64*i + j] - grads_mean - (add_E[64*i + j] - mean) * r *
+                        grads_y_mean);
             }
         }
     }
 
-    /* grad_t2_part = grad_t13_part + grad_t2_part */
-    transformer_lm_loop7(m, grad_t2_part, grad_t13_part);
+    /* grad_add_E_part = grad_add_E_part + grad_add_Wo0_part */
+    transformer_lm_grad_add_Wo1_loop(m, grad_add_E_part, grad_add_Wo0_part);
 }
 #endif
 
 /* transformer_lm_run, part 6 of 8 (kernels 87 to 87): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 0; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *grad_add_E_part
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *grad_add_E_part
 )
 {
-    TRANSFORMER_LM_REAL *grad_t2_part = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
-    /* grad_E[ids[i], :] += [grad_t2_part[i, 0], grad_t2_part[i, 1], grad_t2_part[i, 2],
-     * grad_t2_part[i, 3], grad_t2_part[i, 4], grad_t2_part[i, 5], grad_t2_part[i, 6],
-     * grad_t2_part[i, 7], grad_t2_part[i, 8], grad_t2_part[i, 9], grad_t2_part[i, 10],
-     * grad_t2_part[i, 11], grad_t2_part[i, 12], grad_t2_part[i, 13], grad_t2_part[i, 14],
-     * grad_t2_part[i, 15], grad_t2_part[i, 16], grad_t2_part[i, 17], grad_t2_part[i, 18],
-     * grad_t2_part[i, 19], grad_t2_part[i, 20], grad_t2_part[i, 21], grad_t2_part[i, 22], ... */
-    /* grad_P[positions[i], :] += [grad_t2_part[i, 0], grad_t2_part[i, 1],
-     * grad_t2_part[i, 2], grad_t2_part[i, 3], grad_t2_part[i, 4], grad_t2_part[i, 5],
-     * grad_t2_part[i, 6], grad_t2_part[i, 7], grad_t2_part[i, 8], grad_t2_part[i, 9],
-     * grad_t2_part[i, 10], grad_t2_part[i, 11], grad_t2_part[i, 12], grad_t2_part[i, 13],
-     * grad_t2_part[i, 14], grad_t2_part[i, 15], grad_t2_part[i, 16], grad_t2_part[i, 17],
-     * grad_t2_part[i, 18], grad_t2_part[i, 19], grad_t2_part[i, 20], grad_t2_part[i, 21], ... */
+    /* grad_E[ids[i], :] += [grad_add_E_part[i, 0], grad_add_E_part[i, 1],
+     * grad_add_E_part[i, 2], grad_add_E_part[i, 3], grad_add_E_part[i, 4],
+     * grad_add_E_part[i, 5], grad_add_E_part[i, 6], grad_add_E_part[i, 7],
+     * grad_add_E_part[i, 8], grad_add_E_part[i, 9], grad_add_E_part[i, 10],
+     * grad_add_E_part[i, 11], grad_add_E_part[i, 12], grad_add_E_part[i, 13],
+     * grad_add_E_part[i, 14], grad_add_E_part[i, 15], grad_add_E_part[i, 16], ... */
+    /* grad_P[positions[i], :] += [grad_add_E_part[i, 0], grad_add_E_part[i, 1],
+     * grad_add_E_part[i, 2], grad_add_E_part[i, 3], grad_add_E_part[i, 4],
+     * grad_add_E_part[i, 5], grad_add_E_part[i, 6], grad_add_E_part[i, 7],
+     * grad_add_E_part[i, 8], grad_add_E_part[i, 9], grad_add_E_part[i, 10],
+     * grad_add_E_part[i, 11], grad_add_E_part[i, 12], grad_add_E_part[i, 13],
+     * grad_add_E_part[i, 14], grad_add_E_part[i, 15], grad_add_E_part[i, 16], ... */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E[i] = 0;
     }
@@ -2117,134 +2309,134 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
         grad_P[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        grad_E[64*ids[i]] += grad_t2_part[64*i];
-        grad_E[64*ids[i] + 1] += grad_t2_part[64*i + 1];
-        grad_E[64*ids[i] + 2] += grad_t2_part[64*i + 2];
-        grad_E[64*ids[i] + 3] += grad_t2_part[64*i + 3];
-        grad_E[64*ids[i] + 4] += grad_t2_part[64*i + 4];
-        grad_E[64*ids[i] + 5] += grad_t2_part[64*i + 5];
-        grad_E[64*ids[i] + 6] += grad_t2_part[64*i + 6];
-        grad_E[64*ids[i] + 7] += grad_t2_part[64*i + 7];
-        grad_E[64*ids[i] + 8] += grad_t2_part[64*i + 8];
-        grad_E[64*ids[i] + 9] += grad_t2_part[64*i + 9];
-        grad_E[64*ids[i] + 10] += grad_t2_part[64*i + 10];
-        grad_E[64*ids[i] + 11] += grad_t2_part[64*i + 11];
-        grad_E[64*ids[i] + 12] += grad_t2_part[64*i + 12];
-        grad_E[64*ids[i] + 13] += grad_t2_part[64*i + 13];
-        grad_E[64*ids[i] + 14] += grad_t2_part[64*i + 14];
-        grad_E[64*ids[i] + 15] += grad_t2_part[64*i + 15];
-        grad_E[64*ids[i] + 16] += grad_t2_part[64*i + 16];
-        grad_E[64*ids[i] + 17] += grad_t2_part[64*i + 17];
-        grad_E[64*ids[i] + 18] += grad_t2_part[64*i + 18];
-        grad_E[64*ids[i] + 19] += grad_t2_part[64*i + 19];
-        grad_E[64*ids[i] + 20] += grad_t2_part[64*i + 20];
-        grad_E[64*ids[i] + 21] += grad_t2_part[64*i + 21];
-        grad_E[64*ids[i] + 22] += grad_t2_part[64*i + 22];
-        grad_E[64*ids[i] + 23] += grad_t2_part[64*i + 23];
-        grad_E[64*ids[i] + 24] += grad_t2_part[64*i + 24];
-        grad_E[64*ids[i] + 25] += grad_t2_part[64*i + 25];
-        grad_E[64*ids[i] + 26] += grad_t2_part[64*i + 26];
-        grad_E[64*ids[i] + 27] += grad_t2_part[64*i + 27];
-        grad_E[64*ids[i] + 28] += grad_t2_part[64*i + 28];
-        grad_E[64*ids[i] + 29] += grad_t2_part[64*i + 29];
-        grad_E[64*ids[i] + 30] += grad_t2_part[64*i + 30];
-        grad_E[64*ids[i] + 31] += grad_t2_part[64*i + 31];
-        grad_E[64*ids[i] + 32] += grad_t2_part[64*i + 32];
-        grad_E[64*ids[i] + 33] += grad_t2_part[64*i + 33];
-        grad_E[64*ids[i] + 34] += grad_t2_part[64*i + 34];
-        grad_E[64*ids[i] + 35] += grad_t2_part[64*i + 35];
-        grad_E[64*ids[i] + 36] += grad_t2_part[64*i + 36];
-        grad_E[64*ids[i] + 37] += grad_t2_part[64*i + 37];
-        grad_E[64*ids[i] + 38] += grad_t2_part[64*i + 38];
-        grad_E[64*ids[i] + 39] += grad_t2_part[64*i + 39];
-        grad_E[64*ids[i] + 40] += grad_t2_part[64*i + 40];
-        grad_E[64*ids[i] + 41] += grad_t2_part[64*i + 41];
-        grad_E[64*ids[i] + 42] += grad_t2_part[64*i + 42];
-        grad_E[64*ids[i] + 43] += grad_t2_part[64*i + 43];
-        grad_E[64*ids[i] + 44] += grad_t2_part[64*i + 44];
-        grad_E[64*ids[i] + 45] += grad_t2_part[64*i + 45];
-        grad_E[64*ids[i] + 46] += grad_t2_part[64*i + 46];
-        grad_E[64*ids[i] + 47] += grad_t2_part[64*i + 47];
-        grad_E[64*ids[i] + 48] += grad_t2_part[64*i + 48];
-        grad_E[64*ids[i] + 49] += grad_t2_part[64*i + 49];
-        grad_E[64*ids[i] + 50] += grad_t2_part[64*i + 50];
-        grad_E[64*ids[i] + 51] += grad_t2_part[64*i + 51];
-        grad_E[64*ids[i] + 52] += grad_t2_part[64*i + 52];
-        grad_E[64*ids[i] + 53] += grad_t2_part[64*i + 53];
-        grad_E[64*ids[i] + 54] += grad_t2_part[64*i + 54];
-        grad_E[64*ids[i] + 55] += grad_t2_part[64*i + 55];
-        grad_E[64*ids[i] + 56] += grad_t2_part[64*i + 56];
-        grad_E[64*ids[i] + 57] += grad_t2_part[64*i + 57];
-        grad_E[64*ids[i] + 58] += grad_t2_part[64*i + 58];
-        grad_E[64*ids[i] + 59] += grad_t2_part[64*i + 59];
-        grad_E[64*ids[i] + 60] += grad_t2_part[64*i + 60];
-        grad_E[64*ids[i] + 61] += grad_t2_part[64*i + 61];
-        grad_E[64*ids[i] + 62] += grad_t2_part[64*i + 62];
-        grad_E[64*ids[i] + 63] += grad_t2_part[64*i + 63];
-        grad_P[64*positions[i]] += grad_t2_part[64*i];
-        grad_P[64*positions[i] + 1] += grad_t2_part[64*i + 1];
-        grad_P[64*positions[i] + 2] += grad_t2_part[64*i + 2];
-        grad_P[64*positions[i] + 3] += grad_t2_part[64*i + 3];
-        grad_P[64*positions[i] + 4] += grad_t2_part[64*i + 4];
-        grad_P[64*positions[i] + 5] += grad_t2_part[64*i + 5];
-        grad_P[64*positions[i] + 6] += grad_t2_part[64*i + 6];
-        grad_P[64*positions[i] + 7] += grad_t2_part[64*i + 7];
-        grad_P[64*positions[i] + 8] += grad_t2_part[64*i + 8];
-        grad_P[64*positions[i] + 9] += grad_t2_part[64*i + 9];
-        grad_P[64*positions[i] + 10] += grad_t2_part[64*i + 10];
-        grad_P[64*positions[i] + 11] += grad_t2_part[64*i + 11];
-        grad_P[64*positions[i] + 12] += grad_t2_part[64*i + 12];
-        grad_P[64*positions[i] + 13] += grad_t2_part[64*i + 13];
-        grad_P[64*positions[i] + 14] += grad_t2_part[64*i + 14];
-        grad_P[64*positions[i] + 15] += grad_t2_part[64*i + 15];
-        grad_P[64*positions[i] + 16] += grad_t2_part[64*i + 16];
-        grad_P[64*positions[i] + 17] += grad_t2_part[64*i + 17];
-        grad_P[64*positions[i] + 18] += grad_t2_part[64*i + 18];
-        grad_P[64*positions[i] + 19] += grad_t2_part[64*i + 19];
-        grad_P[64*positions[i] + 20] += grad_t2_part[64*i + 20];
-        grad_P[64*positions[i] + 21] += grad_t2_part[64*i + 21];
-        grad_P[64*positions[i] + 22] += grad_t2_part[64*i + 22];
-        grad_P[64*positions[i] + 23] += grad_t2_part[64*i + 23];
-        grad_P[64*positions[i] + 24] += grad_t2_part[64*i + 24];
-        grad_P[64*positions[i] + 25] += grad_t2_part[64*i + 25];
-        grad_P[64*positions[i] + 26] += grad_t2_part[64*i + 26];
-        grad_P[64*positions[i] + 27] += grad_t2_part[64*i + 27];
-        grad_P[64*positions[i] + 28] += grad_t2_part[64*i + 28];
-        grad_P[64*positions[i] + 29] += grad_t2_part[64*i + 29];
-        grad_P[64*positions[i] + 30] += grad_t2_part[64*i + 30];
-        grad_P[64*positions[i] + 31] += grad_t2_part[64*i + 31];
-        grad_P[64*positions[i] + 32] += grad_t2_part[64*i + 32];
-        grad_P[64*positions[i] + 33] += grad_t2_part[64*i + 33];
-        grad_P[64*positions[i] + 34] += grad_t2_part[64*i + 34];
-        grad_P[64*positions[i] + 35] += grad_t2_part[64*i + 35];
-        grad_P[64*positions[i] + 36] += grad_t2_part[64*i + 36];
-        grad_P[64*positions[i] + 37] += grad_t2_part[64*i + 37];
-        grad_P[64*positions[i] + 38] += grad_t2_part[64*i + 38];
-        grad_P[64*positions[i] + 39] += grad_t2_part[64*i + 39];
-        grad_P[64*positions[i] + 40] += grad_t2_part[64*i + 40];
-        grad_P[64*positions[i] + 41] += grad_t2_part[64*i + 41];
-        grad_P[64*positions[i] + 42] += grad_t2_part[64*i + 42];
-        grad_P[64*positions[i] + 43] += grad_t2_part[64*i + 43];
-        grad_P[64*positions[i] + 44] += grad_t2_part[64*i + 44];
-        grad_P[64*positions[i] + 45] += grad_t2_part[64*i + 45];
-        grad_P[64*positions[i] + 46] += grad_t2_part[64*i + 46];
-        grad_P[64*positions[i] + 47] += grad_t2_part[64*i + 47];
-        grad_P[64*positions[i] + 48] += grad_t2_part[64*i + 48];
-        grad_P[64*positions[i] + 49] += grad_t2_part[64*i + 49];
-        grad_P[64*positions[i] + 50] += grad_t2_part[64*i + 50];
-        grad_P[64*positions[i] + 51] += grad_t2_part[64*i + 51];
-        grad_P[64*positions[i] + 52] += grad_t2_part[64*i + 52];
-        grad_P[64*positions[i] + 53] += grad_t2_part[64*i + 53];
-        grad_P[64*positions[i] + 54] += grad_t2_part[64*i + 54];
-        grad_P[64*positions[i] + 55] += grad_t2_part[64*i + 55];
-        grad_P[64*positions[i] + 56] += grad_t2_part[64*i + 56];
-        grad_P[64*positions[i] + 57] += grad_t2_part[64*i + 57];
-        grad_P[64*positions[i] + 58] += grad_t2_part[64*i + 58];
-        grad_P[64*positions[i] + 59] += grad_t2_part[64*i + 59];
-        grad_P[64*positions[i] + 60] += grad_t2_part[64*i + 60];
-        grad_P[64*positions[i] + 61] += grad_t2_part[64*i + 61];
-        grad_P[64*positions[i] + 62] += grad_t2_part[64*i + 62];
-        grad_P[64*positions[i] + 63] += grad_t2_part[64*i + 63];
+        grad_E[64*ids[i]] += grad_add_E_part[64*i];
+        grad_E[64*ids[i] + 1] += grad_add_E_part[64*i + 1];
+        grad_E[64*ids[i] + 2] += grad_add_E_part[64*i + 2];
+        grad_E[64*ids[i] + 3] += grad_add_E_part[64*i + 3];
+        grad_E[64*ids[i] + 4] += grad_add_E_part[64*i + 4];
+        grad_E[64*ids[i] + 5] += grad_add_E_part[64*i + 5];
+        grad_E[64*ids[i] + 6] += grad_add_E_part[64*i + 6];
+        grad_E[64*ids[i] + 7] += grad_add_E_part[64*i + 7];
+        grad_E[64*ids[i] + 8] += grad_add_E_part[64*i + 8];
+        grad_E[64*ids[i] + 9] += grad_add_E_part[64*i + 9];
+        grad_E[64*ids[i] + 10] += grad_add_E_part[64*i + 10];
+        grad_E[64*ids[i] + 11] += grad_add_E_part[64*i + 11];
+        grad_E[64*ids[i] + 12] += grad_add_E_part[64*i + 12];
+        grad_E[64*ids[i] + 13] += grad_add_E_part[64*i + 13];
+        grad_E[64*ids[i] + 14] += grad_add_E_part[64*i + 14];
+        grad_E[64*ids[i] + 15] += grad_add_E_part[64*i + 15];
+        grad_E[64*ids[i] + 16] += grad_add_E_part[64*i + 16];
+        grad_E[64*ids[i] + 17] += grad_add_E_part[64*i + 17];
+        grad_E[64*ids[i] + 18] += grad_add_E_part[64*i + 18];
+        grad_E[64*ids[i] + 19] += grad_add_E_part[64*i + 19];
+        grad_E[64*ids[i] + 20] += grad_add_E_part[64*i + 20];
+        grad_E[64*ids[i] + 21] += grad_add_E_part[64*i + 21];
+        grad_E[64*ids[i] + 22] += grad_add_E_part[64*i + 22];
+        grad_E[64*ids[i] + 23] += grad_add_E_part[64*i + 23];
+        grad_E[64*ids[i] + 24] += grad_add_E_part[64*i + 24];
+        grad_E[64*ids[i] + 25] += grad_add_E_part[64*i + 25];
+        grad_E[64*ids[i] + 26] += grad_add_E_part[64*i + 26];
+        grad_E[64*ids[i] + 27] += grad_add_E_part[64*i + 27];
+        grad_E[64*ids[i] + 28] += grad_add_E_part[64*i + 28];
+        grad_E[64*ids[i] + 29] += grad_add_E_part[64*i + 29];
+        grad_E[64*ids[i] + 30] += grad_add_E_part[64*i + 30];
+        grad_E[64*ids[i] + 31] += grad_add_E_part[64*i + 31];
+        grad_E[64*ids[i] + 32] += grad_add_E_part[64*i + 32];
+        grad_E[64*ids[i] + 33] += grad_add_E_part[64*i + 33];
+        grad_E[64*ids[i] + 34] += grad_add_E_part[64*i + 34];
+        grad_E[64*ids[i] + 35] += grad_add_E_part[64*i + 35];
+        grad_E[64*ids[i] + 36] += grad_add_E_part[64*i + 36];
+        grad_E[64*ids[i] + 37] += grad_add_E_part[64*i + 37];
+        grad_E[64*ids[i] + 38] += grad_add_E_part[64*i + 38];
+        grad_E[64*ids[i] + 39] += grad_add_E_part[64*i + 39];
+        grad_E[64*ids[i] + 40] += grad_add_E_part[64*i + 40];
+        grad_E[64*ids[i] + 41] += grad_add_E_part[64*i + 41];
+        grad_E[64*ids[i] + 42] += grad_add_E_part[64*i + 42];
+        grad_E[64*ids[i] + 43] += grad_add_E_part[64*i + 43];
+        grad_E[64*ids[i] + 44] += grad_add_E_part[64*i + 44];
+        grad_E[64*ids[i] + 45] += grad_add_E_part[64*i + 45];
+        grad_E[64*ids[i] + 46] += grad_add_E_part[64*i + 46];
+        grad_E[64*ids[i] + 47] += grad_add_E_part[64*i + 47];
+        grad_E[64*ids[i] + 48] += grad_add_E_part[64*i + 48];
+        grad_E[64*ids[i] + 49] += grad_add_E_part[64*i + 49];
+        grad_E[64*ids[i] + 50] += grad_add_E_part[64*i + 50];
+        grad_E[64*ids[i] + 51] += grad_add_E_part[64*i + 51];
+        grad_E[64*ids[i] + 52] += grad_add_E_part[64*i + 52];
+        grad_E[64*ids[i] + 53] += grad_add_E_part[64*i + 53];
+        grad_E[64*ids[i] + 54] += grad_add_E_part[64*i + 54];
+        grad_E[64*ids[i] + 55] += grad_add_E_part[64*i + 55];
+        grad_E[64*ids[i] + 56] += grad_add_E_part[64*i + 56];
+        grad_E[64*ids[i] + 57] += grad_add_E_part[64*i + 57];
+        grad_E[64*ids[i] + 58] += grad_add_E_part[64*i + 58];
+        grad_E[64*ids[i] + 59] += grad_add_E_part[64*i + 59];
+        grad_E[64*ids[i] + 60] += grad_add_E_part[64*i + 60];
+        grad_E[64*ids[i] + 61] += grad_add_E_part[64*i + 61];
+        grad_E[64*ids[i] + 62] += grad_add_E_part[64*i + 62];
+        grad_E[64*ids[i] + 63] += grad_add_E_part[64*i + 63];
+        grad_P[64*positions[i]] += grad_add_E_part[64*i];
+        grad_P[64*positions[i] + 1] += grad_add_E_part[64*i + 1];
+        grad_P[64*positions[i] + 2] += grad_add_E_part[64*i + 2];
+        grad_P[64*positions[i] + 3] += grad_add_E_part[64*i + 3];
+        grad_P[64*positions[i] + 4] += grad_add_E_part[64*i + 4];
+        grad_P[64*positions[i] + 5] += grad_add_E_part[64*i + 5];
+        grad_P[64*positions[i] + 6] += grad_add_E_part[64*i + 6];
+        grad_P[64*positions[i] + 7] += grad_add_E_part[64*i + 7];
+        grad_P[64*positions[i] + 8] += grad_add_E_part[64*i + 8];
+        grad_P[64*positions[i] + 9] += grad_add_E_part[64*i + 9];
+        grad_P[64*positions[i] + 10] += grad_add_E_part[64*i + 10];
+        grad_P[64*positions[i] + 11] += grad_add_E_part[64*i + 11];
+        grad_P[64*positions[i] + 12] += grad_add_E_part[64*i + 12];
+        grad_P[64*positions[i] + 13] += grad_add_E_part[64*i + 13];
+        grad_P[64*positions[i] + 14] += grad_add_E_part[64*i + 14];
+        grad_P[64*positions[i] + 15] += grad_add_E_part[64*i + 15];
+        grad_P[64*positions[i] + 16] += grad_add_E_part[64*i + 16];
+        grad_P[64*positions[i] + 17] += grad_add_E_part[64*i + 17];
+        grad_P[64*positions[i] + 18] += grad_add_E_part[64*i + 18];
+        grad_P[64*positions[i] + 19] += grad_add_E_part[64*i + 19];
+        grad_P[64*positions[i] + 20] += grad_add_E_part[64*i + 20];
+        grad_P[64*positions[i] + 21] += grad_add_E_part[64*i + 21];
+        grad_P[64*positions[i] + 22] += grad_add_E_part[64*i + 22];
+        grad_P[64*positions[i] + 23] += grad_add_E_part[64*i + 23];
+        grad_P[64*positions[i] + 24] += grad_add_E_part[64*i + 24];
+        grad_P[64*positions[i] + 25] += grad_add_E_part[64*i + 25];
+        grad_P[64*positions[i] + 26] += grad_add_E_part[64*i + 26];
+        grad_P[64*positions[i] + 27] += grad_add_E_part[64*i + 27];
+        grad_P[64*positions[i] + 28] += grad_add_E_part[64*i + 28];
+        grad_P[64*positions[i] + 29] += grad_add_E_part[64*i + 29];
+        grad_P[64*positions[i] + 30] += grad_add_E_part[64*i + 30];
+        grad_P[64*positions[i] + 31] += grad_add_E_part[64*i + 31];
+        grad_P[64*positions[i] + 32] += grad_add_E_part[64*i + 32];
+        grad_P[64*positions[i] + 33] += grad_add_E_part[64*i + 33];
+        grad_P[64*positions[i] + 34] += grad_add_E_part[64*i + 34];
+        grad_P[64*positions[i] + 35] += grad_add_E_part[64*i + 35];
+        grad_P[64*positions[i] + 36] += grad_add_E_part[64*i + 36];
+        grad_P[64*positions[i] + 37] += grad_add_E_part[64*i + 37];
+        grad_P[64*positions[i] + 38] += grad_add_E_part[64*i + 38];
+        grad_P[64*positions[i] + 39] += grad_add_E_part[64*i + 39];
+        grad_P[64*positions[i] + 40] += grad_add_E_part[64*i + 40];
+        grad_P[64*positions[i] + 41] += grad_add_E_part[64*i + 41];
+        grad_P[64*positions[i] + 42] += grad_add_E_part[64*i + 42];
+        grad_P[64*positions[i] + 43] += grad_add_E_part[64*i + 43];
+        grad_P[64*positions[i] + 44] += grad_add_E_part[64*i + 44];
+        grad_P[64*positions[i] + 45] += grad_add_E_part[64*i + 45];
+        grad_P[64*positions[i] + 46] += grad_add_E_part[64*i + 46];
+        grad_P[64*positions[i] + 47] += grad_add_E_part[64*i + 47];
+        grad_P[64*positions[i] + 48] += grad_add_E_part[64*i + 48];
+        grad_P[64*positions[i] + 49] += grad_add_E_part[64*i + 49];
+        grad_P[64*positions[i] + 50] += grad_add_E_part[64*i + 50];
+        grad_P[64*positions[i] + 51] += grad_add_E_part[64*i + 51];
+        grad_P[64*positions[i] + 52] += grad_add_E_part[64*i + 52];
+        grad_P[64*positions[i] + 53] += grad_add_E_part[64*i + 53];
+        grad_P[64*positions[i] + 54] += grad_add_E_part[64*i + 54];
+        grad_P[64*positions[i] + 55] += grad_add_E_part[64*i + 55];
+        grad_P[64*positions[i] + 56] += grad_add_E_part[64*i + 56];
+        grad_P[64*positions[i] + 57] += grad_add_E_part[64*i + 57];
+        grad_P[64*positions[i] + 58] += grad_add_E_part[64*i + 58];
+        grad_P[64*positions[i] + 59] += grad_add_E_part[64*i + 59];
+        grad_P[64*positions[i] + 60] += grad_add_E_part[64*i + 60];
+        grad_P[64*positions[i] + 61] += grad_add_E_part[64*i + 61];
+        grad_P[64*positions[i] + 62] += grad_add_E_part[64*i + 62];
+        grad_P[64*positions[i] + 63] += grad_add_E_part[64*i + 63];
     }
 }
 #endif
@@ -2252,7 +2444,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 88 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2263,10 +2455,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2277,53 +2478,50 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0
 )
 {
-    TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 960*m + 5120 : work + 192*m + 4096; /* m x 64, in t12's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t15 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13_part = work + 3967*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 1856*m + 9216; /* m x 64, in grad_t14's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 4031*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t7 = work + 832*m + 5120; /* m x 64, in t10's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 1024*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
-    /* grad_g0a = sum of t3 down each column */
-    symbackprop_f64_sum_columns(t3, m, 64, 64, grad_g0a);
+    /* grad_g0a = sum of norm_E down each column */
+    symbackprop_f64_sum_columns(norm_E, m, 64, 64, grad_g0a);
 
-    /* grad_b0a = sum of grad_t4 down each column */
-    symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a);
+    /* grad_b0a = sum of grad_add_b0a down each column */
+    symbackprop_f64_sum_columns(grad_add_b0a, m, 64, 64, grad_b0a);
 
-    /* grad_t5 = t4^T @ grad_t6 */
-    TRANSFORMER_LM_REAL *grad_t5 = t23; /* 64 x 64, in t23's memory */
-    transformer_lm_product9(m, t4, grad_t6, grad_t5);
+    /* grad_mul_Wq0 = add_b0a^T @ grad_mm_Wq0 */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
 
-    /* grad_Wq0 = grad_t5/4 */
+    /* grad_Wq0 = grad_mul_Wq0/4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_Wq0[64*i + j] = (1.0/4.0)*grad_t5[64*i + j];
+            grad_Wq0[64*i + j] = (1.0/4.0)*grad_mul_Wq0[64*i + j];
         }
     }
 
-    /* grad_Wk0 = t4^T @ grad_t7 */
-    transformer_lm_product9(m, t4, grad_t7, grad_Wk0);
+    /* grad_Wk0 = add_b0a^T @ grad_mm_Wk0 */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wk0, grad_Wk0);
 
-    /* grad_Wv0 = t4^T @ grad_t10 */
-    transformer_lm_product9(m, t4, grad_t10, grad_Wv0);
+    /* grad_Wv0 = add_b0a^T @ grad_mm_Wv0 */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wv0, grad_Wv0);
 
-    /* grad_Wo0 = t11^T @ grad_t13_part */
-    transformer_lm_product9(m, t11, grad_t13_part, grad_Wo0);
+    /* grad_Wo0 = mix_Wv0^T @ grad_add_Wo0_part */
+    transformer_lm_product9(m, mix_Wv0, grad_add_Wo0_part, grad_Wo0);
 
-    /* grad_g0m = sum of t14 down each column */
-    symbackprop_f64_sum_columns(t14, m, 64, 64, grad_g0m);
+    /* grad_g0m = sum of norm_Wo0 down each column */
+    symbackprop_f64_sum_columns(norm_Wo0, m, 64, 64, grad_g0m);
 
-    /* grad_b0m = sum of grad_t15 down each column */
-    symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m);
+    /* grad_b0m = sum of grad_add_b0m down each column */
+    symbackprop_f64_sum_columns(grad_add_b0m, m, 64, 64, grad_b0m);
 }
 #endif
 
@@ -2352,8 +2550,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *grad_gf,
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
@@ -2377,98 +2596,95 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *grad_gf,
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1
 )
 {
-    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2560*m + 9216 : work + 256*m + 4096; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 3200*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41_part = work + 3264*m + 9216; /* m x 62, in t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3391*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3519*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 320*m + 4096; /* m x 256, in t34's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31_part = work + 3583*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 3455*m + 9217; /* m x 64, in grad_t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3647*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 2432*m + 9216; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20_part = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t17 = work + 1984*m + 9216; /* m x 256, in t27's memory; placed in an earlier part */
-    /* grad_W0up = t15^T @ grad_t17 */
-    transformer_lm_product10(m, t15, grad_t17, grad_W0up);
+    /* grad_W0up = add_b0m^T @ grad_mul_W0up */
+    transformer_lm_product10(m, add_b0m, grad_mul_W0up, grad_W0up);
 
-    /* grad_c0up = sum of grad_t17 down each column */
-    symbackprop_f64_sum_columns(grad_t17, m, 256, 256, grad_c0up);
+    /* grad_c0up = sum of grad_mul_W0up down each column */
+    symbackprop_f64_sum_columns(grad_mul_W0up, m, 256, 256, grad_c0up);
 
-    /* grad_W0down = t17^T @ grad_t20_part */
-    transformer_lm_product11(m, t17, grad_t20_part, grad_W0down);
+    /* grad_W0down = mul_W0up^T @ grad_add_W0down_part */
+    transformer_lm_product11(m, mul_W0up, grad_add_W0down_part, grad_W0down);
 
-    /* grad_c0down = sum of grad_t20_part down each column */
-    symbackprop_f64_sum_columns(grad_t20_part, m, 64, 64, grad_c0down);
+    /* grad_c0down = sum of grad_add_W0down_part down each column */
+    symbackprop_f64_sum_columns(grad_add_W0down_part, m, 64, 64, grad_c0down);
 
-    /* grad_g1a = sum of t21 down each column */
-    symbackprop_f64_sum_columns(t21, m, 64, 64, grad_g1a);
+    /* grad_g1a = sum of norm_W0down down each column */
+    symbackprop_f64_sum_columns(norm_W0down, m, 64, 64, grad_g1a);
 
-    /* grad_b1a = sum of grad_t22 down each column */
-    symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a);
+    /* grad_b1a = sum of grad_add_b1a down each column */
+    symbackprop_f64_sum_columns(grad_add_b1a, m, 64, 64, grad_b1a);
 
-    /* grad_t23 = t22^T @ grad_t24 */
-    TRANSFORMER_LM_REAL *grad_t23 = t5; /* 64 x 64, in t5's memory */
-    transformer_lm_product9(m, t22, grad_t24, grad_t23);
+    /* grad_mul_Wq1 = add_b1a^T @ grad_mm_Wq1 */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
 
-    /* grad_Wq1 = grad_t23/4 */
+    /* grad_Wq1 = grad_mul_Wq1/4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_Wq1[64*i + j] = (1.0/4.0)*grad_t23[64*i + j];
+            grad_Wq1[64*i + j] = (1.0/4.0)*grad_mul_Wq1[64*i + j];
         }
     }
 
-    /* grad_Wk1 = t22^T @ grad_t25 */
-    transformer_lm_product9(m, t22, grad_t25, grad_Wk1);
+    /* grad_Wk1 = add_b1a^T @ grad_mm_Wk1 */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wk1, grad_Wk1);
 
-    /* grad_Wv1 = t22^T @ grad_t28 */
-    transformer_lm_product9(m, t22, grad_t28, grad_Wv1);
+    /* grad_Wv1 = add_b1a^T @ grad_mm_Wv1 */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wv1, grad_Wv1);
 
-    /* grad_Wo1 = t29^T @ grad_t31_part */
-    transformer_lm_product9(m, t29, grad_t31_part, grad_Wo1);
+    /* grad_Wo1 = mix_Wv1^T @ grad_add_Wo1_part */
+    transformer_lm_product9(m, mix_Wv1, grad_add_Wo1_part, grad_Wo1);
 
-    /* grad_g1m = sum of t32 down each column */
-    symbackprop_f64_sum_columns(t32, m, 64, 64, grad_g1m);
+    /* grad_g1m = sum of norm_Wo1 down each column */
+    symbackprop_f64_sum_columns(norm_Wo1, m, 64, 64, grad_g1m);
 
-    /* grad_b1m = sum of grad_t33 down each column */
-    symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m);
+    /* grad_b1m = sum of grad_add_b1m down each column */
+    symbackprop_f64_sum_columns(grad_add_b1m, m, 64, 64, grad_b1m);
 
-    /* grad_W1up = t33^T @ grad_t35 */
-    transformer_lm_product10(m, t33, grad_t35, grad_W1up);
+    /* grad_W1up = add_b1m^T @ grad_mul_W1up */
+    transformer_lm_product10(m, add_b1m, grad_mul_W1up, grad_W1up);
 
-    /* grad_c1up = sum of grad_t35 down each column */
-    symbackprop_f64_sum_columns(grad_t35, m, 256, 256, grad_c1up);
+    /* grad_c1up = sum of grad_mul_W1up down each column */
+    symbackprop_f64_sum_columns(grad_mul_W1up, m, 256, 256, grad_c1up);
 
-    /* grad_W1down = t35^T @ grad_t38 */
-    transformer_lm_product11(m, t35, grad_t38, grad_W1down);
+    /* grad_W1down = mul_W1up^T @ grad_add_W1down */
+    transformer_lm_product11(m, mul_W1up, grad_add_W1down, grad_W1down);
 
-    /* grad_c1down = sum of grad_t38 down each column */
-    symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down);
+    /* grad_c1down = sum of grad_add_W1down down each column */
+    symbackprop_f64_sum_columns(grad_add_W1down, m, 64, 64, grad_c1down);
 
-    /* grad_gf = sum of t39 down each column */
-    symbackprop_f64_sum_columns(t39, m, 64, 64, grad_gf);
+    /* grad_gf = sum of norm_W1down down each column */
+    symbackprop_f64_sum_columns(norm_W1down, m, 64, 64, grad_gf);
 
-    /* grad_bf = sum of grad_t40 down each column */
-    symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf);
+    /* grad_bf = sum of grad_add_bf down each column */
+    symbackprop_f64_sum_columns(grad_add_bf, m, 64, 64, grad_bf);
 
-    /* grad_Wout = t40^T @ grad_t41_part */
-    transformer_lm_product12(m, t40, grad_t41_part, grad_Wout);
+    /* grad_Wout = add_bf^T @ grad_mm_Wout_part */
+    transformer_lm_product12(m, add_bf, grad_mm_Wout_part, grad_Wout);
 }
 #endif
 
@@ -2561,17 +2777,142 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_run_part1(m, ids, positions, E, P, work);
-    transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work, with_grads);
-    transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
+
+    /* where each buffer lies in work */
+    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
+    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
+    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? mul_Wq0 + 4096 : norm_E; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : mul_Wq0 + 4096; /* m x 64 */
+    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *scores_Wk0_block = scores_Wk0 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block + 1024; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wq0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : mm_Wk0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wo0 = with_grads ? mix_Wv0 + 64*m : add_b0a; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? mm_Wo0 + 64*m : mm_Wv0; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_Wo0 = with_grads ? mm_Wo0 : mix_Wv0; /* m x 64, in mm_Wo0's memory */
+    TRANSFORMER_LM_REAL *add_b0m = with_grads ? add_Wo0 + 64*m : add_E; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
+    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : softmax_Wk0; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wk0 + 256*m; /* m x 256
+            */
+    TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : mm_Wo0; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? mm_W0down : add_b0m; /* m x 64, in mm_W0down's
+            memory */
+    TRANSFORMER_LM_REAL *add_b1a = with_grads ? add_W0down + 64*m : add_Wo0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? add_b1a + 64*m : mul_Wq0; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? mul_Wq1 + 4096 : mm_W0down; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : norm_W0down; /* m x 64 */
+    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
+    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's
+            memory */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wq1; /* m x 64 */
+    TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? mm_Wv1 + 64*m : mm_Wk1; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? mix_Wv1 + 64*m : add_b1a; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? mm_Wo1 + 64*m : mm_Wv1; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? mm_Wo1 : mix_Wv1; /* m x 64, in mm_Wo1's memory */
+    TRANSFORMER_LM_REAL *add_b1m = with_grads ? add_Wo1 + 64*m : add_W0down; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : mul_W0up; /* m x 256, in scores_Wk1's
+            memory */
+    TRANSFORMER_LM_REAL *mul_W1up = with_grads ? add_b1m + 64*m : scores_Wk1; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W1up = with_grads ? mul_W1up + 256*m : softmax_Wk1; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_W1down = with_grads ? add_W1up + 256*m : mm_Wo1; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_W1down = with_grads ? mm_W1down + 64*m : norm_Wo1; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? mm_W1down : add_b1m; /* m x 64, in mm_W1down's
+            memory */
+    TRANSFORMER_LM_REAL *add_bf = with_grads ? add_W1down + 64*m : add_Wo1; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wout = with_grads ? add_bf + 64*m : add_W0up + 256*m; /* m x 62 */
+    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
+    TRANSFORMER_LM_REAL *softmax_axis_Wout = pick_targets + m; /* m x 62 */
+    TRANSFORMER_LM_REAL *rowlse_Wout = softmax_axis_Wout + 62*m; /* m x 1 */
+    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
+    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
+
+    transformer_lm_run_part1(m, ids, positions, E, P, emap_E, emap_P);
+    transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down,
+            g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, emap_E, emap_P, add_E, norm_E, add_b0a, mul_Wq0,
+            mm_Wq0, mm_Wk0, scores_Wk0, scores_Wk0_block, softmax_Wk0, mm_Wv0, mix_Wv0, mm_Wo0,
+            add_Wo0, norm_Wo0, add_b0m, mm_W0up, mul_W0up, add_W0up, mm_W0down, add_W0down,
+            norm_W0down, add_b1a, mul_Wq1, mm_Wq1, mm_Wk1, scores_Wk1, scores_Wk1_block,
+            softmax_Wk1, mm_Wv1, mix_Wv1, mm_Wo1, add_Wo1, norm_Wo1, add_b1m);
+    transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, add_Wo1,
+            add_b1m, mm_W1up, mul_W1up, add_W1up, mm_W1down, add_W1down, norm_W1down, add_bf,
+            mm_Wout, pick_targets, softmax_axis_Wout, rowlse_Wout, add_Wout, colsum_Wout);
     if (!with_grads) {
         return 0;
     }
-    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, work, with_grads);
-    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work, with_grads);
-    transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, work);
-    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, work, with_grads);
-    transformer_lm_run_part8(m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
+
+    /* the gradient's buffers in work */
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part = mm_Wout; /* m x 62, in mm_Wout's memory */
+    TRANSFORMER_LM_REAL *grad_add_bf = colsum_Wout + 1; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_W1down = grad_norm_W1down + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory
+            */
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part = grad_add_W1down + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_mix_Wv1 = add_Wo1; /* m x 64, in add_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_add_b1a = grad_add_Wo1_part + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in
+            scores_Wk1_block's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_add_b1a + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
+    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0down_part = mm_Wk1; /* m x 64, in mm_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_b0m = add_W0down; /* m x 64, in add_W0down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory
+            */
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part = grad_scores_Wk1 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_mix_Wv0 = add_Wo0; /* m x 64, in add_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_add_b0a = grad_add_Wo0_part + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's
+            memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in
+            grad_softmax_Wk1_block's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory
+            */
+    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_add_E_part = mm_Wk0; /* m x 64, in mm_Wk0's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq1 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
+
+    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, mm_Wq1, mm_Wk1,
+            softmax_Wk1, mm_Wv1, add_Wo1, norm_Wo1, add_W1up, add_W1down, norm_W1down,
+            softmax_axis_Wout, grad_mm_Wout_part, grad_add_bf, grad_norm_W1down, grad_add_W1down,
+            grad_mul_W1up, grad_add_b1m, grad_norm_Wo1, grad_add_Wo1_part, grad_mix_Wv1,
+            grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1, grad_softmax_Wk1_block, grad_scores_Wk1,
+            grad_mm_Wk1, grad_mm_Wq1);
+    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, add_E, norm_E, mul_Wq0,
+            mm_Wq0, mm_Wk0, softmax_Wk0, mm_Wv0, add_Wo0, norm_Wo0, add_W0up, add_W0down,
+            norm_W0down, mul_Wq1, grad_add_Wo1_part, grad_add_b1a, grad_mm_Wq1, grad_norm_W0down,
+            grad_add_W0down_part, grad_mul_W0up, grad_add_b0m, grad_norm_Wo0, grad_add_Wo0_part,
+            grad_mix_Wv0, grad_mm_Wv0, grad_add_b0a, grad_softmax_Wk0, grad_softmax_Wk0_block,
+            grad_scores_Wk0, grad_mm_Wk0, grad_mm_Wq0, grad_norm_E, grad_add_E_part);
+    transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, grad_add_E_part);
+    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0,
+            grad_g0m, grad_b0m, norm_E, add_b0a, mix_Wv0, norm_Wo0, grad_add_b0m, grad_add_Wo0_part,
+            grad_mm_Wv0, grad_add_b0a, grad_mm_Wk0, grad_mm_Wq0, grad_mul_Wq0);
+    transformer_lm_run_part8(m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a,
+            grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up,
+            grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, add_b0m, mul_W0up, norm_W0down,
+            add_b1a, mix_Wv1, norm_Wo1, add_b1m, mul_W1up, norm_W1down, add_bf, grad_mm_Wout_part,
+            grad_add_bf, grad_add_W1down, grad_mul_W1up, grad_add_b1m, grad_add_Wo1_part,
+            grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1, grad_mm_Wq1, grad_add_W0down_part,
+            grad_mul_W0up, grad_mul_Wq1);
     return 0;
 }
 #endif
@@ -2629,7 +2970,11 @@ int transformer_lm_forward(
     if (m < 1) {
         return 1;
     }
-    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
+            b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
+            W1down, c1down, gf, bf, Wout, loss, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
 #endif
 
@@ -2715,7 +3060,13 @@ int transformer_lm_value_and_grad(
     if (m < 1) {
         return 1;
     }
-    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, 1);
+    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
+            b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
+            W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0,
+            grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down,
+            grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m,
+            grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout,
+            work, 1);
 }
 #endif
 
@@ -2725,177 +3076,20 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(4157*m + 137410);
+    return (size_t)(111618 + 62*64 + 64*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 +
+            1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 +
+            1*64 + 1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*62 +
+            transformer_lm_value_and_grad_work_len(m));
 }
 #endif
 
-/* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
+/* transformer_lm_train_step, part 1 of 4 (kernels 1 to 10): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 0; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    /* t0[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
-     * E[ids[i], 5], E[ids[i], 6], E[ids[i], 7], E[ids[i], 8], E[ids[i], 9], E[ids[i], 10],
-     * E[ids[i], 11], E[ids[i], 12], E[ids[i], 13], E[ids[i], 14], E[ids[i], 15],
-     * E[ids[i], 16], E[ids[i], 17], E[ids[i], 18], E[ids[i], 19], E[ids[i], 20],
-     * E[ids[i], 21], E[ids[i], 22], E[ids[i], 23], E[ids[i], 24], E[ids[i], 25],
-     * E[ids[i], 26], E[ids[i], 27], E[ids[i], 28], E[ids[i], 29], E[ids[i], 30], ... */
-    /* t1[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
-     * P[positions[i], 3], P[positions[i], 4], P[positions[i], 5], P[positions[i], 6],
-     * P[positions[i], 7], P[positions[i], 8], P[positions[i], 9], P[positions[i], 10],
-     * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
-     * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
-     * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64 */
-    TRANSFORMER_LM_REAL *t1 = t0 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t0[64*i] = E[64*ids[i]];
-        t0[64*i + 1] = E[64*ids[i] + 1];
-        t0[64*i + 2] = E[64*ids[i] + 2];
-        t0[64*i + 3] = E[64*ids[i] + 3];
-        t0[64*i + 4] = E[64*ids[i] + 4];
-        t0[64*i + 5] = E[64*ids[i] + 5];
-        t0[64*i + 6] = E[64*ids[i] + 6];
-        t0[64*i + 7] = E[64*ids[i] + 7];
-        t0[64*i + 8] = E[64*ids[i] + 8];
-        t0[64*i + 9] = E[64*ids[i] + 9];
-        t0[64*i + 10] = E[64*ids[i] + 10];
-        t0[64*i + 11] = E[64*ids[i] + 11];
-        t0[64*i + 12] = E[64*ids[i] + 12];
-        t0[64*i + 13] = E[64*ids[i] + 13];
-        t0[64*i + 14] = E[64*ids[i] + 14];
-        t0[64*i + 15] = E[64*ids[i] + 15];
-        t0[64*i + 16] = E[64*ids[i] + 16];
-        t0[64*i + 17] = E[64*ids[i] + 17];
-        t0[64*i + 18] = E[64*ids[i] + 18];
-        t0[64*i + 19] = E[64*ids[i] + 19];
-        t0[64*i + 20] = E[64*ids[i] + 20];
-        t0[64*i + 21] = E[64*ids[i] + 21];
-        t0[64*i + 22] = E[64*ids[i] + 22];
-        t0[64*i + 23] = E[64*ids[i] + 23];
-        t0[64*i + 24] = E[64*ids[i] + 24];
-        t0[64*i + 25] = E[64*ids[i] + 25];
-        t0[64*i + 26] = E[64*ids[i] + 26];
-        t0[64*i + 27] = E[64*ids[i] + 27];
-        t0[64*i + 28] = E[64*ids[i] + 28];
-        t0[64*i + 29] = E[64*ids[i] + 29];
-        t0[64*i + 30] = E[64*ids[i] + 30];
-        t0[64*i + 31] = E[64*ids[i] + 31];
-        t0[64*i + 32] = E[64*ids[i] + 32];
-        t0[64*i + 33] = E[64*ids[i] + 33];
-        t0[64*i + 34] = E[64*ids[i] + 34];
-        t0[64*i + 35] = E[64*ids[i] + 35];
-        t0[64*i + 36] = E[64*ids[i] + 36];
-        t0[64*i + 37] = E[64*ids[i] + 37];
-        t0[64*i + 38] = E[64*ids[i] + 38];
-        t0[64*i + 39] = E[64*ids[i] + 39];
-        t0[64*i + 40] = E[64*ids[i] + 40];
-        t0[64*i + 41] = E[64*ids[i] + 41];
-        t0[64*i + 42] = E[64*ids[i] + 42];
-        t0[64*i + 43] = E[64*ids[i] + 43];
-        t0[64*i + 44] = E[64*ids[i] + 44];
-        t0[64*i + 45] = E[64*ids[i] + 45];
-        t0[64*i + 46] = E[64*ids[i] + 46];
-        t0[64*i + 47] = E[64*ids[i] + 47];
-        t0[64*i + 48] = E[64*ids[i] + 48];
-        t0[64*i + 49] = E[64*ids[i] + 49];
-        t0[64*i + 50] = E[64*ids[i] + 50];
-        t0[64*i + 51] = E[64*ids[i] + 51];
-        t0[64*i + 52] = E[64*ids[i] + 52];
-        t0[64*i + 53] = E[64*ids[i] + 53];
-        t0[64*i + 54] = E[64*ids[i] + 54];
-        t0[64*i + 55] = E[64*ids[i] + 55];
-        t0[64*i + 56] = E[64*ids[i] + 56];
-        t0[64*i + 57] = E[64*ids[i] + 57];
-        t0[64*i + 58] = E[64*ids[i] + 58];
-        t0[64*i + 59] = E[64*ids[i] + 59];
-        t0[64*i + 60] = E[64*ids[i] + 60];
-        t0[64*i + 61] = E[64*ids[i] + 61];
-        t0[64*i + 62] = E[64*ids[i] + 62];
-        t0[64*i + 63] = E[64*ids[i] + 63];
-        t1[64*i] = P[64*positions[i]];
-        t1[64*i + 1] = P[64*positions[i] + 1];
-        t1[64*i + 2] = P[64*positions[i] + 2];
-        t1[64*i + 3] = P[64*positions[i] + 3];
-        t1[64*i + 4] = P[64*positions[i] + 4];
-        t1[64*i + 5] = P[64*positions[i] + 5];
-        t1[64*i + 6] = P[64*positions[i] + 6];
-        t1[64*i + 7] = P[64*positions[i] + 7];
-        t1[64*i + 8] = P[64*positions[i] + 8];
-        t1[64*i + 9] = P[64*positions[i] + 9];
-        t1[64*i + 10] = P[64*positions[i] + 10];
-        t1[64*i + 11] = P[64*positions[i] + 11];
-        t1[64*i + 12] = P[64*positions[i] + 12];
-        t1[64*i + 13] = P[64*positions[i] + 13];
-        t1[64*i + 14] = P[64*positions[i] + 14];
-        t1[64*i + 15] = P[64*positions[i] + 15];
-        t1[64*i + 16] = P[64*positions[i] + 16];
-        t1[64*i + 17] = P[64*positions[i] + 17];
-        t1[64*i + 18] = P[64*positions[i] + 18];
-        t1[64*i + 19] = P[64*positions[i] + 19];
-        t1[64*i + 20] = P[64*positions[i] + 20];
-        t1[64*i + 21] = P[64*positions[i] + 21];
-        t1[64*i + 22] = P[64*positions[i] + 22];
-        t1[64*i + 23] = P[64*positions[i] + 23];
-        t1[64*i + 24] = P[64*positions[i] + 24];
-        t1[64*i + 25] = P[64*positions[i] + 25];
-        t1[64*i + 26] = P[64*positions[i] + 26];
-        t1[64*i + 27] = P[64*positions[i] + 27];
-        t1[64*i + 28] = P[64*positions[i] + 28];
-        t1[64*i + 29] = P[64*positions[i] + 29];
-        t1[64*i + 30] = P[64*positions[i] + 30];
-        t1[64*i + 31] = P[64*positions[i] + 31];
-        t1[64*i + 32] = P[64*positions[i] + 32];
-        t1[64*i + 33] = P[64*positions[i] + 33];
-        t1[64*i + 34] = P[64*positions[i] + 34];
-        t1[64*i + 35] = P[64*positions[i] + 35];
-        t1[64*i + 36] = P[64*positions[i] + 36];
-        t1[64*i + 37] = P[64*positions[i] + 37];
-        t1[64*i + 38] = P[64*positions[i] + 38];
-        t1[64*i + 39] = P[64*positions[i] + 39];
-        t1[64*i + 40] = P[64*positions[i] + 40];
-        t1[64*i + 41] = P[64*positions[i] + 41];
-        t1[64*i + 42] = P[64*positions[i] + 42];
-        t1[64*i + 43] = P[64*positions[i] + 43];
-        t1[64*i + 44] = P[64*positions[i] + 44];
-        t1[64*i + 45] = P[64*positions[i] + 45];
-        t1[64*i + 46] = P[64*positions[i] + 46];
-        t1[64*i + 47] = P[64*positions[i] + 47];
-        t1[64*i + 48] = P[64*positions[i] + 48];
-        t1[64*i + 49] = P[64*positions[i] + 49];
-        t1[64*i + 50] = P[64*positions[i] + 50];
-        t1[64*i + 51] = P[64*positions[i] + 51];
-        t1[64*i + 52] = P[64*positions[i] + 52];
-        t1[64*i + 53] = P[64*positions[i] + 53];
-        t1[64*i + 54] = P[64*positions[i] + 54];
-        t1[64*i + 55] = P[64*positions[i] + 55];
-        t1[64*i + 56] = P[64*positions[i] + 56];
-        t1[64*i + 57] = P[64*positions[i] + 57];
-        t1[64*i + 58] = P[64*positions[i] + 58];
-        t1[64*i + 59] = P[64*positions[i] + 59];
-        t1[64*i + 60] = P[64*positions[i] + 60];
-        t1[64*i + 61] = P[64*positions[i] + 61];
-        t1[64*i + 62] = P[64*positions[i] + 62];
-        t1[64*i + 63] = P[64*positions[i] + 63];
-    }
-}
-#endif
-
-/* transformer_lm_train_step, part 2 of 9 (kernels 2 to 32): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
-    int64_t m,
     TRANSFORMER_LM_REAL *g0a,
     TRANSFORMER_LM_REAL *b0a,
     TRANSFORMER_LM_REAL *Wq0,
@@ -2916,564 +3110,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
     TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
-    /* t2 = t0 + t1 */
-    TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
-    transformer_lm_loop0(m, t2, t0, t1);
-
-    /* t3[i, :] = (t2[i, :] - mu_i) r_i, mu_i = mean_j t2[i, j], r_i = 1/sqrt(mean_j
-     * (t2[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t3 = t0; /* m x 64, in t0's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t3 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t2[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t2[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t2[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* t4 = b0a + g0a*t3 */
-    TRANSFORMER_LM_REAL *t4 = t1; /* m x 64, in t1's memory */
-    transformer_lm_loop1(m, t4, g0a, t3, b0a);
-
-    /* t5 = Wq0/4 */
-    TRANSFORMER_LM_REAL *t5 = t2 + 64*m; /* 64 x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 64; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t5[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
-        }
-    }
-
-    /* t6 = t4 @ t5 */
-    TRANSFORMER_LM_REAL *t6 = t5 + 4096; /* m x 64 */
-    transformer_lm_product0(m, t4, t5, t6);
-
-    /* t7 = t4 @ Wk0 */
-    TRANSFORMER_LM_REAL *t7 = t6 + 64*m; /* m x 64 */
-    transformer_lm_product0(m, t4, Wk0, t7);
-
-    /* t8[(e,t),(h,s)] = sum_k t6[(e,t),h*dh+k] * t7[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t8_block_1 = t8 + 256*m; /* 64 x 16 */
-    (void)t8_block_1; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t6 t7^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t6 + row0 * 64 + hd * 16, 64, t7 + row0 * 64 + hd * 16, 64,
-                                          t8 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t8_block_1[dk][ks] = t7[(e,ks), hd*16+dk]: the head's keys transposed, so that
-             * a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    t8_block_1[dk * 64 + ks] = t7[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t8 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += t6[(e,qt), hd*16+dk] * t8_block_1[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t6[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t8_block_1[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* t9[(e,t),(h,s)] = exp(t8[(e,t),(h,s)] - max_{s'<=t} t8[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t9 = t8_block_1 + 1024; /* m x 256 */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t8[qbase];
-                for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
-                    top = val > top ? val : top;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
-                    t9[qbase + ks] = exp(-top + val);
-                }
-                TRANSFORMER_LM_REAL total = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t9[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t9[qbase + ks] /= total;
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t9[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* t10 = t4 @ Wv0 */
-    TRANSFORMER_LM_REAL *t10 = t9 + 256*m; /* m x 64 */
-    transformer_lm_product0(m, t4, Wv0, t10);
-
-    /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t11 = t10 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t9) t10 */
-            symbackprop_f64_causal_mix(0, len, 16, t9 + row0 * 256 + hd * 64, 256,
-                                       t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t9[(e,qt),(hd,ks)] *
-                 * t10[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t11 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t10[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* t12 = t11 @ Wo0 */
-    TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 64 */
-    transformer_lm_product0(m, t11, Wo0, t12);
-
-    /* t13 = t12 + t2 */
-    TRANSFORMER_LM_REAL *t13 = t12 + 64*m; /* m x 64 */
-    transformer_lm_loop0(m, t13, t2, t12);
-
-    /* t14[i, :] = (t13[i, :] - mu_i) r_i, mu_i = mean_j t13[i, j], r_i = 1/sqrt(mean_j
-     * (t13[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t14 = t12; /* m x 64, in t12's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t14 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t13[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t13[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t13[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* t15 = b0m + g0m*t14 */
-    TRANSFORMER_LM_REAL *t15 = t13 + 64*m; /* m x 64 */
-    transformer_lm_loop1(m, t15, g0m, t14, b0m);
-
-    /* t16 = t15 @ W0up */
-    TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
-    transformer_lm_product1(m, t15, W0up, t16);
-
-    /* t17 = (c0up + t16)*(erf(sqrt(2)*(c0up + t16)/2) + 1)/2 */
-    /* t18 = sqrt(2)*(c0up + t16)*exp(-(c0up + t16)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
-     * t16)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t17 = t15 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t18 = t17 + 256*m; /* m x 256 */
-    transformer_lm_loop2(m, t17, t18, t16, c0up);
-
-    /* t19 = t17 @ W0down */
-    TRANSFORMER_LM_REAL *t19 = t18 + 256*m; /* m x 64 */
-    transformer_lm_product2(m, t17, W0down, t19);
-
-    /* t20 = c0down + t13 + t19 */
-    TRANSFORMER_LM_REAL *t20 = t19 + 64*m; /* m x 64 */
-    transformer_lm_loop3(m, t20, t13, t19, c0down);
-
-    /* t21[i, :] = (t20[i, :] - mu_i) r_i, mu_i = mean_j t20[i, j], r_i = 1/sqrt(mean_j
-     * (t20[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t21 = t19; /* m x 64, in t19's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t21 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t20[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t20[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t20[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* t22 = b1a + g1a*t21 */
-    TRANSFORMER_LM_REAL *t22 = t20 + 64*m; /* m x 64 */
-    transformer_lm_loop1(m, t22, g1a, t21, b1a);
-
-    /* t23 = Wq1/4 */
-    TRANSFORMER_LM_REAL *t23 = t22 + 64*m; /* 64 x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 64; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t23[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
-        }
-    }
-
-    /* t24 = t22 @ t23 */
-    TRANSFORMER_LM_REAL *t24 = t23 + 4096; /* m x 64 */
-    transformer_lm_product0(m, t22, t23, t24);
-
-    /* t25 = t22 @ Wk1 */
-    TRANSFORMER_LM_REAL *t25 = t24 + 64*m; /* m x 64 */
-    transformer_lm_product0(m, t22, Wk1, t25);
-
-    /* t26[(e,t),(h,s)] = sum_k t24[(e,t),h*dh+k] * t25[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
-    TRANSFORMER_LM_REAL *t26_block_1 = t8_block_1; /* 64 x 16, in t8_block_1's memory */
-    (void)t26_block_1; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t24 t25^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t24 + row0 * 64 + hd * 16, 64, t25 + row0 * 64 + hd * 16, 64,
-                                          t26 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t26_block_1[dk][ks] = t25[(e,ks), hd*16+dk]: the head's keys transposed, so
-             * that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    t26_block_1[dk * 64 + ks] = t25[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t26 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += t24[(e,qt), hd*16+dk] * t26_block_1[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t24[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t26_block_1[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* t27[(e,t),(h,s)] = exp(t26[(e,t),(h,s)] - max_{s'<=t} t26[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t27 = t25 + 64*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t26[qbase];
-                for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
-                    top = val > top ? val : top;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
-                    t27[qbase + ks] = exp(-top + val);
-                }
-                TRANSFORMER_LM_REAL total = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t27[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t27[qbase + ks] /= total;
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t27[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* t28 = t22 @ Wv1 */
-    TRANSFORMER_LM_REAL *t28 = t27 + 256*m; /* m x 64 */
-    transformer_lm_product0(m, t22, Wv1, t28);
-
-    /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t29 = t28 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t27) t28 */
-            symbackprop_f64_causal_mix(0, len, 16, t27 + row0 * 256 + hd * 64, 256,
-                                       t28 + row0 * 64 + hd * 16, 64, t29 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t27[(e,qt),(hd,ks)] *
-                 * t28[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t29 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t28[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* t30 = t29 @ Wo1 */
-    TRANSFORMER_LM_REAL *t30 = t29 + 64*m; /* m x 64 */
-    transformer_lm_product0(m, t29, Wo1, t30);
-
-    /* t31 = t20 + t30 */
-    TRANSFORMER_LM_REAL *t31 = t30 + 64*m; /* m x 64 */
-    transformer_lm_loop0(m, t31, t20, t30);
-
-    /* t32[i, :] = (t31[i, :] - mu_i) r_i, mu_i = mean_j t31[i, j], r_i = 1/sqrt(mean_j
-     * (t31[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t32 = t30; /* m x 64, in t30's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t32 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t31[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t31[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t31[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* t33 = b1m + g1m*t32 */
-    TRANSFORMER_LM_REAL *t33 = t31 + 64*m; /* m x 64 */
-    transformer_lm_loop1(m, t33, g1m, t32, b1m);
-}
-#endif
-
-/* transformer_lm_train_step, part 3 of 9 (kernels 33 to 64): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
-    int64_t m,
-    const int64_t *targets,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -3481,1786 +3117,294 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *gf,
     TRANSFORMER_LM_REAL *bf,
     TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 320*m + 4096; /* m x 256, in t16's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26_block_1 = work + 576*m + 4096; /* 64 x 16, in t8_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = work + 2240*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = work + 2432*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 2368*m + 9216; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
-    /* t34 = t33 @ W1up */
-    TRANSFORMER_LM_REAL *t34 = t26; /* m x 256, in t26's memory */
-    transformer_lm_product1(m, t33, W1up, t34);
-
-    /* t35 = (c1up + t34)*(erf(sqrt(2)*(c1up + t34)/2) + 1)/2 */
-    /* t36 = sqrt(2)*(c1up + t34)*exp(-(c1up + t34)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
-     * t34)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t35 = t33 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t36 = t35 + 256*m; /* m x 256 */
-    transformer_lm_loop2(m, t35, t36, t34, c1up);
-
-    /* t37 = t35 @ W1down */
-    TRANSFORMER_LM_REAL *t37 = t36 + 256*m; /* m x 64 */
-    transformer_lm_product2(m, t35, W1down, t37);
-
-    /* t38 = c1down + t31 + t37 */
-    TRANSFORMER_LM_REAL *t38 = t37 + 64*m; /* m x 64 */
-    transformer_lm_loop3(m, t38, t31, t37, c1down);
-
-    /* t39[i, :] = (t38[i, :] - mu_i) r_i, mu_i = mean_j t38[i, j], r_i = 1/sqrt(mean_j
-     * (t38[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t39 = t37; /* m x 64, in t37's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t39 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t38[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t38[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t38[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* t40 = bf + gf*t39 */
-    TRANSFORMER_LM_REAL *t40 = t38 + 64*m; /* m x 64 */
-    transformer_lm_loop1(m, t40, gf, t39, bf);
-
-    /* t41 = t40 @ Wout */
-    TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 62 */
-    transformer_lm_product3(m, t40, Wout, t41);
-
-    /* t42[i] = t41[i, targets[i]] */
-    TRANSFORMER_LM_REAL *t42 = t41 + 62*m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        const int64_t column = targets[i];
-        t42[i] = t41[62*i + column];
-    }
-
-    /* t43 = softmax of t41 along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 62 */
-    for (int64_t i = 0; i < m; ++i) {
-        symbackprop_f64_softmax_axis(t41 + 62*i, 62, 1, t43 + 62*i, 1);
-    }
-
-    /* t44 = log(sum(exp(t41))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t44 = t43 + 62*m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t44[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1, t43 + 62*i, 1);
-    }
-
-    /* t45 = -t42 + t44 */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* m x 1 */
-    transformer_lm_loop4(m, t45, t42, t44);
-
-    /* t46 = sum of t45 down each column */
-    TRANSFORMER_LM_REAL *t46 = t45 + m; /* 1 x 1 */
-    t46[0] = symbackprop_f64_sum(t45, m, 1);
-
-    /* loss = t46/m */
-    {
-        loss[0] = t46[0]/((TRANSFORMER_LM_REAL)m);
-    }
-
-    /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_t41_part = t41; /* m x 62, in t41's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        const int64_t column = targets[i];
-        for (int64_t j = 0; j < 62; ++j) {
-            grad_t41_part[62*i + j] = 0;
-        }
-        grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
-    }
-
-    /* grad_t41 = grad_t41_part + t43/m */
-    TRANSFORMER_LM_REAL *grad_t41 = t46 + 1; /* m x 62 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            grad_t41[62*i + j] = t43[62*i + j]/((TRANSFORMER_LM_REAL)m) + grad_t41_part[62*i + j];
-        }
-    }
-
-    /* grad_t40 = grad_t41 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
-    transformer_lm_product4(m, grad_t41, Wout, grad_t40);
-
-    /* grad_t39 = gf*grad_t40 */
-    /* g0 = grad_t40*t39 */
-    TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    transformer_lm_loop8(m, grad_t39, grad_t40, gf, g0, t39);
-
-    /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
-     * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t38's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t38 = t39; /* m x 64, in t39's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t38 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t38[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t38[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t38[64*i + k + l] - mean)*(t38[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t39[64*i + k + l];
-                    grads_c_lane[l] += grad_t39[64*i + k + l]*(t38[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (t38[64*i + k] - mean)*(t38[64*i + k] - mean);
-                grads += grad_t39[64*i + k];
-                grads_c += grad_t39[64*i + k]*(t38[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t39[64*i + j] - grads_mean - (t38[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_t35 = grad_t38 @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
-    transformer_lm_product5(m, grad_t38, W1down, grad_t35);
-
-    /* g1 = grad_t35*t36 */
-    TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    transformer_lm_loop9(m, g1, grad_t35, t36);
-
-    /* grad_t33 = g1 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
-    transformer_lm_product6(m, g1, W1up, grad_t33);
-
-    /* grad_t32 = g1m*grad_t33 */
-    /* g2 = grad_t33*t32 */
-    TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
-    TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    transformer_lm_loop8(m, grad_t32, grad_t33, g1m, g2, t32);
-
-    /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
-     * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t31's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t31_part = t32; /* m x 64, in t32's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t31[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t31[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t31[64*i + k + l] - mean)*(t31[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t32[64*i + k + l];
-                    grads_c_lane[l] += grad_t32[64*i + k + l]*(t31[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (t31[64*i + k] - mean)*(t31[64*i + k] - mean);
-                grads += grad_t32[64*i + k];
-                grads_c += grad_t32[64*i + k]*(t31[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t32[64*i + j] - grads_mean - (t31[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_t31 = grad_t31_part + grad_t38 */
-    TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
-    transformer_lm_loop0(m, grad_t31, grad_t38, grad_t31_part);
-
-    /* grad_t29 = grad_t31 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
-    transformer_lm_product7(m, grad_t31, Wo1, grad_t29);
-
-    /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t27)^T grad_t29 */
-            symbackprop_f64_causal_mix(1, len, 16, t27 + row0 * 256 + hd * 64, 256,
-                                       grad_t29 + row0 * 64 + hd * 16, 64, grad_t28 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t27[(e,qt),(hd,ks)] *
-                 * grad_t29[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t28 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t22 = g2 + 64*m; /* m x 64 */
-    transformer_lm_product7(m, grad_t28, Wv1, grad_t22);
-
-    /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
-     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
-    TRANSFORMER_LM_REAL *grad_t27_block_1 = t26_block_1; /* 64 x 16, in t26_block_1's memory */
-    (void)grad_t27_block_1; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t29 t28^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t29 + row0 * 64 + hd * 16, 64, t28 + row0 * 64 + hd * 16, 64,
-                                          grad_t27 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t27_block_1[dk][ks] = t28[(e,ks), hd*16+dk]: the head's keys transposed,
-             * so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t27_block_1[dk * 64 + ks] = t28[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t27 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += grad_t29[(e,qt), hd*16+dk] * grad_t27_block_1[dk][ks] for keys
-                 * ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t27_block_1[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_t26[(e,t),(h,s)] = t27[(e,t),(h,s)] * (grad_t27[(e,t),(h,s)] - sum_{s'<=t}
-     * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
-     * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t26 = grad_t35; /* m x 256, in grad_t35's memory */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL dot = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t27[qbase + ks] * grad_t27[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t26[qbase + ks] = t27[qbase + ks] * (grad_t27[qbase + ks] - dot);
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t26[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t26)^T t24 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
-                                       t24 + row0 * 64 + hd * 16, 64, grad_t25 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t26[(e,qt),(hd,ks)] *
-                 * t24[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t25 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t24[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_t22 += grad_t25 @ Wk1^T */
-    transformer_lm_product8(m, grad_t25, Wk1, grad_t22);
-
-    /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t24 = grad_t29; /* m x 64, in grad_t29's memory */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t26) t25 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
-                                       t25 + row0 * 64 + hd * 16, 64, grad_t24 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t26[(e,qt),(hd,ks)] *
-                 * t25[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t24 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t25[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-}
-#endif
-
-/* transformer_lm_train_step, part 4 of 9 (kernels 65 to 86): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *step,
+    TRANSFORMER_LM_REAL *m_E,
+    TRANSFORMER_LM_REAL *v_E,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t6 = work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t7 = work + 256*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = work + 576*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = work + 832*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = work + 1024*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = work + 960*m + 5120; /* m x 64, in t12's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t20 = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = work + 1664*m + 5120; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27_block_1 = work + 576*m + 4096; /* 64 x 16, in t26_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    /* grad_t22 += grad_t24 @ t23^T */
-    transformer_lm_product8(m, grad_t24, t23, grad_t22);
-
-    /* grad_t21 = g1a*grad_t22 */
-    /* g3 = grad_t22*t21 */
-    TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
-    TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    transformer_lm_loop8(m, grad_t21, grad_t22, g1a, g3, t21);
-
-    /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
-     * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t20's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t20_part = t21; /* m x 64, in t21's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t20_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t20[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t20[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t20[64*i + k + l] - mean)*(t20[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t21[64*i + k + l];
-                    grads_c_lane[l] += grad_t21[64*i + k + l]*(t20[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (t20[64*i + k] - mean)*(t20[64*i + k] - mean);
-                grads += grad_t21[64*i + k];
-                grads_c += grad_t21[64*i + k]*(t20[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t21[64*i + j] - grads_mean - (t20[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_t20 = grad_t20_part + grad_t31 */
-    TRANSFORMER_LM_REAL *grad_t20 = t20; /* m x 64, in t20's memory */
-    transformer_lm_loop0(m, grad_t20, grad_t31, grad_t20_part);
-
-    /* grad_t17 = grad_t20 @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
-    transformer_lm_product5(m, grad_t20, W0down, grad_t17);
-
-    /* g4 = grad_t17*t18 */
-    TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    transformer_lm_loop9(m, g4, grad_t17, t18);
-
-    /* grad_t15 = g4 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
-    transformer_lm_product6(m, g4, W0up, grad_t15);
-
-    /* grad_t14 = g0m*grad_t15 */
-    /* g5 = grad_t15*t14 */
-    TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
-    TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    transformer_lm_loop8(m, grad_t14, grad_t15, g0m, g5, t14);
-
-    /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
-     * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = t14; /* m x 64, in t14's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t13[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t13[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t13[64*i + k + l] - mean)*(t13[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t14[64*i + k + l];
-                    grads_c_lane[l] += grad_t14[64*i + k + l]*(t13[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (t13[64*i + k] - mean)*(t13[64*i + k] - mean);
-                grads += grad_t14[64*i + k];
-                grads_c += grad_t14[64*i + k]*(t13[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t14[64*i + j] - grads_mean - (t13[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_t13 = grad_t13_part + grad_t20 */
-    TRANSFORMER_LM_REAL *grad_t13 = t13; /* m x 64, in t13's memory */
-    transformer_lm_loop0(m, grad_t13, grad_t20, grad_t13_part);
-
-    /* grad_t11 = grad_t13 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
-    transformer_lm_product7(m, grad_t13, Wo0, grad_t11);
-
-    /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t9)^T grad_t11 */
-            symbackprop_f64_causal_mix(1, len, 16, t9 + row0 * 256 + hd * 64, 256,
-                                       grad_t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t9[(e,qt),(hd,ks)] *
-                 * grad_t11[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t4 = g5 + 64*m; /* m x 64 */
-    transformer_lm_product7(m, grad_t10, Wv0, grad_t4);
-
-    /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
-     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
-    TRANSFORMER_LM_REAL *grad_t9_block_1 = grad_t27_block_1; /* 64 x 16, in grad_t27_block_1's memory */
-    (void)grad_t9_block_1; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t11 t10^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t11 + row0 * 64 + hd * 16, 64, t10 + row0 * 64 + hd * 16, 64,
-                                          grad_t9 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t9_block_1[dk][ks] = t10[(e,ks), hd*16+dk]: the head's keys transposed,
-             * so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t9_block_1[dk * 64 + ks] = t10[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t9 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += grad_t11[(e,qt), hd*16+dk] * grad_t9_block_1[dk][ks] for keys
-                 * ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t9_block_1[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_t8[(e,t),(h,s)] = t9[(e,t),(h,s)] * (grad_t9[(e,t),(h,s)] - sum_{s'<=t}
-     * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
-     * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t8 = t18; /* m x 256, in t18's memory */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL dot = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t9[qbase + ks] * grad_t9[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t8[qbase + ks] = t9[qbase + ks] * (grad_t9[qbase + ks] - dot);
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t8[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
-     * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t7 = t10; /* m x 64, in t10's memory */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t8)^T t6 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
-                                       t6 + row0 * 64 + hd * 16, 64, grad_t7 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t8[(e,qt),(hd,ks)] *
-                 * t6[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t7 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t6[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_t4 += grad_t7 @ Wk0^T */
-    transformer_lm_product8(m, grad_t7, Wk0, grad_t4);
-
-    /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
-     * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t8) t7 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
-                                       t7 + row0 * 64 + hd * 16, 64, grad_t6 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t8[(e,qt),(hd,ks)] *
-                 * t7[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t6 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t7[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_t4 += grad_t6 @ t5^T */
-    transformer_lm_product8(m, grad_t6, t5, grad_t4);
-
-    /* grad_t3 = g0a*grad_t4 */
-    /* g6 = grad_t4*t3 */
-    TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
-    TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    transformer_lm_loop8(m, grad_t3, grad_t4, g0a, g6, t3);
-
-    /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
-     * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
-     * t2's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t2_part = t3; /* m x 64, in t3's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t2[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += t2[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t2[64*i + k + l] - mean)*(t2[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t3[64*i + k + l];
-                    grads_c_lane[l] += grad_t3[64*i + k + l]*(t2[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (t2[64*i + k] - mean)*(t2[64*i + k] - mean);
-                grads += grad_t3[64*i + k];
-                grads_c += grad_t3[64*i + k]*(t2[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t3[64*i + j] - grads_mean - (t2[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_t2 = grad_t13 + grad_t2_part */
-    TRANSFORMER_LM_REAL *grad_t2 = t2; /* m x 64, in t2's memory */
-    transformer_lm_loop0(m, grad_t2, grad_t13, grad_t2_part);
-}
-#endif
-
-/* transformer_lm_train_step, part 5 of 9 (kernels 87 to 87): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t2 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    /* grad_E_1[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
-     * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
-     * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
-     * grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17], grad_t2[i, 18],
-     * grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22], grad_t2[i, 23],
-     * grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], grad_t2[i, 28], ... */
-    /* grad_P_1[positions[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2],
-     * grad_t2[i, 3], grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7],
-     * grad_t2[i, 8], grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12],
-     * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
-     * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
-     * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
-    TRANSFORMER_LM_REAL *grad_E_1 = grad_t4 + 64*m; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_1 = t23; /* 64 x 64, in t23's memory */
-    for (int64_t i = 0; i < 3968; ++i) {
-        grad_E_1[i] = 0;
-    }
-    for (int64_t i = 0; i < 4096; ++i) {
-        grad_P_1[i] = 0;
-    }
-    for (int64_t i = 0; i < m; ++i) {
-        grad_E_1[64*ids[i]] += grad_t2[64*i];
-        grad_E_1[64*ids[i] + 1] += grad_t2[64*i + 1];
-        grad_E_1[64*ids[i] + 2] += grad_t2[64*i + 2];
-        grad_E_1[64*ids[i] + 3] += grad_t2[64*i + 3];
-        grad_E_1[64*ids[i] + 4] += grad_t2[64*i + 4];
-        grad_E_1[64*ids[i] + 5] += grad_t2[64*i + 5];
-        grad_E_1[64*ids[i] + 6] += grad_t2[64*i + 6];
-        grad_E_1[64*ids[i] + 7] += grad_t2[64*i + 7];
-        grad_E_1[64*ids[i] + 8] += grad_t2[64*i + 8];
-        grad_E_1[64*ids[i] + 9] += grad_t2[64*i + 9];
-        grad_E_1[64*ids[i] + 10] += grad_t2[64*i + 10];
-        grad_E_1[64*ids[i] + 11] += grad_t2[64*i + 11];
-        grad_E_1[64*ids[i] + 12] += grad_t2[64*i + 12];
-        grad_E_1[64*ids[i] + 13] += grad_t2[64*i + 13];
-        grad_E_1[64*ids[i] + 14] += grad_t2[64*i + 14];
-        grad_E_1[64*ids[i] + 15] += grad_t2[64*i + 15];
-        grad_E_1[64*ids[i] + 16] += grad_t2[64*i + 16];
-        grad_E_1[64*ids[i] + 17] += grad_t2[64*i + 17];
-        grad_E_1[64*ids[i] + 18] += grad_t2[64*i + 18];
-        grad_E_1[64*ids[i] + 19] += grad_t2[64*i + 19];
-        grad_E_1[64*ids[i] + 20] += grad_t2[64*i + 20];
-        grad_E_1[64*ids[i] + 21] += grad_t2[64*i + 21];
-        grad_E_1[64*ids[i] + 22] += grad_t2[64*i + 22];
-        grad_E_1[64*ids[i] + 23] += grad_t2[64*i + 23];
-        grad_E_1[64*ids[i] + 24] += grad_t2[64*i + 24];
-        grad_E_1[64*ids[i] + 25] += grad_t2[64*i + 25];
-        grad_E_1[64*ids[i] + 26] += grad_t2[64*i + 26];
-        grad_E_1[64*ids[i] + 27] += grad_t2[64*i + 27];
-        grad_E_1[64*ids[i] + 28] += grad_t2[64*i + 28];
-        grad_E_1[64*ids[i] + 29] += grad_t2[64*i + 29];
-        grad_E_1[64*ids[i] + 30] += grad_t2[64*i + 30];
-        grad_E_1[64*ids[i] + 31] += grad_t2[64*i + 31];
-        grad_E_1[64*ids[i] + 32] += grad_t2[64*i + 32];
-        grad_E_1[64*ids[i] + 33] += grad_t2[64*i + 33];
-        grad_E_1[64*ids[i] + 34] += grad_t2[64*i + 34];
-        grad_E_1[64*ids[i] + 35] += grad_t2[64*i + 35];
-        grad_E_1[64*ids[i] + 36] += grad_t2[64*i + 36];
-        grad_E_1[64*ids[i] + 37] += grad_t2[64*i + 37];
-        grad_E_1[64*ids[i] + 38] += grad_t2[64*i + 38];
-        grad_E_1[64*ids[i] + 39] += grad_t2[64*i + 39];
-        grad_E_1[64*ids[i] + 40] += grad_t2[64*i + 40];
-        grad_E_1[64*ids[i] + 41] += grad_t2[64*i + 41];
-        grad_E_1[64*ids[i] + 42] += grad_t2[64*i + 42];
-        grad_E_1[64*ids[i] + 43] += grad_t2[64*i + 43];
-        grad_E_1[64*ids[i] + 44] += grad_t2[64*i + 44];
-        grad_E_1[64*ids[i] + 45] += grad_t2[64*i + 45];
-        grad_E_1[64*ids[i] + 46] += grad_t2[64*i + 46];
-        grad_E_1[64*ids[i] + 47] += grad_t2[64*i + 47];
-        grad_E_1[64*ids[i] + 48] += grad_t2[64*i + 48];
-        grad_E_1[64*ids[i] + 49] += grad_t2[64*i + 49];
-        grad_E_1[64*ids[i] + 50] += grad_t2[64*i + 50];
-        grad_E_1[64*ids[i] + 51] += grad_t2[64*i + 51];
-        grad_E_1[64*ids[i] + 52] += grad_t2[64*i + 52];
-        grad_E_1[64*ids[i] + 53] += grad_t2[64*i + 53];
-        grad_E_1[64*ids[i] + 54] += grad_t2[64*i + 54];
-        grad_E_1[64*ids[i] + 55] += grad_t2[64*i + 55];
-        grad_E_1[64*ids[i] + 56] += grad_t2[64*i + 56];
-        grad_E_1[64*ids[i] + 57] += grad_t2[64*i + 57];
-        grad_E_1[64*ids[i] + 58] += grad_t2[64*i + 58];
-        grad_E_1[64*ids[i] + 59] += grad_t2[64*i + 59];
-        grad_E_1[64*ids[i] + 60] += grad_t2[64*i + 60];
-        grad_E_1[64*ids[i] + 61] += grad_t2[64*i + 61];
-        grad_E_1[64*ids[i] + 62] += grad_t2[64*i + 62];
-        grad_E_1[64*ids[i] + 63] += grad_t2[64*i + 63];
-        grad_P_1[64*positions[i]] += grad_t2[64*i];
-        grad_P_1[64*positions[i] + 1] += grad_t2[64*i + 1];
-        grad_P_1[64*positions[i] + 2] += grad_t2[64*i + 2];
-        grad_P_1[64*positions[i] + 3] += grad_t2[64*i + 3];
-        grad_P_1[64*positions[i] + 4] += grad_t2[64*i + 4];
-        grad_P_1[64*positions[i] + 5] += grad_t2[64*i + 5];
-        grad_P_1[64*positions[i] + 6] += grad_t2[64*i + 6];
-        grad_P_1[64*positions[i] + 7] += grad_t2[64*i + 7];
-        grad_P_1[64*positions[i] + 8] += grad_t2[64*i + 8];
-        grad_P_1[64*positions[i] + 9] += grad_t2[64*i + 9];
-        grad_P_1[64*positions[i] + 10] += grad_t2[64*i + 10];
-        grad_P_1[64*positions[i] + 11] += grad_t2[64*i + 11];
-        grad_P_1[64*positions[i] + 12] += grad_t2[64*i + 12];
-        grad_P_1[64*positions[i] + 13] += grad_t2[64*i + 13];
-        grad_P_1[64*positions[i] + 14] += grad_t2[64*i + 14];
-        grad_P_1[64*positions[i] + 15] += grad_t2[64*i + 15];
-        grad_P_1[64*positions[i] + 16] += grad_t2[64*i + 16];
-        grad_P_1[64*positions[i] + 17] += grad_t2[64*i + 17];
-        grad_P_1[64*positions[i] + 18] += grad_t2[64*i + 18];
-        grad_P_1[64*positions[i] + 19] += grad_t2[64*i + 19];
-        grad_P_1[64*positions[i] + 20] += grad_t2[64*i + 20];
-        grad_P_1[64*positions[i] + 21] += grad_t2[64*i + 21];
-        grad_P_1[64*positions[i] + 22] += grad_t2[64*i + 22];
-        grad_P_1[64*positions[i] + 23] += grad_t2[64*i + 23];
-        grad_P_1[64*positions[i] + 24] += grad_t2[64*i + 24];
-        grad_P_1[64*positions[i] + 25] += grad_t2[64*i + 25];
-        grad_P_1[64*positions[i] + 26] += grad_t2[64*i + 26];
-        grad_P_1[64*positions[i] + 27] += grad_t2[64*i + 27];
-        grad_P_1[64*positions[i] + 28] += grad_t2[64*i + 28];
-        grad_P_1[64*positions[i] + 29] += grad_t2[64*i + 29];
-        grad_P_1[64*positions[i] + 30] += grad_t2[64*i + 30];
-        grad_P_1[64*positions[i] + 31] += grad_t2[64*i + 31];
-        grad_P_1[64*positions[i] + 32] += grad_t2[64*i + 32];
-        grad_P_1[64*positions[i] + 33] += grad_t2[64*i + 33];
-        grad_P_1[64*positions[i] + 34] += grad_t2[64*i + 34];
-        grad_P_1[64*positions[i] + 35] += grad_t2[64*i + 35];
-        grad_P_1[64*positions[i] + 36] += grad_t2[64*i + 36];
-        grad_P_1[64*positions[i] + 37] += grad_t2[64*i + 37];
-        grad_P_1[64*positions[i] + 38] += grad_t2[64*i + 38];
-        grad_P_1[64*positions[i] + 39] += grad_t2[64*i + 39];
-        grad_P_1[64*positions[i] + 40] += grad_t2[64*i + 40];
-        grad_P_1[64*positions[i] + 41] += grad_t2[64*i + 41];
-        grad_P_1[64*positions[i] + 42] += grad_t2[64*i + 42];
-        grad_P_1[64*positions[i] + 43] += grad_t2[64*i + 43];
-        grad_P_1[64*positions[i] + 44] += grad_t2[64*i + 44];
-        grad_P_1[64*positions[i] + 45] += grad_t2[64*i + 45];
-        grad_P_1[64*positions[i] + 46] += grad_t2[64*i + 46];
-        grad_P_1[64*positions[i] + 47] += grad_t2[64*i + 47];
-        grad_P_1[64*positions[i] + 48] += grad_t2[64*i + 48];
-        grad_P_1[64*positions[i] + 49] += grad_t2[64*i + 49];
-        grad_P_1[64*positions[i] + 50] += grad_t2[64*i + 50];
-        grad_P_1[64*positions[i] + 51] += grad_t2[64*i + 51];
-        grad_P_1[64*positions[i] + 52] += grad_t2[64*i + 52];
-        grad_P_1[64*positions[i] + 53] += grad_t2[64*i + 53];
-        grad_P_1[64*positions[i] + 54] += grad_t2[64*i + 54];
-        grad_P_1[64*positions[i] + 55] += grad_t2[64*i + 55];
-        grad_P_1[64*positions[i] + 56] += grad_t2[64*i + 56];
-        grad_P_1[64*positions[i] + 57] += grad_t2[64*i + 57];
-        grad_P_1[64*positions[i] + 58] += grad_t2[64*i + 58];
-        grad_P_1[64*positions[i] + 59] += grad_t2[64*i + 59];
-        grad_P_1[64*positions[i] + 60] += grad_t2[64*i + 60];
-        grad_P_1[64*positions[i] + 61] += grad_t2[64*i + 61];
-        grad_P_1[64*positions[i] + 62] += grad_t2[64*i + 62];
-        grad_P_1[64*positions[i] + 63] += grad_t2[64*i + 63];
-    }
-}
-#endif
-
-/* transformer_lm_train_step, part 6 of 9 (kernels 88 to 96): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
-    int64_t m,
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *g0a,
     TRANSFORMER_LM_REAL *b0a,
     TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
     const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *step,
+    TRANSFORMER_LM_REAL *m_E,
+    TRANSFORMER_LM_REAL *v_E,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout
 )
 {
-    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t7 = work + 832*m + 5120; /* m x 64, in t10's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 1664*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_1 = work + 1856*m + 5120; /* 64 x 64, in t23's memory; placed in an earlier part */
-    /* grad_E_2 = E*weight_decay + grad_E_1 */
-    TRANSFORMER_LM_REAL *grad_E_2 = grad_E_1 + 3968; /* 62 x 64 */
+    /* grad_E_3 = E*weight_decay + grad_E */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 62; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_E_2[64*i + j] = grad_E_1[64*i + j] + weight_decay_value*E[64*i + j];
+                grad_E_3[64*i + j] = grad_E[64*i + j] + weight_decay_value*E[64*i + j];
             }
         }
     }
 
-    /* grad_P_2 = P*weight_decay + grad_P_1 */
-    TRANSFORMER_LM_REAL *grad_P_2 = t5; /* 64 x 64, in t5's memory */
+    /* grad_P_3 = P*weight_decay + grad_P */
+    /* grad_Wq0_3 = Wq0*weight_decay + grad_Wq0 */
+    /* grad_Wk0_3 = Wk0*weight_decay + grad_Wk0 */
+    /* grad_Wv0_3 = Wv0*weight_decay + grad_Wv0 */
+    /* grad_Wo0_3 = Wo0*weight_decay + grad_Wo0 */
+    /* grad_Wq1_3 = Wq1*weight_decay + grad_Wq1 */
+    /* grad_Wk1_3 = Wk1*weight_decay + grad_Wk1 */
+    /* grad_Wv1_3 = Wv1*weight_decay + grad_Wv1 */
+    /* grad_Wo1_3 = Wo1*weight_decay + grad_Wo1 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_P_2[64*i + j] = grad_P_1[64*i + j] + weight_decay_value*P[64*i + j];
+                grad_P_3[64*i + j] = grad_P[64*i + j] + weight_decay_value*P[64*i + j];
+                grad_Wq0_3[64*i + j] = weight_decay_value*Wq0[64*i + j] + grad_Wq0[64*i + j];
+                grad_Wk0_3[64*i + j] = weight_decay_value*Wk0[64*i + j] + grad_Wk0[64*i + j];
+                grad_Wv0_3[64*i + j] = weight_decay_value*Wv0[64*i + j] + grad_Wv0[64*i + j];
+                grad_Wo0_3[64*i + j] = weight_decay_value*Wo0[64*i + j] + grad_Wo0[64*i + j];
+                grad_Wq1_3[64*i + j] = weight_decay_value*Wq1[64*i + j] + grad_Wq1[64*i + j];
+                grad_Wk1_3[64*i + j] = weight_decay_value*Wk1[64*i + j] + grad_Wk1[64*i + j];
+                grad_Wv1_3[64*i + j] = weight_decay_value*Wv1[64*i + j] + grad_Wv1[64*i + j];
+                grad_Wo1_3[64*i + j] = weight_decay_value*Wo1[64*i + j] + grad_Wo1[64*i + j];
             }
         }
     }
 
-    /* grad_g0a_1 = sum of g6 down each column */
-    TRANSFORMER_LM_REAL *grad_g0a_1 = grad_E_2 + 3968; /* 1 x 64 */
-    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a_1);
-
-    /* grad_g0a_2 = g0a*weight_decay + grad_g0a_1 */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = grad_g0a_1 + 64; /* 1 x 64 */
+    /* grad_g0a_3 = g0a*weight_decay + grad_g0a */
+    /* grad_b0a_3 = b0a*weight_decay + grad_b0a */
+    /* grad_g0m_3 = g0m*weight_decay + grad_g0m */
+    /* grad_b0m_3 = b0m*weight_decay + grad_b0m */
+    /* grad_c0down_3 = c0down*weight_decay + grad_c0down */
+    /* grad_g1a_3 = g1a*weight_decay + grad_g1a */
+    /* grad_b1a_3 = b1a*weight_decay + grad_b1a */
+    /* grad_g1m_3 = g1m*weight_decay + grad_g1m */
+    /* grad_b1m_3 = b1m*weight_decay + grad_b1m */
+    /* grad_c1down_3 = c1down*weight_decay + grad_c1down */
+    /* grad_gf_3 = gf*weight_decay + grad_gf */
+    /* grad_bf_3 = bf*weight_decay + grad_bf */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g0a_2[j] = grad_g0a_1[j] + weight_decay_value*g0a[j];
+            grad_g0a_3[j] = grad_g0a[j] + weight_decay_value*g0a[j];
+            grad_b0a_3[j] = weight_decay_value*b0a[j] + grad_b0a[j];
+            grad_g0m_3[j] = weight_decay_value*g0m[j] + grad_g0m[j];
+            grad_b0m_3[j] = weight_decay_value*b0m[j] + grad_b0m[j];
+            grad_c0down_3[j] = weight_decay_value*c0down[j] + grad_c0down[j];
+            grad_g1a_3[j] = weight_decay_value*g1a[j] + grad_g1a[j];
+            grad_b1a_3[j] = weight_decay_value*b1a[j] + grad_b1a[j];
+            grad_g1m_3[j] = weight_decay_value*g1m[j] + grad_g1m[j];
+            grad_b1m_3[j] = weight_decay_value*b1m[j] + grad_b1m[j];
+            grad_c1down_3[j] = weight_decay_value*c1down[j] + grad_c1down[j];
+            grad_gf_3[j] = weight_decay_value*gf[j] + grad_gf[j];
+            grad_bf_3[j] = weight_decay_value*bf[j] + grad_bf[j];
         }
     }
 
-    /* grad_b0a_1 = sum of grad_t4 down each column */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = grad_g0a_1; /* 1 x 64, in grad_g0a_1's memory */
-    symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a_1);
-
-    /* grad_b0a_2 = b0a*weight_decay + grad_b0a_1 */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b0a_2[j] = grad_b0a_1[j] + weight_decay_value*b0a[j];
-        }
-    }
-
-    /* grad_t5 = t4^T @ grad_t6 */
-    TRANSFORMER_LM_REAL *grad_t5 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
-    transformer_lm_product9(m, t4, grad_t6, grad_t5);
-
-    /* grad_Wq0_2 = Wq0*weight_decay + grad_t5/4 */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = grad_b0a_2 + 64; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq0_2[64*i + j] = (1.0/4.0)*grad_t5[64*i + j] + weight_decay_value*Wq0[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wk0_1 = t4^T @ grad_t7 */
-    TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t5; /* 64 x 64, in grad_t5's memory */
-    transformer_lm_product9(m, t4, grad_t7, grad_Wk0_1);
-}
-#endif
-
-/* transformer_lm_train_step, part 7 of 9 (kernels 97 to 128): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = work + 896*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = work + 1088*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = work + 1152*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = work + 1792*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = work + 2304*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t15 = work + 1856*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4157*m + 17345; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_1 = work + 1856*m + 5120; /* 64 x 64, in grad_t5's memory; placed in an earlier part */
-    /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wk0_2[64*i + j] = grad_Wk0_1[64*i + j] + weight_decay_value*Wk0[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wv0_1 = t4^T @ grad_t10 */
-    TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
-    transformer_lm_product9(m, t4, grad_t10, grad_Wv0_1);
-
-    /* grad_Wv0_2 = Wv0*weight_decay + grad_Wv0_1 */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wv0_2[64*i + j] = grad_Wv0_1[64*i + j] + weight_decay_value*Wv0[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wo0_1 = t11^T @ grad_t13 */
-    TRANSFORMER_LM_REAL *grad_Wo0_1 = grad_Wv0_1; /* 64 x 64, in grad_Wv0_1's memory */
-    transformer_lm_product9(m, t11, grad_t13, grad_Wo0_1);
-
-    /* grad_Wo0_2 = Wo0*weight_decay + grad_Wo0_1 */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wo0_2[64*i + j] = grad_Wo0_1[64*i + j] + weight_decay_value*Wo0[64*i + j];
-            }
-        }
-    }
-
-    /* grad_g0m_1 = sum of g5 down each column */
-    TRANSFORMER_LM_REAL *grad_g0m_1 = grad_b0a_1; /* 1 x 64, in grad_b0a_1's memory */
-    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m_1);
-
-    /* grad_g0m_2 = g0m*weight_decay + grad_g0m_1 */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = grad_Wo0_2 + 4096; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_g0m_2[j] = grad_g0m_1[j] + weight_decay_value*g0m[j];
-        }
-    }
-
-    /* grad_b0m_1 = sum of grad_t15 down each column */
-    TRANSFORMER_LM_REAL *grad_b0m_1 = grad_g0m_1; /* 1 x 64, in grad_g0m_1's memory */
-    symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m_1);
-
-    /* grad_b0m_2 = b0m*weight_decay + grad_b0m_1 */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b0m_2[j] = grad_b0m_1[j] + weight_decay_value*b0m[j];
-        }
-    }
-
-    /* grad_W0up_1 = t15^T @ g4 */
-    TRANSFORMER_LM_REAL *grad_W0up_1 = grad_b0m_2 + 64; /* 64 x 256 */
-    transformer_lm_product10(m, t15, g4, grad_W0up_1);
-
-    /* grad_W0up_2 = W0up*weight_decay + grad_W0up_1 */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = grad_W0up_1 + 16384; /* 64 x 256 */
+    /* grad_W0up_3 = W0up*weight_decay + grad_W0up */
+    /* grad_W1up_3 = W1up*weight_decay + grad_W1up */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 256; ++j) {
-                grad_W0up_2[256*i + j] = grad_W0up_1[256*i + j] + weight_decay_value*W0up[256*i + j];
+                grad_W0up_3[256*i + j] = grad_W0up[256*i + j] + weight_decay_value*W0up[256*i + j];
+                grad_W1up_3[256*i + j] = weight_decay_value*W1up[256*i + j] + grad_W1up[256*i + j];
             }
         }
     }
 
-    /* grad_c0up_1 = sum of g4 down each column */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = grad_W0up_2 + 16384; /* 1 x 256 */
-    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up_1);
-
-    /* grad_c0up_2 = c0up*weight_decay + grad_c0up_1 */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = grad_c0up_1 + 256; /* 1 x 256 */
+    /* grad_c0up_3 = c0up*weight_decay + grad_c0up */
+    /* grad_c1up_3 = c1up*weight_decay + grad_c1up */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 256; ++j) {
-            grad_c0up_2[j] = grad_c0up_1[j] + weight_decay_value*c0up[j];
+            grad_c0up_3[j] = grad_c0up[j] + weight_decay_value*c0up[j];
+            grad_c1up_3[j] = weight_decay_value*c1up[j] + grad_c1up[j];
         }
     }
 
-    /* grad_W0down_1 = t17^T @ grad_t20 */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = grad_W0up_1; /* 256 x 64, in grad_W0up_1's memory */
-    transformer_lm_product11(m, t17, grad_t20, grad_W0down_1);
-
-    /* grad_W0down_2 = W0down*weight_decay + grad_W0down_1 */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = grad_c0up_2 + 256; /* 256 x 64 */
+    /* grad_W0down_3 = W0down*weight_decay + grad_W0down */
+    /* grad_W1down_3 = W1down*weight_decay + grad_W1down */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 256; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W0down_2[64*i + j] = grad_W0down_1[64*i + j] + weight_decay_value*W0down[64*i + j];
+                grad_W0down_3[64*i + j] = grad_W0down[64*i + j] +
+                        weight_decay_value*W0down[64*i + j];
+                grad_W1down_3[64*i + j] = weight_decay_value*W1down[64*i + j] +
+                        grad_W1down[64*i + j];
             }
         }
     }
 
-    /* grad_c0down_1 = sum of grad_t20 down each column */
-    TRANSFORMER_LM_REAL *grad_c0down_1 = grad_b0m_1; /* 1 x 64, in grad_b0m_1's memory */
-    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down_1);
-
-    /* grad_c0down_2 = c0down*weight_decay + grad_c0down_1 */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = grad_W0down_2 + 16384; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_c0down_2[j] = grad_c0down_1[j] + weight_decay_value*c0down[j];
-        }
-    }
-
-    /* grad_g1a_1 = sum of g3 down each column */
-    TRANSFORMER_LM_REAL *grad_g1a_1 = grad_c0down_1; /* 1 x 64, in grad_c0down_1's memory */
-    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a_1);
-
-    /* grad_g1a_2 = g1a*weight_decay + grad_g1a_1 */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_g1a_2[j] = grad_g1a_1[j] + weight_decay_value*g1a[j];
-        }
-    }
-
-    /* grad_b1a_1 = sum of grad_t22 down each column */
-    TRANSFORMER_LM_REAL *grad_b1a_1 = grad_g1a_1; /* 1 x 64, in grad_g1a_1's memory */
-    symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a_1);
-
-    /* grad_b1a_2 = b1a*weight_decay + grad_b1a_1 */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1a_2[j] = grad_b1a_1[j] + weight_decay_value*b1a[j];
-        }
-    }
-
-    /* grad_t23 = t22^T @ grad_t24 */
-    TRANSFORMER_LM_REAL *grad_t23 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
-    transformer_lm_product9(m, t22, grad_t24, grad_t23);
-
-    /* grad_Wq1_2 = Wq1*weight_decay + grad_t23/4 */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = grad_b1a_2 + 64; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq1_2[64*i + j] = (1.0/4.0)*grad_t23[64*i + j] + weight_decay_value*Wq1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wk1_1 = t22^T @ grad_t25 */
-    TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_t23; /* 64 x 64, in grad_t23's memory */
-    transformer_lm_product9(m, t22, grad_t25, grad_Wk1_1);
-
-    /* grad_Wk1_2 = Wk1*weight_decay + grad_Wk1_1 */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_Wq1_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wk1_2[64*i + j] = grad_Wk1_1[64*i + j] + weight_decay_value*Wk1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wv1_1 = t22^T @ grad_t28 */
-    TRANSFORMER_LM_REAL *grad_Wv1_1 = grad_Wk1_1; /* 64 x 64, in grad_Wk1_1's memory */
-    transformer_lm_product9(m, t22, grad_t28, grad_Wv1_1);
-
-    /* grad_Wv1_2 = Wv1*weight_decay + grad_Wv1_1 */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wv1_2[64*i + j] = grad_Wv1_1[64*i + j] + weight_decay_value*Wv1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wo1_1 = t29^T @ grad_t31 */
-    TRANSFORMER_LM_REAL *grad_Wo1_1 = grad_Wv1_1; /* 64 x 64, in grad_Wv1_1's memory */
-    transformer_lm_product9(m, t29, grad_t31, grad_Wo1_1);
-
-    /* grad_Wo1_2 = Wo1*weight_decay + grad_Wo1_1 */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wo1_2[64*i + j] = grad_Wo1_1[64*i + j] + weight_decay_value*Wo1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_g1m_1 = sum of g2 down each column */
-    TRANSFORMER_LM_REAL *grad_g1m_1 = grad_b1a_1; /* 1 x 64, in grad_b1a_1's memory */
-    symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m_1);
-
-    /* grad_g1m_2 = g1m*weight_decay + grad_g1m_1 */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = grad_Wo1_2 + 4096; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_g1m_2[j] = grad_g1m_1[j] + weight_decay_value*g1m[j];
-        }
-    }
-
-    /* grad_b1m_1 = sum of grad_t33 down each column */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
-    symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m_1);
-}
-#endif
-
-/* transformer_lm_train_step, part 8 of 9 (kernels 129 to 160): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *step,
-    TRANSFORMER_LM_REAL *m_E,
-    TRANSFORMER_LM_REAL *v_E,
-    TRANSFORMER_LM_REAL *m_P,
-    TRANSFORMER_LM_REAL *v_P,
-    TRANSFORMER_LM_REAL *m_g0a,
-    TRANSFORMER_LM_REAL *v_g0a,
-    TRANSFORMER_LM_REAL *m_b0a,
-    TRANSFORMER_LM_REAL *v_b0a,
-    TRANSFORMER_LM_REAL *m_Wq0,
-    TRANSFORMER_LM_REAL *v_Wq0,
-    TRANSFORMER_LM_REAL *m_Wk0,
-    TRANSFORMER_LM_REAL *v_Wk0,
-    TRANSFORMER_LM_REAL *m_Wv0,
-    TRANSFORMER_LM_REAL *v_Wv0,
-    TRANSFORMER_LM_REAL *m_Wo0,
-    TRANSFORMER_LM_REAL *v_Wo0,
-    TRANSFORMER_LM_REAL *m_g0m,
-    TRANSFORMER_LM_REAL *v_g0m,
-    TRANSFORMER_LM_REAL *m_b0m,
-    TRANSFORMER_LM_REAL *v_b0m,
-    TRANSFORMER_LM_REAL *m_W0up,
-    TRANSFORMER_LM_REAL *v_W0up,
-    TRANSFORMER_LM_REAL *m_c0up,
-    TRANSFORMER_LM_REAL *v_c0up,
-    TRANSFORMER_LM_REAL *m_W0down,
-    TRANSFORMER_LM_REAL *v_W0down,
-    TRANSFORMER_LM_REAL *m_c0down,
-    TRANSFORMER_LM_REAL *v_c0down,
-    TRANSFORMER_LM_REAL *m_g1a,
-    TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *step,
-    TRANSFORMER_LM_REAL *m_E,
-    TRANSFORMER_LM_REAL *v_E,
-    TRANSFORMER_LM_REAL *m_P,
-    TRANSFORMER_LM_REAL *v_P,
-    TRANSFORMER_LM_REAL *m_g0a,
-    TRANSFORMER_LM_REAL *v_g0a,
-    TRANSFORMER_LM_REAL *m_b0a,
-    TRANSFORMER_LM_REAL *v_b0a,
-    TRANSFORMER_LM_REAL *m_Wq0,
-    TRANSFORMER_LM_REAL *v_Wq0,
-    TRANSFORMER_LM_REAL *m_Wk0,
-    TRANSFORMER_LM_REAL *v_Wk0,
-    TRANSFORMER_LM_REAL *m_Wv0,
-    TRANSFORMER_LM_REAL *v_Wv0,
-    TRANSFORMER_LM_REAL *m_Wo0,
-    TRANSFORMER_LM_REAL *v_Wo0,
-    TRANSFORMER_LM_REAL *m_g0m,
-    TRANSFORMER_LM_REAL *v_g0m,
-    TRANSFORMER_LM_REAL *m_b0m,
-    TRANSFORMER_LM_REAL *v_b0m,
-    TRANSFORMER_LM_REAL *m_W0up,
-    TRANSFORMER_LM_REAL *v_W0up,
-    TRANSFORMER_LM_REAL *m_c0up,
-    TRANSFORMER_LM_REAL *v_c0up,
-    TRANSFORMER_LM_REAL *m_W0down,
-    TRANSFORMER_LM_REAL *v_W0down,
-    TRANSFORMER_LM_REAL *m_c0down,
-    TRANSFORMER_LM_REAL *v_c0down,
-    TRANSFORMER_LM_REAL *m_g1a,
-    TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t46 = work + 3391*m + 9216; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4157*m + 13185; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 192*m; /* 64 x 64, in t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4157*m + 17217; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4157*m + 17281; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4157*m + 17345; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4157*m + 25537; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4157*m + 29633; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4157*m + 33729; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4157*m + 33793; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4157*m + 50241; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4157*m + 66625; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4157*m + 66881; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4157*m + 33857; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4157*m + 67137; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4157*m + 83521; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4157*m + 83585; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4157*m + 100097; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
-    /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
-        }
-    }
-
-    /* grad_W1up_1 = t33^T @ g1 */
-    TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
-    transformer_lm_product10(m, t33, g1, grad_W1up_1);
-
-    /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_b1m_2 + 64; /* 64 x 256 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_W1up_2[256*i + j] = grad_W1up_1[256*i + j] + weight_decay_value*W1up[256*i + j];
-            }
-        }
-    }
-
-    /* grad_c1up_1 = sum of g1 down each column */
-    TRANSFORMER_LM_REAL *grad_c1up_1 = grad_c0up_1; /* 1 x 256, in grad_c0up_1's memory */
-    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up_1);
-
-    /* grad_c1up_2 = c1up*weight_decay + grad_c1up_1 */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_W1up_2 + 16384; /* 1 x 256 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
-        }
-    }
-
-    /* grad_W1down_1 = t35^T @ grad_t38 */
-    TRANSFORMER_LM_REAL *grad_W1down_1 = grad_W1up_1; /* 256 x 64, in grad_W1up_1's memory */
-    transformer_lm_product11(m, t35, grad_t38, grad_W1down_1);
-
-    /* grad_W1down_2 = W1down*weight_decay + grad_W1down_1 */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = grad_c1up_2 + 256; /* 256 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 256; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_W1down_2[64*i + j] = grad_W1down_1[64*i + j] + weight_decay_value*W1down[64*i + j];
-            }
-        }
-    }
-
-    /* grad_c1down_1 = sum of grad_t38 down each column */
-    TRANSFORMER_LM_REAL *grad_c1down_1 = grad_b1m_1; /* 1 x 64, in grad_b1m_1's memory */
-    symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down_1);
-
-    /* grad_c1down_2 = c1down*weight_decay + grad_c1down_1 */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = grad_W1down_2 + 16384; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_c1down_2[j] = grad_c1down_1[j] + weight_decay_value*c1down[j];
-        }
-    }
-
-    /* grad_gf_1 = sum of g0 down each column */
-    TRANSFORMER_LM_REAL *grad_gf_1 = grad_c1down_1; /* 1 x 64, in grad_c1down_1's memory */
-    symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf_1);
-
-    /* grad_gf_2 = gf*weight_decay + grad_gf_1 */
-    TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_gf_2[j] = grad_gf_1[j] + weight_decay_value*gf[j];
-        }
-    }
-
-    /* grad_bf_1 = sum of grad_t40 down each column */
-    TRANSFORMER_LM_REAL *grad_bf_1 = grad_gf_1; /* 1 x 64, in grad_gf_1's memory */
-    symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf_1);
-
-    /* grad_bf_2 = bf*weight_decay + grad_bf_1 */
-    TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_bf_2[j] = grad_bf_1[j] + weight_decay_value*bf[j];
-        }
-    }
-
-    /* grad_Wout_1 = t40^T @ grad_t41 */
-    TRANSFORMER_LM_REAL *grad_Wout_1 = grad_E_1; /* 64 x 62, in grad_E_1's memory */
-    transformer_lm_product12(m, t40, grad_t41, grad_Wout_1);
-
-    /* grad_Wout_2 = Wout*weight_decay + grad_Wout_1 */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = grad_bf_2 + 64; /* 64 x 62 */
+    /* grad_Wout_3 = Wout*weight_decay + grad_Wout */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 62; ++j) {
-                grad_Wout_2[62*i + j] = grad_Wout_1[62*i + j] + weight_decay_value*Wout[62*i + j];
+                grad_Wout_3[62*i + j] = grad_Wout[62*i + j] + weight_decay_value*Wout[62*i + j];
             }
         }
     }
 
-    /* m_E = beta1*m_E + grad_E_2*(1 - beta1) */
-    /* v_E = beta2*v_E + grad_E_2**2*(1 - beta2) */
+    /* m_E = beta1*m_E + grad_E_3*(1 - beta1) */
+    /* v_E = beta2*v_E + grad_E_3**2*(1 - beta2) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5268,8 +3412,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             for (int64_t j = 0; j < 64; ++j) {
                 const TRANSFORMER_LM_REAL m_E_in = m_E[64*i + j];
                 const TRANSFORMER_LM_REAL v_E_in = v_E[64*i + j];
-                m_E[64*i + j] = beta1_value*m_E_in + grad_E_2[64*i + j]*(1 - beta1_value);
-                v_E[64*i + j] = (grad_E_2[64*i + j]*grad_E_2[64*i + j])*(1 - beta2_value) + beta2_value*v_E_in;
+                m_E[64*i + j] = beta1_value*m_E_in + grad_E_3[64*i + j]*(1 - beta1_value);
+                v_E[64*i + j] = (grad_E_3[64*i + j]*grad_E_3[64*i + j])*(1 - beta2_value) +
+                        beta2_value*v_E_in;
             }
         }
     }
@@ -5277,8 +3422,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    TRANSFORMER_LM_REAL *bias_correction1 = t46; /* 1 x 1, in t46's memory */
-    TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_2 + 3968; /* 1 x 1 */
     {
         const TRANSFORMER_LM_REAL step_in = step[0];
         const TRANSFORMER_LM_REAL x0 = step_in + 1;
@@ -5296,15 +3439,140 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         for (int64_t i = 0; i < 62; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
                 const TRANSFORMER_LM_REAL E_in = E[64*i + j];
-                E[64*i + j] = -m_E[64*i + j]*lr_value/(bias_correction1_value*(eps_value + sqrt(v_E[64*i + j]/bias_correction2_value))) + E_in;
+                E[64*i + j] = -m_E[64*i + j]*lr_value/(bias_correction1_value*(eps_value +
+                        sqrt(v_E[64*i + j]/bias_correction2_value))) + E_in;
             }
         }
     }
+}
+#endif
 
-    /* m_P = beta1*m_P + grad_P_2*(1 - beta1) */
-    /* v_P = beta2*v_P + grad_P_2**2*(1 - beta2) */
-    /* P = P - lr*(beta1*m_P + grad_P_2*(1 - beta1))/(bias_correction1*(eps + sqrt((beta2*v_P
-     * + grad_P_2**2*(1 - beta2))/bias_correction2))) */
+/* transformer_lm_train_step, part 2 of 4 (kernels 11 to 11): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_P,
+    TRANSFORMER_LM_REAL *v_P,
+    TRANSFORMER_LM_REAL *m_Wq0,
+    TRANSFORMER_LM_REAL *v_Wq0,
+    TRANSFORMER_LM_REAL *m_Wk0,
+    TRANSFORMER_LM_REAL *v_Wk0,
+    TRANSFORMER_LM_REAL *m_Wv0,
+    TRANSFORMER_LM_REAL *v_Wv0,
+    TRANSFORMER_LM_REAL *m_Wo0,
+    TRANSFORMER_LM_REAL *v_Wo0,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_P,
+    TRANSFORMER_LM_REAL *v_P,
+    TRANSFORMER_LM_REAL *m_Wq0,
+    TRANSFORMER_LM_REAL *v_Wq0,
+    TRANSFORMER_LM_REAL *m_Wk0,
+    TRANSFORMER_LM_REAL *v_Wk0,
+    TRANSFORMER_LM_REAL *m_Wv0,
+    TRANSFORMER_LM_REAL *v_Wv0,
+    TRANSFORMER_LM_REAL *m_Wo0,
+    TRANSFORMER_LM_REAL *v_Wo0,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+)
+{
+    /* m_P = beta1*m_P + grad_P_3*(1 - beta1) */
+    /* v_P = beta2*v_P + grad_P_3**2*(1 - beta2) */
+    /* P = P - lr*(beta1*m_P + grad_P_3*(1 - beta1))/(bias_correction1*(eps + sqrt((beta2*v_P
+     * + grad_P_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wq0 = beta1*m_Wq0 + grad_Wq0_3*(1 - beta1) */
+    /* v_Wq0 = beta2*v_Wq0 + grad_Wq0_3**2*(1 - beta2) */
+    /* Wq0 = Wq0 - lr*(beta1*m_Wq0 + grad_Wq0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wq0 + grad_Wq0_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wk0 = beta1*m_Wk0 + grad_Wk0_3*(1 - beta1) */
+    /* v_Wk0 = beta2*v_Wk0 + grad_Wk0_3**2*(1 - beta2) */
+    /* Wk0 = Wk0 - lr*(beta1*m_Wk0 + grad_Wk0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wk0 + grad_Wk0_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wv0 = beta1*m_Wv0 + grad_Wv0_3*(1 - beta1) */
+    /* v_Wv0 = beta2*v_Wv0 + grad_Wv0_3**2*(1 - beta2) */
+    /* Wv0 = Wv0 - lr*(beta1*m_Wv0 + grad_Wv0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wv0 + grad_Wv0_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wo0 = beta1*m_Wo0 + grad_Wo0_3*(1 - beta1) */
+    /* v_Wo0 = beta2*v_Wo0 + grad_Wo0_3**2*(1 - beta2) */
+    /* Wo0 = Wo0 - lr*(beta1*m_Wo0 + grad_Wo0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wo0 + grad_Wo0_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_3*(1 - beta1) */
+    /* v_Wq1 = see the temporaries in the C */
+    /* Wq1 = see the temporaries in the C */
+    /* m_Wk1 = see the temporaries in the C */
+    /* v_Wk1 = see the temporaries in the C */
+    /* Wk1 = see the temporaries in the C */
+    /* m_Wv1 = see the temporaries in the C */
+    /* v_Wv1 = see the temporaries in the C */
+    /* Wv1 = see the temporaries in the C */
+    /* m_Wo1 = see the temporaries in the C */
+    /* v_Wo1 = see the temporaries in the C */
+    /* Wo1 = see the temporaries in the C */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5318,19 +3586,254 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_P_in = m_P[64*i + j];
                 const TRANSFORMER_LM_REAL v_P_in = v_P[64*i + j];
                 const TRANSFORMER_LM_REAL P_in = P[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_P_in + grad_P_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_P_2[64*i + j]*grad_P_2[64*i + j])*(1 - beta2_value) + beta2_value*v_P_in;
-                m_P[64*i + j] = x0;
-                v_P[64*i + j] = x1;
-                P[64*i + j] = P_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                const TRANSFORMER_LM_REAL m_Wq0_in = m_Wq0[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wq0_in = v_Wq0[64*i + j];
+                const TRANSFORMER_LM_REAL Wq0_in = Wq0[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wk0_in = m_Wk0[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wk0_in = v_Wk0[64*i + j];
+                const TRANSFORMER_LM_REAL Wk0_in = Wk0[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wv0_in = m_Wv0[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wv0_in = v_Wv0[64*i + j];
+                const TRANSFORMER_LM_REAL Wv0_in = Wv0[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wo0_in = m_Wo0[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wo0_in = v_Wo0[64*i + j];
+                const TRANSFORMER_LM_REAL Wo0_in = Wo0[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wq1_in = m_Wq1[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wq1_in = v_Wq1[64*i + j];
+                const TRANSFORMER_LM_REAL Wq1_in = Wq1[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wk1_in = m_Wk1[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wk1_in = v_Wk1[64*i + j];
+                const TRANSFORMER_LM_REAL Wk1_in = Wk1[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wv1_in = m_Wv1[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wv1_in = v_Wv1[64*i + j];
+                const TRANSFORMER_LM_REAL Wv1_in = Wv1[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wo1_in = m_Wo1[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wo1_in = v_Wo1[64*i + j];
+                const TRANSFORMER_LM_REAL Wo1_in = Wo1[64*i + j];
+                const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+                const TRANSFORMER_LM_REAL x1 = beta1_value*m_P_in + grad_P_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+                const TRANSFORMER_LM_REAL x3 = (grad_P_3[64*i + j]*grad_P_3[64*i + j])*x2 +
+                        beta2_value*v_P_in;
+                const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+                const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+                const TRANSFORMER_LM_REAL x6 = beta1_value*m_Wq0_in + grad_Wq0_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x7 = (grad_Wq0_3[64*i + j]*grad_Wq0_3[64*i + j])*x2 +
+                        v_Wq0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x8 = beta1_value*m_Wk0_in + grad_Wk0_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x9 = (grad_Wk0_3[64*i + j]*grad_Wk0_3[64*i + j])*x2 +
+                        v_Wk0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x10 = beta1_value*m_Wv0_in + grad_Wv0_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x11 = (grad_Wv0_3[64*i + j]*grad_Wv0_3[64*i + j])*x2 +
+                        v_Wv0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x12 = beta1_value*m_Wo0_in + grad_Wo0_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x13 = (grad_Wo0_3[64*i + j]*grad_Wo0_3[64*i + j])*x2 +
+                        v_Wo0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x14 = beta1_value*m_Wq1_in + grad_Wq1_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x15 = (grad_Wq1_3[64*i + j]*grad_Wq1_3[64*i + j])*x2 +
+                        v_Wq1_in*beta2_value;
+                const TRANSFORMER_LM_REAL x16 = beta1_value*m_Wk1_in + grad_Wk1_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x17 = beta2_value*v_Wk1_in +
+                        (grad_Wk1_3[64*i + j]*grad_Wk1_3[64*i + j])*x2;
+                const TRANSFORMER_LM_REAL x18 = beta1_value*m_Wv1_in + grad_Wv1_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x19 = beta2_value*v_Wv1_in +
+                        (grad_Wv1_3[64*i + j]*grad_Wv1_3[64*i + j])*x2;
+                const TRANSFORMER_LM_REAL x20 = beta1_value*m_Wo1_in + grad_Wo1_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x21 = beta2_value*v_Wo1_in +
+                        (grad_Wo1_3[64*i + j]*grad_Wo1_3[64*i + j])*x2;
+                m_P[64*i + j] = x1;
+                v_P[64*i + j] = x3;
+                P[64*i + j] = P_in + x1*x5/(eps_value + sqrt(x3*x4));
+                m_Wq0[64*i + j] = x6;
+                v_Wq0[64*i + j] = x7;
+                Wq0[64*i + j] = Wq0_in + x5*x6/(eps_value + sqrt(x4*x7));
+                m_Wk0[64*i + j] = x8;
+                v_Wk0[64*i + j] = x9;
+                Wk0[64*i + j] = Wk0_in + x5*x8/(eps_value + sqrt(x4*x9));
+                m_Wv0[64*i + j] = x10;
+                v_Wv0[64*i + j] = x11;
+                Wv0[64*i + j] = Wv0_in + x10*x5/(eps_value + sqrt(x11*x4));
+                m_Wo0[64*i + j] = x12;
+                v_Wo0[64*i + j] = x13;
+                Wo0[64*i + j] = Wo0_in + x12*x5/(eps_value + sqrt(x13*x4));
+                m_Wq1[64*i + j] = x14;
+                v_Wq1[64*i + j] = x15;
+                Wq1[64*i + j] = Wq1_in + x14*x5/(eps_value + sqrt(x15*x4));
+                m_Wk1[64*i + j] = x16;
+                v_Wk1[64*i + j] = x17;
+                Wk1[64*i + j] = Wk1_in + x16*x5/(eps_value + sqrt(x17*x4));
+                m_Wv1[64*i + j] = x18;
+                v_Wv1[64*i + j] = x19;
+                Wv1[64*i + j] = Wv1_in + x18*x5/(eps_value + sqrt(x19*x4));
+                m_Wo1[64*i + j] = x20;
+                v_Wo1[64*i + j] = x21;
+                Wo1[64*i + j] = Wo1_in + x20*x5/(eps_value + sqrt(x21*x4));
             }
         }
     }
+}
+#endif
 
-    /* m_g0a = beta1*m_g0a + grad_g0a_2*(1 - beta1) */
-    /* v_g0a = beta2*v_g0a + grad_g0a_2**2*(1 - beta2) */
-    /* g0a = g0a - lr*(beta1*m_g0a + grad_g0a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g0a + grad_g0a_2**2*(1 - beta2))/bias_correction2))) */
+/* transformer_lm_train_step, part 3 of 4 (kernels 12 to 12): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_g0a,
+    TRANSFORMER_LM_REAL *v_g0a,
+    TRANSFORMER_LM_REAL *m_b0a,
+    TRANSFORMER_LM_REAL *v_b0a,
+    TRANSFORMER_LM_REAL *m_g0m,
+    TRANSFORMER_LM_REAL *v_g0m,
+    TRANSFORMER_LM_REAL *m_b0m,
+    TRANSFORMER_LM_REAL *v_b0m,
+    TRANSFORMER_LM_REAL *m_c0down,
+    TRANSFORMER_LM_REAL *v_c0down,
+    TRANSFORMER_LM_REAL *m_g1a,
+    TRANSFORMER_LM_REAL *v_g1a,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_g0a,
+    TRANSFORMER_LM_REAL *v_g0a,
+    TRANSFORMER_LM_REAL *m_b0a,
+    TRANSFORMER_LM_REAL *v_b0a,
+    TRANSFORMER_LM_REAL *m_g0m,
+    TRANSFORMER_LM_REAL *v_g0m,
+    TRANSFORMER_LM_REAL *m_b0m,
+    TRANSFORMER_LM_REAL *v_b0m,
+    TRANSFORMER_LM_REAL *m_c0down,
+    TRANSFORMER_LM_REAL *v_c0down,
+    TRANSFORMER_LM_REAL *m_g1a,
+    TRANSFORMER_LM_REAL *v_g1a,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+)
+{
+    /* m_g0a = beta1*m_g0a + grad_g0a_3*(1 - beta1) */
+    /* v_g0a = beta2*v_g0a + grad_g0a_3**2*(1 - beta2) */
+    /* g0a = g0a - lr*(beta1*m_g0a + grad_g0a_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_g0a + grad_g0a_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_b0a = beta1*m_b0a + grad_b0a_3*(1 - beta1) */
+    /* v_b0a = beta2*v_b0a + grad_b0a_3**2*(1 - beta2) */
+    /* b0a = b0a - lr*(beta1*m_b0a + grad_b0a_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b0a + grad_b0a_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_g0m = beta1*m_g0m + grad_g0m_3*(1 - beta1) */
+    /* v_g0m = beta2*v_g0m + grad_g0m_3**2*(1 - beta2) */
+    /* g0m = g0m - lr*(beta1*m_g0m + grad_g0m_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_g0m + grad_g0m_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_b0m = beta1*m_b0m + grad_b0m_3*(1 - beta1) */
+    /* v_b0m = beta2*v_b0m + grad_b0m_3**2*(1 - beta2) */
+    /* b0m = b0m - lr*(beta1*m_b0m + grad_b0m_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b0m + grad_b0m_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_c0down = beta1*m_c0down + grad_c0down_3*(1 - beta1) */
+    /* v_c0down = beta2*v_c0down + grad_c0down_3**2*(1 - beta2) */
+    /* c0down = c0down - lr*(beta1*m_c0down + grad_c0down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c0down + grad_c0down_3**2*(1 -
+     * beta2))/bias_correction2))) */
+    /* m_g1a = beta1*m_g1a + grad_g1a_3*(1 - beta1) */
+    /* v_g1a = see the temporaries in the C */
+    /* g1a = see the temporaries in the C */
+    /* m_b1a = see the temporaries in the C */
+    /* v_b1a = see the temporaries in the C */
+    /* b1a = see the temporaries in the C */
+    /* m_g1m = see the temporaries in the C */
+    /* v_g1m = see the temporaries in the C */
+    /* g1m = see the temporaries in the C */
+    /* m_b1m = see the temporaries in the C */
+    /* v_b1m = see the temporaries in the C */
+    /* b1m = see the temporaries in the C */
+    /* m_c1down = see the temporaries in the C */
+    /* v_c1down = see the temporaries in the C */
+    /* c1down = see the temporaries in the C */
+    /* m_gf = see the temporaries in the C */
+    /* v_gf = see the temporaries in the C */
+    /* gf = see the temporaries in the C */
+    /* m_bf = see the temporaries in the C */
+    /* v_bf = see the temporaries in the C */
+    /* bf = see the temporaries in the C */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5342,191 +3845,196 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_g0a_in = m_g0a[j];
             const TRANSFORMER_LM_REAL v_g0a_in = v_g0a[j];
             const TRANSFORMER_LM_REAL g0a_in = g0a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g0a_in + grad_g0a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g0a_2[j]*grad_g0a_2[j])*(1 - beta2_value) + beta2_value*v_g0a_in;
-            m_g0a[j] = x0;
-            v_g0a[j] = x1;
-            g0a[j] = g0a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_b0a = beta1*m_b0a + grad_b0a_2*(1 - beta1) */
-    /* v_b0a = beta2*v_b0a + grad_b0a_2**2*(1 - beta2) */
-    /* b0a = b0a - lr*(beta1*m_b0a + grad_b0a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b0a + grad_b0a_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_b0a_in = m_b0a[j];
             const TRANSFORMER_LM_REAL v_b0a_in = v_b0a[j];
             const TRANSFORMER_LM_REAL b0a_in = b0a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b0a_in + grad_b0a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b0a_2[j]*grad_b0a_2[j])*(1 - beta2_value) + beta2_value*v_b0a_in;
-            m_b0a[j] = x0;
-            v_b0a[j] = x1;
-            b0a[j] = b0a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_Wq0 = beta1*m_Wq0 + grad_Wq0_2*(1 - beta1) */
-    /* v_Wq0 = beta2*v_Wq0 + grad_Wq0_2**2*(1 - beta2) */
-    /* Wq0 = Wq0 - lr*(beta1*m_Wq0 + grad_Wq0_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wq0 + grad_Wq0_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wq0_in = m_Wq0[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wq0_in = v_Wq0[64*i + j];
-                const TRANSFORMER_LM_REAL Wq0_in = Wq0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wq0_in + grad_Wq0_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wq0_2[64*i + j]*grad_Wq0_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wq0_in;
-                m_Wq0[64*i + j] = x0;
-                v_Wq0[64*i + j] = x1;
-                Wq0[64*i + j] = Wq0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wk0 = beta1*m_Wk0 + grad_Wk0_2*(1 - beta1) */
-    /* v_Wk0 = beta2*v_Wk0 + grad_Wk0_2**2*(1 - beta2) */
-    /* Wk0 = Wk0 - lr*(beta1*m_Wk0 + grad_Wk0_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wk0 + grad_Wk0_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wk0_in = m_Wk0[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wk0_in = v_Wk0[64*i + j];
-                const TRANSFORMER_LM_REAL Wk0_in = Wk0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wk0_in + grad_Wk0_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wk0_2[64*i + j]*grad_Wk0_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wk0_in;
-                m_Wk0[64*i + j] = x0;
-                v_Wk0[64*i + j] = x1;
-                Wk0[64*i + j] = Wk0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wv0 = beta1*m_Wv0 + grad_Wv0_2*(1 - beta1) */
-    /* v_Wv0 = beta2*v_Wv0 + grad_Wv0_2**2*(1 - beta2) */
-    /* Wv0 = Wv0 - lr*(beta1*m_Wv0 + grad_Wv0_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wv0 + grad_Wv0_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wv0_in = m_Wv0[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wv0_in = v_Wv0[64*i + j];
-                const TRANSFORMER_LM_REAL Wv0_in = Wv0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wv0_in + grad_Wv0_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wv0_2[64*i + j]*grad_Wv0_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wv0_in;
-                m_Wv0[64*i + j] = x0;
-                v_Wv0[64*i + j] = x1;
-                Wv0[64*i + j] = Wv0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wo0 = beta1*m_Wo0 + grad_Wo0_2*(1 - beta1) */
-    /* v_Wo0 = beta2*v_Wo0 + grad_Wo0_2**2*(1 - beta2) */
-    /* Wo0 = Wo0 - lr*(beta1*m_Wo0 + grad_Wo0_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wo0 + grad_Wo0_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wo0_in = m_Wo0[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wo0_in = v_Wo0[64*i + j];
-                const TRANSFORMER_LM_REAL Wo0_in = Wo0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wo0_in + grad_Wo0_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wo0_2[64*i + j]*grad_Wo0_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wo0_in;
-                m_Wo0[64*i + j] = x0;
-                v_Wo0[64*i + j] = x1;
-                Wo0[64*i + j] = Wo0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_g0m = beta1*m_g0m + grad_g0m_2*(1 - beta1) */
-    /* v_g0m = beta2*v_g0m + grad_g0m_2**2*(1 - beta2) */
-    /* g0m = g0m - lr*(beta1*m_g0m + grad_g0m_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g0m + grad_g0m_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_g0m_in = m_g0m[j];
             const TRANSFORMER_LM_REAL v_g0m_in = v_g0m[j];
             const TRANSFORMER_LM_REAL g0m_in = g0m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g0m_in + grad_g0m_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g0m_2[j]*grad_g0m_2[j])*(1 - beta2_value) + beta2_value*v_g0m_in;
-            m_g0m[j] = x0;
-            v_g0m[j] = x1;
-            g0m[j] = g0m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_b0m = beta1*m_b0m + grad_b0m_2*(1 - beta1) */
-    /* v_b0m = beta2*v_b0m + grad_b0m_2**2*(1 - beta2) */
-    /* b0m = b0m - lr*(beta1*m_b0m + grad_b0m_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b0m + grad_b0m_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_b0m_in = m_b0m[j];
             const TRANSFORMER_LM_REAL v_b0m_in = v_b0m[j];
             const TRANSFORMER_LM_REAL b0m_in = b0m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b0m_in + grad_b0m_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b0m_2[j]*grad_b0m_2[j])*(1 - beta2_value) + beta2_value*v_b0m_in;
-            m_b0m[j] = x0;
-            v_b0m[j] = x1;
-            b0m[j] = b0m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            const TRANSFORMER_LM_REAL m_c0down_in = m_c0down[j];
+            const TRANSFORMER_LM_REAL v_c0down_in = v_c0down[j];
+            const TRANSFORMER_LM_REAL c0down_in = c0down[j];
+            const TRANSFORMER_LM_REAL m_g1a_in = m_g1a[j];
+            const TRANSFORMER_LM_REAL v_g1a_in = v_g1a[j];
+            const TRANSFORMER_LM_REAL g1a_in = g1a[j];
+            const TRANSFORMER_LM_REAL m_b1a_in = m_b1a[j];
+            const TRANSFORMER_LM_REAL v_b1a_in = v_b1a[j];
+            const TRANSFORMER_LM_REAL b1a_in = b1a[j];
+            const TRANSFORMER_LM_REAL m_g1m_in = m_g1m[j];
+            const TRANSFORMER_LM_REAL v_g1m_in = v_g1m[j];
+            const TRANSFORMER_LM_REAL g1m_in = g1m[j];
+            const TRANSFORMER_LM_REAL m_b1m_in = m_b1m[j];
+            const TRANSFORMER_LM_REAL v_b1m_in = v_b1m[j];
+            const TRANSFORMER_LM_REAL b1m_in = b1m[j];
+            const TRANSFORMER_LM_REAL m_c1down_in = m_c1down[j];
+            const TRANSFORMER_LM_REAL v_c1down_in = v_c1down[j];
+            const TRANSFORMER_LM_REAL c1down_in = c1down[j];
+            const TRANSFORMER_LM_REAL m_gf_in = m_gf[j];
+            const TRANSFORMER_LM_REAL v_gf_in = v_gf[j];
+            const TRANSFORMER_LM_REAL gf_in = gf[j];
+            const TRANSFORMER_LM_REAL m_bf_in = m_bf[j];
+            const TRANSFORMER_LM_REAL v_bf_in = v_bf[j];
+            const TRANSFORMER_LM_REAL bf_in = bf[j];
+            const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+            const TRANSFORMER_LM_REAL x1 = beta1_value*m_g0a_in + grad_g0a_3[j]*x0;
+            const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+            const TRANSFORMER_LM_REAL x3 = (grad_g0a_3[j]*grad_g0a_3[j])*x2 + beta2_value*v_g0a_in;
+            const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+            const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+            const TRANSFORMER_LM_REAL x6 = beta1_value*m_b0a_in + grad_b0a_3[j]*x0;
+            const TRANSFORMER_LM_REAL x7 = (grad_b0a_3[j]*grad_b0a_3[j])*x2 + v_b0a_in*beta2_value;
+            const TRANSFORMER_LM_REAL x8 = beta1_value*m_g0m_in + grad_g0m_3[j]*x0;
+            const TRANSFORMER_LM_REAL x9 = (grad_g0m_3[j]*grad_g0m_3[j])*x2 + v_g0m_in*beta2_value;
+            const TRANSFORMER_LM_REAL x10 = beta1_value*m_b0m_in + grad_b0m_3[j]*x0;
+            const TRANSFORMER_LM_REAL x11 = (grad_b0m_3[j]*grad_b0m_3[j])*x2 + v_b0m_in*beta2_value;
+            const TRANSFORMER_LM_REAL x12 = beta1_value*m_c0down_in + grad_c0down_3[j]*x0;
+            const TRANSFORMER_LM_REAL x13 = (grad_c0down_3[j]*grad_c0down_3[j])*x2 +
+                    v_c0down_in*beta2_value;
+            const TRANSFORMER_LM_REAL x14 = beta1_value*m_g1a_in + grad_g1a_3[j]*x0;
+            const TRANSFORMER_LM_REAL x15 = (grad_g1a_3[j]*grad_g1a_3[j])*x2 + v_g1a_in*beta2_value;
+            const TRANSFORMER_LM_REAL x16 = beta1_value*m_b1a_in + grad_b1a_3[j]*x0;
+            const TRANSFORMER_LM_REAL x17 = beta2_value*v_b1a_in + (grad_b1a_3[j]*grad_b1a_3[j])*x2;
+            const TRANSFORMER_LM_REAL x18 = beta1_value*m_g1m_in + grad_g1m_3[j]*x0;
+            const TRANSFORMER_LM_REAL x19 = beta2_value*v_g1m_in + (grad_g1m_3[j]*grad_g1m_3[j])*x2;
+            const TRANSFORMER_LM_REAL x20 = beta1_value*m_b1m_in + grad_b1m_3[j]*x0;
+            const TRANSFORMER_LM_REAL x21 = beta2_value*v_b1m_in + (grad_b1m_3[j]*grad_b1m_3[j])*x2;
+            const TRANSFORMER_LM_REAL x22 = beta1_value*m_c1down_in + grad_c1down_3[j]*x0;
+            const TRANSFORMER_LM_REAL x23 = beta2_value*v_c1down_in +
+                    (grad_c1down_3[j]*grad_c1down_3[j])*x2;
+            const TRANSFORMER_LM_REAL x24 = beta1_value*m_gf_in + grad_gf_3[j]*x0;
+            const TRANSFORMER_LM_REAL x25 = beta2_value*v_gf_in + (grad_gf_3[j]*grad_gf_3[j])*x2;
+            const TRANSFORMER_LM_REAL x26 = beta1_value*m_bf_in + grad_bf_3[j]*x0;
+            const TRANSFORMER_LM_REAL x27 = beta2_value*v_bf_in + (grad_bf_3[j]*grad_bf_3[j])*x2;
+            m_g0a[j] = x1;
+            v_g0a[j] = x3;
+            g0a[j] = g0a_in + x1*x5/(eps_value + sqrt(x3*x4));
+            m_b0a[j] = x6;
+            v_b0a[j] = x7;
+            b0a[j] = b0a_in + x5*x6/(eps_value + sqrt(x4*x7));
+            m_g0m[j] = x8;
+            v_g0m[j] = x9;
+            g0m[j] = g0m_in + x5*x8/(eps_value + sqrt(x4*x9));
+            m_b0m[j] = x10;
+            v_b0m[j] = x11;
+            b0m[j] = b0m_in + x10*x5/(eps_value + sqrt(x11*x4));
+            m_c0down[j] = x12;
+            v_c0down[j] = x13;
+            c0down[j] = c0down_in + x12*x5/(eps_value + sqrt(x13*x4));
+            m_g1a[j] = x14;
+            v_g1a[j] = x15;
+            g1a[j] = g1a_in + x14*x5/(eps_value + sqrt(x15*x4));
+            m_b1a[j] = x16;
+            v_b1a[j] = x17;
+            b1a[j] = b1a_in + x16*x5/(eps_value + sqrt(x17*x4));
+            m_g1m[j] = x18;
+            v_g1m[j] = x19;
+            g1m[j] = g1m_in + x18*x5/(eps_value + sqrt(x19*x4));
+            m_b1m[j] = x20;
+            v_b1m[j] = x21;
+            b1m[j] = b1m_in + x20*x5/(eps_value + sqrt(x21*x4));
+            m_c1down[j] = x22;
+            v_c1down[j] = x23;
+            c1down[j] = c1down_in + x22*x5/(eps_value + sqrt(x23*x4));
+            m_gf[j] = x24;
+            v_gf[j] = x25;
+            gf[j] = gf_in + x24*x5/(eps_value + sqrt(x25*x4));
+            m_bf[j] = x26;
+            v_bf[j] = x27;
+            bf[j] = bf_in + x26*x5/(eps_value + sqrt(x27*x4));
         }
     }
+}
+#endif
 
-    /* m_W0up = beta1*m_W0up + grad_W0up_2*(1 - beta1) */
-    /* v_W0up = beta2*v_W0up + grad_W0up_2**2*(1 - beta2) */
-    /* W0up = W0up - lr*(beta1*m_W0up + grad_W0up_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W0up + grad_W0up_2**2*(1 - beta2))/bias_correction2))) */
+/* transformer_lm_train_step, part 4 of 4 (kernels 13 to 16): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_W0up,
+    TRANSFORMER_LM_REAL *v_W0up,
+    TRANSFORMER_LM_REAL *m_c0up,
+    TRANSFORMER_LM_REAL *v_c0up,
+    TRANSFORMER_LM_REAL *m_W0down,
+    TRANSFORMER_LM_REAL *v_W0down,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_W0up,
+    TRANSFORMER_LM_REAL *v_W0up,
+    TRANSFORMER_LM_REAL *m_c0up,
+    TRANSFORMER_LM_REAL *v_c0up,
+    TRANSFORMER_LM_REAL *m_W0down,
+    TRANSFORMER_LM_REAL *v_W0down,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+)
+{
+    /* m_W0up = beta1*m_W0up + grad_W0up_3*(1 - beta1) */
+    /* v_W0up = beta2*v_W0up + grad_W0up_3**2*(1 - beta2) */
+    /* W0up = W0up - lr*(beta1*m_W0up + grad_W0up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W0up + grad_W0up_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_W1up = beta1*m_W1up + grad_W1up_3*(1 - beta1) */
+    /* v_W1up = beta2*v_W1up + grad_W1up_3**2*(1 - beta2) */
+    /* W1up = W1up - lr*(beta1*m_W1up + grad_W1up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W1up + grad_W1up_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5540,19 +4048,37 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_W0up_in = m_W0up[256*i + j];
                 const TRANSFORMER_LM_REAL v_W0up_in = v_W0up[256*i + j];
                 const TRANSFORMER_LM_REAL W0up_in = W0up[256*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W0up_in + grad_W0up_2[256*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W0up_2[256*i + j]*grad_W0up_2[256*i + j])*(1 - beta2_value) + beta2_value*v_W0up_in;
-                m_W0up[256*i + j] = x0;
-                v_W0up[256*i + j] = x1;
-                W0up[256*i + j] = W0up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                const TRANSFORMER_LM_REAL m_W1up_in = m_W1up[256*i + j];
+                const TRANSFORMER_LM_REAL v_W1up_in = v_W1up[256*i + j];
+                const TRANSFORMER_LM_REAL W1up_in = W1up[256*i + j];
+                const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+                const TRANSFORMER_LM_REAL x1 = beta1_value*m_W0up_in + grad_W0up_3[256*i + j]*x0;
+                const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+                const TRANSFORMER_LM_REAL x3 = (grad_W0up_3[256*i + j]*grad_W0up_3[256*i + j])*x2 +
+                        beta2_value*v_W0up_in;
+                const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+                const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+                const TRANSFORMER_LM_REAL x6 = beta1_value*m_W1up_in + grad_W1up_3[256*i + j]*x0;
+                const TRANSFORMER_LM_REAL x7 = (grad_W1up_3[256*i + j]*grad_W1up_3[256*i + j])*x2 +
+                        v_W1up_in*beta2_value;
+                m_W0up[256*i + j] = x1;
+                v_W0up[256*i + j] = x3;
+                W0up[256*i + j] = W0up_in + x1*x5/(eps_value + sqrt(x3*x4));
+                m_W1up[256*i + j] = x6;
+                v_W1up[256*i + j] = x7;
+                W1up[256*i + j] = W1up_in + x5*x6/(eps_value + sqrt(x4*x7));
             }
         }
     }
 
-    /* m_c0up = beta1*m_c0up + grad_c0up_2*(1 - beta1) */
-    /* v_c0up = beta2*v_c0up + grad_c0up_2**2*(1 - beta2) */
-    /* c0up = c0up - lr*(beta1*m_c0up + grad_c0up_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c0up + grad_c0up_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_c0up = beta1*m_c0up + grad_c0up_3*(1 - beta1) */
+    /* v_c0up = beta2*v_c0up + grad_c0up_3**2*(1 - beta2) */
+    /* c0up = c0up - lr*(beta1*m_c0up + grad_c0up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c0up + grad_c0up_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_c1up = beta1*m_c1up + grad_c1up_3*(1 - beta1) */
+    /* v_c1up = beta2*v_c1up + grad_c1up_3**2*(1 - beta2) */
+    /* c1up = c1up - lr*(beta1*m_c1up + grad_c1up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c1up + grad_c1up_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5564,18 +4090,37 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_c0up_in = m_c0up[j];
             const TRANSFORMER_LM_REAL v_c0up_in = v_c0up[j];
             const TRANSFORMER_LM_REAL c0up_in = c0up[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c0up_in + grad_c0up_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c0up_2[j]*grad_c0up_2[j])*(1 - beta2_value) + beta2_value*v_c0up_in;
-            m_c0up[j] = x0;
-            v_c0up[j] = x1;
-            c0up[j] = c0up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            const TRANSFORMER_LM_REAL m_c1up_in = m_c1up[j];
+            const TRANSFORMER_LM_REAL v_c1up_in = v_c1up[j];
+            const TRANSFORMER_LM_REAL c1up_in = c1up[j];
+            const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+            const TRANSFORMER_LM_REAL x1 = beta1_value*m_c0up_in + grad_c0up_3[j]*x0;
+            const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+            const TRANSFORMER_LM_REAL x3 = (grad_c0up_3[j]*grad_c0up_3[j])*x2 +
+                    beta2_value*v_c0up_in;
+            const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+            const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+            const TRANSFORMER_LM_REAL x6 = beta1_value*m_c1up_in + grad_c1up_3[j]*x0;
+            const TRANSFORMER_LM_REAL x7 = (grad_c1up_3[j]*grad_c1up_3[j])*x2 +
+                    v_c1up_in*beta2_value;
+            m_c0up[j] = x1;
+            v_c0up[j] = x3;
+            c0up[j] = c0up_in + x1*x5/(eps_value + sqrt(x3*x4));
+            m_c1up[j] = x6;
+            v_c1up[j] = x7;
+            c1up[j] = c1up_in + x5*x6/(eps_value + sqrt(x4*x7));
         }
     }
 
-    /* m_W0down = beta1*m_W0down + grad_W0down_2*(1 - beta1) */
-    /* v_W0down = beta2*v_W0down + grad_W0down_2**2*(1 - beta2) */
-    /* W0down = W0down - lr*(beta1*m_W0down + grad_W0down_2*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W0down + grad_W0down_2**2*(1 -
+    /* m_W0down = beta1*m_W0down + grad_W0down_3*(1 - beta1) */
+    /* v_W0down = beta2*v_W0down + grad_W0down_3**2*(1 - beta2) */
+    /* W0down = W0down - lr*(beta1*m_W0down + grad_W0down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W0down + grad_W0down_3**2*(1 -
+     * beta2))/bias_correction2))) */
+    /* m_W1down = beta1*m_W1down + grad_W1down_3*(1 - beta1) */
+    /* v_W1down = beta2*v_W1down + grad_W1down_3**2*(1 - beta2) */
+    /* W1down = W1down - lr*(beta1*m_W1down + grad_W1down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W1down + grad_W1down_3**2*(1 -
      * beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
@@ -5590,509 +4135,33 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_W0down_in = m_W0down[64*i + j];
                 const TRANSFORMER_LM_REAL v_W0down_in = v_W0down[64*i + j];
                 const TRANSFORMER_LM_REAL W0down_in = W0down[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W0down_in + grad_W0down_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W0down_2[64*i + j]*grad_W0down_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W0down_in;
-                m_W0down[64*i + j] = x0;
-                v_W0down[64*i + j] = x1;
-                W0down[64*i + j] = W0down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_c0down = beta1*m_c0down + grad_c0down_2*(1 - beta1) */
-    /* v_c0down = beta2*v_c0down + grad_c0down_2**2*(1 - beta2) */
-    /* c0down = c0down - lr*(beta1*m_c0down + grad_c0down_2*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c0down + grad_c0down_2**2*(1 -
-     * beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_c0down_in = m_c0down[j];
-            const TRANSFORMER_LM_REAL v_c0down_in = v_c0down[j];
-            const TRANSFORMER_LM_REAL c0down_in = c0down[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c0down_in + grad_c0down_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c0down_2[j]*grad_c0down_2[j])*(1 - beta2_value) + beta2_value*v_c0down_in;
-            m_c0down[j] = x0;
-            v_c0down[j] = x1;
-            c0down[j] = c0down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_g1a = beta1*m_g1a + grad_g1a_2*(1 - beta1) */
-    /* v_g1a = beta2*v_g1a + grad_g1a_2**2*(1 - beta2) */
-    /* g1a = g1a - lr*(beta1*m_g1a + grad_g1a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g1a + grad_g1a_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_g1a_in = m_g1a[j];
-            const TRANSFORMER_LM_REAL v_g1a_in = v_g1a[j];
-            const TRANSFORMER_LM_REAL g1a_in = g1a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g1a_in + grad_g1a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g1a_2[j]*grad_g1a_2[j])*(1 - beta2_value) + beta2_value*v_g1a_in;
-            m_g1a[j] = x0;
-            v_g1a[j] = x1;
-            g1a[j] = g1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-}
-#endif
-
-/* transformer_lm_train_step, part 9 of 9 (kernels 161 to 174): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
-    int64_t m,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
-    TRANSFORMER_LM_REAL *m_W1up,
-    TRANSFORMER_LM_REAL *v_W1up,
-    TRANSFORMER_LM_REAL *m_c1up,
-    TRANSFORMER_LM_REAL *v_c1up,
-    TRANSFORMER_LM_REAL *m_W1down,
-    TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *m_Wout,
-    TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
-    int64_t m,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
-    TRANSFORMER_LM_REAL *m_W1up,
-    TRANSFORMER_LM_REAL *v_W1up,
-    TRANSFORMER_LM_REAL *m_c1up,
-    TRANSFORMER_LM_REAL *v_c1up,
-    TRANSFORMER_LM_REAL *m_W1down,
-    TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *m_Wout,
-    TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4157*m + 83713; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4157*m + 87809; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4157*m + 91905; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4157*m + 96001; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4157*m + 100097; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4157*m + 100225; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4157*m + 116609; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4157*m + 116865; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4157*m + 133249; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4157*m + 133313; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4157*m + 133377; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4157*m + 133441; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3391*m + 9216; /* 1 x 1, in t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction2 = work + 4157*m + 137409; /* 1 x 1; placed in an earlier part */
-    /* m_b1a = beta1*m_b1a + grad_b1a_2*(1 - beta1) */
-    /* v_b1a = beta2*v_b1a + grad_b1a_2**2*(1 - beta2) */
-    /* b1a = b1a - lr*(beta1*m_b1a + grad_b1a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1a + grad_b1a_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_b1a_in = m_b1a[j];
-            const TRANSFORMER_LM_REAL v_b1a_in = v_b1a[j];
-            const TRANSFORMER_LM_REAL b1a_in = b1a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1a_in + grad_b1a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b1a_2[j]*grad_b1a_2[j])*(1 - beta2_value) + beta2_value*v_b1a_in;
-            m_b1a[j] = x0;
-            v_b1a[j] = x1;
-            b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_2*(1 - beta1) */
-    /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2) */
-    /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wq1_in = m_Wq1[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wq1_in = v_Wq1[64*i + j];
-                const TRANSFORMER_LM_REAL Wq1_in = Wq1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wq1_in + grad_Wq1_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wq1_2[64*i + j]*grad_Wq1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wq1_in;
-                m_Wq1[64*i + j] = x0;
-                v_Wq1[64*i + j] = x1;
-                Wq1[64*i + j] = Wq1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wk1 = beta1*m_Wk1 + grad_Wk1_2*(1 - beta1) */
-    /* v_Wk1 = beta2*v_Wk1 + grad_Wk1_2**2*(1 - beta2) */
-    /* Wk1 = Wk1 - lr*(beta1*m_Wk1 + grad_Wk1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wk1 + grad_Wk1_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wk1_in = m_Wk1[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wk1_in = v_Wk1[64*i + j];
-                const TRANSFORMER_LM_REAL Wk1_in = Wk1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wk1_in + grad_Wk1_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wk1_2[64*i + j]*grad_Wk1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wk1_in;
-                m_Wk1[64*i + j] = x0;
-                v_Wk1[64*i + j] = x1;
-                Wk1[64*i + j] = Wk1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wv1 = beta1*m_Wv1 + grad_Wv1_2*(1 - beta1) */
-    /* v_Wv1 = beta2*v_Wv1 + grad_Wv1_2**2*(1 - beta2) */
-    /* Wv1 = Wv1 - lr*(beta1*m_Wv1 + grad_Wv1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wv1 + grad_Wv1_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wv1_in = m_Wv1[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wv1_in = v_Wv1[64*i + j];
-                const TRANSFORMER_LM_REAL Wv1_in = Wv1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wv1_in + grad_Wv1_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wv1_2[64*i + j]*grad_Wv1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wv1_in;
-                m_Wv1[64*i + j] = x0;
-                v_Wv1[64*i + j] = x1;
-                Wv1[64*i + j] = Wv1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wo1 = beta1*m_Wo1 + grad_Wo1_2*(1 - beta1) */
-    /* v_Wo1 = beta2*v_Wo1 + grad_Wo1_2**2*(1 - beta2) */
-    /* Wo1 = Wo1 - lr*(beta1*m_Wo1 + grad_Wo1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wo1 + grad_Wo1_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wo1_in = m_Wo1[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wo1_in = v_Wo1[64*i + j];
-                const TRANSFORMER_LM_REAL Wo1_in = Wo1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wo1_in + grad_Wo1_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wo1_2[64*i + j]*grad_Wo1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wo1_in;
-                m_Wo1[64*i + j] = x0;
-                v_Wo1[64*i + j] = x1;
-                Wo1[64*i + j] = Wo1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_g1m = beta1*m_g1m + grad_g1m_2*(1 - beta1) */
-    /* v_g1m = beta2*v_g1m + grad_g1m_2**2*(1 - beta2) */
-    /* g1m = g1m - lr*(beta1*m_g1m + grad_g1m_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g1m + grad_g1m_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_g1m_in = m_g1m[j];
-            const TRANSFORMER_LM_REAL v_g1m_in = v_g1m[j];
-            const TRANSFORMER_LM_REAL g1m_in = g1m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g1m_in + grad_g1m_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g1m_2[j]*grad_g1m_2[j])*(1 - beta2_value) + beta2_value*v_g1m_in;
-            m_g1m[j] = x0;
-            v_g1m[j] = x1;
-            g1m[j] = g1m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_b1m = beta1*m_b1m + grad_b1m_2*(1 - beta1) */
-    /* v_b1m = beta2*v_b1m + grad_b1m_2**2*(1 - beta2) */
-    /* b1m = b1m - lr*(beta1*m_b1m + grad_b1m_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1m + grad_b1m_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_b1m_in = m_b1m[j];
-            const TRANSFORMER_LM_REAL v_b1m_in = v_b1m[j];
-            const TRANSFORMER_LM_REAL b1m_in = b1m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1m_in + grad_b1m_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b1m_2[j]*grad_b1m_2[j])*(1 - beta2_value) + beta2_value*v_b1m_in;
-            m_b1m[j] = x0;
-            v_b1m[j] = x1;
-            b1m[j] = b1m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_W1up = beta1*m_W1up + grad_W1up_2*(1 - beta1) */
-    /* v_W1up = beta2*v_W1up + grad_W1up_2**2*(1 - beta2) */
-    /* W1up = W1up - lr*(beta1*m_W1up + grad_W1up_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W1up + grad_W1up_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 256; ++j) {
-                const TRANSFORMER_LM_REAL m_W1up_in = m_W1up[256*i + j];
-                const TRANSFORMER_LM_REAL v_W1up_in = v_W1up[256*i + j];
-                const TRANSFORMER_LM_REAL W1up_in = W1up[256*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W1up_in + grad_W1up_2[256*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W1up_2[256*i + j]*grad_W1up_2[256*i + j])*(1 - beta2_value) + beta2_value*v_W1up_in;
-                m_W1up[256*i + j] = x0;
-                v_W1up[256*i + j] = x1;
-                W1up[256*i + j] = W1up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_c1up = beta1*m_c1up + grad_c1up_2*(1 - beta1) */
-    /* v_c1up = beta2*v_c1up + grad_c1up_2**2*(1 - beta2) */
-    /* c1up = c1up - lr*(beta1*m_c1up + grad_c1up_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c1up + grad_c1up_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL m_c1up_in = m_c1up[j];
-            const TRANSFORMER_LM_REAL v_c1up_in = v_c1up[j];
-            const TRANSFORMER_LM_REAL c1up_in = c1up[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c1up_in + grad_c1up_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c1up_2[j]*grad_c1up_2[j])*(1 - beta2_value) + beta2_value*v_c1up_in;
-            m_c1up[j] = x0;
-            v_c1up[j] = x1;
-            c1up[j] = c1up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_W1down = beta1*m_W1down + grad_W1down_2*(1 - beta1) */
-    /* v_W1down = beta2*v_W1down + grad_W1down_2**2*(1 - beta2) */
-    /* W1down = W1down - lr*(beta1*m_W1down + grad_W1down_2*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W1down + grad_W1down_2**2*(1 -
-     * beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 256; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
                 const TRANSFORMER_LM_REAL m_W1down_in = m_W1down[64*i + j];
                 const TRANSFORMER_LM_REAL v_W1down_in = v_W1down[64*i + j];
                 const TRANSFORMER_LM_REAL W1down_in = W1down[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W1down_in + grad_W1down_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W1down_2[64*i + j]*grad_W1down_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W1down_in;
-                m_W1down[64*i + j] = x0;
-                v_W1down[64*i + j] = x1;
-                W1down[64*i + j] = W1down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+                const TRANSFORMER_LM_REAL x1 = beta1_value*m_W0down_in + grad_W0down_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+                const TRANSFORMER_LM_REAL x3 = (grad_W0down_3[64*i + j]*grad_W0down_3[64*i + j])*x2
+                        + beta2_value*v_W0down_in;
+                const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+                const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+                const TRANSFORMER_LM_REAL x6 = beta1_value*m_W1down_in + grad_W1down_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x7 = (grad_W1down_3[64*i + j]*grad_W1down_3[64*i + j])*x2
+                        + v_W1down_in*beta2_value;
+                m_W0down[64*i + j] = x1;
+                v_W0down[64*i + j] = x3;
+                W0down[64*i + j] = W0down_in + x1*x5/(eps_value + sqrt(x3*x4));
+                m_W1down[64*i + j] = x6;
+                v_W1down[64*i + j] = x7;
+                W1down[64*i + j] = W1down_in + x5*x6/(eps_value + sqrt(x4*x7));
             }
         }
     }
 
-    /* m_c1down = beta1*m_c1down + grad_c1down_2*(1 - beta1) */
-    /* v_c1down = beta2*v_c1down + grad_c1down_2**2*(1 - beta2) */
-    /* c1down = c1down - lr*(beta1*m_c1down + grad_c1down_2*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c1down + grad_c1down_2**2*(1 -
-     * beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_c1down_in = m_c1down[j];
-            const TRANSFORMER_LM_REAL v_c1down_in = v_c1down[j];
-            const TRANSFORMER_LM_REAL c1down_in = c1down[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c1down_in + grad_c1down_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c1down_2[j]*grad_c1down_2[j])*(1 - beta2_value) + beta2_value*v_c1down_in;
-            m_c1down[j] = x0;
-            v_c1down[j] = x1;
-            c1down[j] = c1down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_gf = beta1*m_gf + grad_gf_2*(1 - beta1) */
-    /* v_gf = beta2*v_gf + grad_gf_2**2*(1 - beta2) */
-    /* gf = gf - lr*(beta1*m_gf + grad_gf_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_gf + grad_gf_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_gf_in = m_gf[j];
-            const TRANSFORMER_LM_REAL v_gf_in = v_gf[j];
-            const TRANSFORMER_LM_REAL gf_in = gf[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_gf_in + grad_gf_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_gf_2[j]*grad_gf_2[j])*(1 - beta2_value) + beta2_value*v_gf_in;
-            m_gf[j] = x0;
-            v_gf[j] = x1;
-            gf[j] = gf_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_bf = beta1*m_bf + grad_bf_2*(1 - beta1) */
-    /* v_bf = beta2*v_bf + grad_bf_2**2*(1 - beta2) */
-    /* bf = bf - lr*(beta1*m_bf + grad_bf_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_bf + grad_bf_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_bf_in = m_bf[j];
-            const TRANSFORMER_LM_REAL v_bf_in = v_bf[j];
-            const TRANSFORMER_LM_REAL bf_in = bf[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_bf_in + grad_bf_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_bf_2[j]*grad_bf_2[j])*(1 - beta2_value) + beta2_value*v_bf_in;
-            m_bf[j] = x0;
-            v_bf[j] = x1;
-            bf[j] = bf_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_Wout = beta1*m_Wout + grad_Wout_2*(1 - beta1) */
-    /* v_Wout = beta2*v_Wout + grad_Wout_2**2*(1 - beta2) */
-    /* Wout = Wout - lr*(beta1*m_Wout + grad_Wout_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wout + grad_Wout_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wout = beta1*m_Wout + grad_Wout_3*(1 - beta1) */
+    /* v_Wout = beta2*v_Wout + grad_Wout_3**2*(1 - beta2) */
+    /* Wout = Wout - lr*(beta1*m_Wout + grad_Wout_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wout + grad_Wout_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -6106,11 +4175,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
                 const TRANSFORMER_LM_REAL m_Wout_in = m_Wout[62*i + j];
                 const TRANSFORMER_LM_REAL v_Wout_in = v_Wout[62*i + j];
                 const TRANSFORMER_LM_REAL Wout_in = Wout[62*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wout_in + grad_Wout_2[62*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wout_2[62*i + j]*grad_Wout_2[62*i + j])*(1 - beta2_value) + beta2_value*v_Wout_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wout_in + grad_Wout_3[62*i + j]*(1 -
+                        beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wout_3[62*i + j]*grad_Wout_3[62*i + j])*(1 -
+                        beta2_value) + beta2_value*v_Wout_in;
                 m_Wout[62*i + j] = x0;
                 v_Wout[62*i + j] = x1;
-                Wout[62*i + j] = Wout_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                Wout[62*i + j] = Wout_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
             }
         }
     }
@@ -6239,15 +4311,108 @@ int transformer_lm_train_step(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_train_step_part1(m, ids, positions, E, P, work);
-    transformer_lm_train_step_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work);
-    transformer_lm_train_step_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
-    transformer_lm_train_step_part4(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work);
-    transformer_lm_train_step_part5(m, ids, positions, work);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, weight_decay, work);
-    transformer_lm_train_step_part7(m, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, weight_decay, work);
-    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, work);
-    transformer_lm_train_step_part9(m, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+
+    /* where each buffer lies in work */
+    TRANSFORMER_LM_REAL *grad_E_3 = work; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_3 = grad_E_3 + 3968; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq0_3 = grad_P_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk0_3 = grad_Wq0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv0_3 = grad_Wk0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo0_3 = grad_Wv0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq1_3 = grad_Wo0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk1_3 = grad_Wq1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv1_3 = grad_Wk1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo1_3 = grad_Wv1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0a_3 = grad_Wo1_3 + 4096; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0a_3 = grad_g0a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0m_3 = grad_b0a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0m_3 = grad_g0m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_c0down_3 = grad_b0m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1a_3 = grad_c0down_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1a_3 = grad_g1a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1m_3 = grad_b1a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1m_3 = grad_g1m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_c1down_3 = grad_b1m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_gf_3 = grad_c1down_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_bf_3 = grad_gf_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_W0up_3 = grad_bf_3 + 64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_W1up_3 = grad_W0up_3 + 16384; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c0up_3 = grad_W1up_3 + 16384; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_c1up_3 = grad_c0up_3 + 256; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W0down_3 = grad_c1up_3 + 256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_W1down_3 = grad_W0down_3 + 16384; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wout_3 = grad_W1down_3 + 16384; /* 64 x 62 */
+    TRANSFORMER_LM_REAL *bias_correction1 = grad_Wout_3 + 3968; /* 1 x 1 */
+    TRANSFORMER_LM_REAL *bias_correction2 = bias_correction1 + 1; /* 1 x 1 */
+
+    /* the gradient, in work after the buffers above */
+    TRANSFORMER_LM_REAL *grad_E = work + 111618; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P = grad_E + 62*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0a = grad_P + 64*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0a = grad_g0a + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq0 = grad_b0a + 1*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk0 = grad_Wq0 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv0 = grad_Wk0 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo0 = grad_Wv0 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0m = grad_Wo0 + 64*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0m = grad_g0m + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_W0up = grad_b0m + 1*64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c0up = grad_W0up + 64*256; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W0down = grad_c0up + 1*256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_c0down = grad_W0down + 256*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1a = grad_c0down + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1a = grad_g1a + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq1 = grad_b1a + 1*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk1 = grad_Wq1 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv1 = grad_Wk1 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo1 = grad_Wv1 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1m = grad_Wo1 + 64*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1m = grad_g1m + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_W1up = grad_b1m + 1*64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c1up = grad_W1up + 64*256; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W1down = grad_c1up + 1*256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_c1down = grad_W1down + 256*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_gf = grad_c1down + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_bf = grad_gf + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wout = grad_bf + 1*64; /* 64 x 62 */
+
+    const int status = transformer_lm_value_and_grad(m, ids, positions, targets, E, P, g0a, b0a,
+            Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1,
+            g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a,
+            grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up,
+            grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1,
+            grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf,
+            grad_bf, grad_Wout, grad_Wout + 64*62);
+    if (status != 0) {
+        return status; /* (it writes nothing then) */
+    }
+
+    transformer_lm_train_step_part1(E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up,
+            W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf,
+            bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, grad_E_3, grad_P_3,
+            grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3,
+            grad_Wo1_3, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3, grad_g1a_3,
+            grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3, grad_W0up_3,
+            grad_W1up_3, grad_c0up_3, grad_c1up_3, grad_W0down_3, grad_W1down_3, grad_Wout_3,
+            bias_correction1, bias_correction2, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0,
+            grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down,
+            grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m,
+            grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout);
+    transformer_lm_train_step_part2(P, Wq0, Wk0, Wv0, Wo0, Wq1, Wk1, Wv1, Wo1, lr, beta1, beta2,
+            eps, m_P, v_P, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_Wq1, v_Wq1,
+            m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, grad_P_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3,
+            grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, bias_correction1,
+            bias_correction2);
+    transformer_lm_train_step_part3(g0a, b0a, g0m, b0m, c0down, g1a, b1a, g1m, b1m, c1down, gf, bf,
+            lr, beta1, beta2, eps, m_g0a, v_g0a, m_b0a, v_b0a, m_g0m, v_g0m, m_b0m, v_b0m, m_c0down,
+            v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_g1m, v_g1m, m_b1m, v_b1m, m_c1down, v_c1down,
+            m_gf, v_gf, m_bf, v_bf, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3,
+            grad_g1a_3, grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3,
+            bias_correction1, bias_correction2);
+    transformer_lm_train_step_part4(W0up, c0up, W0down, W1up, c1up, W1down, Wout, lr, beta1, beta2,
+            eps, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_W1up, v_W1up, m_c1up, v_c1up,
+            m_W1down, v_W1down, m_Wout, v_Wout, grad_W0up_3, grad_W1up_3, grad_c0up_3, grad_c1up_3,
+            grad_W0down_3, grad_W1down_3, grad_Wout_3, bias_correction1, bias_correction2);
     return 0;
 }
 #endif
@@ -6413,9 +4578,12 @@ int transformer_lm_train_epoch(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    int64_t *ids_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows, batch)); /* batch x 1 */
-    int64_t *positions_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows, batch) + batch); /* batch x 1 */
-    int64_t *targets_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows, batch) + batch + batch); /* batch x 1 */
+    int64_t *ids_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows,
+            batch)); /* batch x 1 */
+    int64_t *positions_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows,
+            batch) + batch); /* batch x 1 */
+    int64_t *targets_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows,
+            batch) + batch + batch); /* batch x 1 */
     int64_t b = 0;
     for (int64_t start = 0; start < rows; start += batch) {
         const int64_t m = rows - start < batch ? rows - start : batch;
@@ -6596,7 +4764,8 @@ const char *transformer_lm_forward_name_out(int64_t i)
 
 int transformer_lm_forward_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0};
     return i >= 0 && i < 32 ? kinds[i] : -1;
 }
 
@@ -6663,9 +4832,11 @@ size_t transformer_lm_forward_call_work_len(const int64_t *dims)
 }
 
 /* transformer_lm_forward with its arrays in arrays (see transformer_lm.h). */
-int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work)
+int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && transformer_lm_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            transformer_lm_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 32; ++i) {
@@ -6732,7 +4903,8 @@ const char *transformer_lm_value_and_grad_name_out(int64_t i)
 
 int transformer_lm_value_and_grad_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0};
     return i >= 0 && i < 32 ? kinds[i] : -1;
 }
 
@@ -6828,9 +5000,11 @@ size_t transformer_lm_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* transformer_lm_value_and_grad with its arrays in arrays (see transformer_lm.h). */
-int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work)
+int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && transformer_lm_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            transformer_lm_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 32; ++i) {
@@ -6859,16 +5033,24 @@ int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *i
         (const TRANSFORMER_LM_REAL *)in[25], (const TRANSFORMER_LM_REAL *)in[26],
         (const TRANSFORMER_LM_REAL *)in[27], (const TRANSFORMER_LM_REAL *)in[28],
         (const TRANSFORMER_LM_REAL *)in[29], (const TRANSFORMER_LM_REAL *)in[30],
-        (const TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)out[0], (TRANSFORMER_LM_REAL *)out[1],
+        (const TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)out[0], (TRANSFORMER_LM_REAL
+                *)out[1],
         (TRANSFORMER_LM_REAL *)out[2], (TRANSFORMER_LM_REAL *)out[3], (TRANSFORMER_LM_REAL *)out[4],
         (TRANSFORMER_LM_REAL *)out[5], (TRANSFORMER_LM_REAL *)out[6], (TRANSFORMER_LM_REAL *)out[7],
-        (TRANSFORMER_LM_REAL *)out[8], (TRANSFORMER_LM_REAL *)out[9], (TRANSFORMER_LM_REAL *)out[10],
-        (TRANSFORMER_LM_REAL *)out[11], (TRANSFORMER_LM_REAL *)out[12], (TRANSFORMER_LM_REAL *)out[13],
-        (TRANSFORMER_LM_REAL *)out[14], (TRANSFORMER_LM_REAL *)out[15], (TRANSFORMER_LM_REAL *)out[16],
-        (TRANSFORMER_LM_REAL *)out[17], (TRANSFORMER_LM_REAL *)out[18], (TRANSFORMER_LM_REAL *)out[19],
-        (TRANSFORMER_LM_REAL *)out[20], (TRANSFORMER_LM_REAL *)out[21], (TRANSFORMER_LM_REAL *)out[22],
-        (TRANSFORMER_LM_REAL *)out[23], (TRANSFORMER_LM_REAL *)out[24], (TRANSFORMER_LM_REAL *)out[25],
-        (TRANSFORMER_LM_REAL *)out[26], (TRANSFORMER_LM_REAL *)out[27], (TRANSFORMER_LM_REAL *)out[28],
+        (TRANSFORMER_LM_REAL *)out[8], (TRANSFORMER_LM_REAL *)out[9], (TRANSFORMER_LM_REAL
+                *)out[10],
+        (TRANSFORMER_LM_REAL *)out[11], (TRANSFORMER_LM_REAL *)out[12], (TRANSFORMER_LM_REAL
+                *)out[13],
+        (TRANSFORMER_LM_REAL *)out[14], (TRANSFORMER_LM_REAL *)out[15], (TRANSFORMER_LM_REAL
+                *)out[16],
+        (TRANSFORMER_LM_REAL *)out[17], (TRANSFORMER_LM_REAL *)out[18], (TRANSFORMER_LM_REAL
+                *)out[19],
+        (TRANSFORMER_LM_REAL *)out[20], (TRANSFORMER_LM_REAL *)out[21], (TRANSFORMER_LM_REAL
+                *)out[22],
+        (TRANSFORMER_LM_REAL *)out[23], (TRANSFORMER_LM_REAL *)out[24], (TRANSFORMER_LM_REAL
+                *)out[25],
+        (TRANSFORMER_LM_REAL *)out[26], (TRANSFORMER_LM_REAL *)out[27], (TRANSFORMER_LM_REAL
+                *)out[28],
         (TRANSFORMER_LM_REAL *)out[29], work
     );
 }
@@ -6907,7 +5089,10 @@ const char *transformer_lm_train_step_name_out(int64_t i)
 
 int transformer_lm_train_step_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    static const int kinds[] = {1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
     return i >= 0 && i < 96 ? kinds[i] : -1;
 }
 
@@ -7038,9 +5223,11 @@ size_t transformer_lm_train_step_call_work_len(const int64_t *dims)
 }
 
 /* transformer_lm_train_step with its arrays in arrays (see transformer_lm.h). */
-int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work)
+int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && transformer_lm_train_step_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            transformer_lm_train_step_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 96; ++i) {
@@ -7064,7 +5251,8 @@ int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, v
         (TRANSFORMER_LM_REAL *)in[21], (TRANSFORMER_LM_REAL *)in[22], (TRANSFORMER_LM_REAL *)in[23],
         (TRANSFORMER_LM_REAL *)in[24], (TRANSFORMER_LM_REAL *)in[25], (TRANSFORMER_LM_REAL *)in[26],
         (TRANSFORMER_LM_REAL *)in[27], (TRANSFORMER_LM_REAL *)in[28], (TRANSFORMER_LM_REAL *)in[29],
-        (TRANSFORMER_LM_REAL *)in[30], (TRANSFORMER_LM_REAL *)in[31], (const TRANSFORMER_LM_REAL *)in[32],
+        (TRANSFORMER_LM_REAL *)in[30], (TRANSFORMER_LM_REAL *)in[31], (const TRANSFORMER_LM_REAL
+                *)in[32],
         (const TRANSFORMER_LM_REAL *)in[33], (const TRANSFORMER_LM_REAL *)in[34],
         (const TRANSFORMER_LM_REAL *)in[35], (const TRANSFORMER_LM_REAL *)in[36],
         (TRANSFORMER_LM_REAL *)in[37], (TRANSFORMER_LM_REAL *)in[38], (TRANSFORMER_LM_REAL *)in[39],
@@ -7086,7 +5274,8 @@ int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, v
         (TRANSFORMER_LM_REAL *)in[85], (TRANSFORMER_LM_REAL *)in[86], (TRANSFORMER_LM_REAL *)in[87],
         (TRANSFORMER_LM_REAL *)in[88], (TRANSFORMER_LM_REAL *)in[89], (TRANSFORMER_LM_REAL *)in[90],
         (TRANSFORMER_LM_REAL *)in[91], (TRANSFORMER_LM_REAL *)in[92], (TRANSFORMER_LM_REAL *)in[93],
-        (TRANSFORMER_LM_REAL *)in[94], (TRANSFORMER_LM_REAL *)in[95], (TRANSFORMER_LM_REAL *)out[0], work
+        (TRANSFORMER_LM_REAL *)in[94], (TRANSFORMER_LM_REAL *)in[95], (TRANSFORMER_LM_REAL *)out[0],
+                work
     );
 }
 
@@ -7125,7 +5314,10 @@ const char *transformer_lm_train_epoch_name_out(int64_t i)
 
 int transformer_lm_train_epoch_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    static const int kinds[] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
     return i >= 0 && i < 97 ? kinds[i] : -1;
 }
 
@@ -7259,9 +5451,11 @@ size_t transformer_lm_train_epoch_call_work_len(const int64_t *dims)
 }
 
 /* transformer_lm_train_epoch with its arrays in arrays (see transformer_lm.h). */
-int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work)
+int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && transformer_lm_train_epoch_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            transformer_lm_train_epoch_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 1; i < 97; ++i) { /* order may be NULL */
@@ -7288,7 +5482,8 @@ int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, 
         (TRANSFORMER_LM_REAL *)in[30], (TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)in[32],
         (const TRANSFORMER_LM_REAL *)in[33], (const TRANSFORMER_LM_REAL *)in[34],
         (const TRANSFORMER_LM_REAL *)in[35], (const TRANSFORMER_LM_REAL *)in[36],
-        (const TRANSFORMER_LM_REAL *)in[37], (TRANSFORMER_LM_REAL *)in[38], (TRANSFORMER_LM_REAL *)in[39],
+        (const TRANSFORMER_LM_REAL *)in[37], (TRANSFORMER_LM_REAL *)in[38], (TRANSFORMER_LM_REAL
+                *)in[39],
         (TRANSFORMER_LM_REAL *)in[40], (TRANSFORMER_LM_REAL *)in[41], (TRANSFORMER_LM_REAL *)in[42],
         (TRANSFORMER_LM_REAL *)in[43], (TRANSFORMER_LM_REAL *)in[44], (TRANSFORMER_LM_REAL *)in[45],
         (TRANSFORMER_LM_REAL *)in[46], (TRANSFORMER_LM_REAL *)in[47], (TRANSFORMER_LM_REAL *)in[48],

@@ -109,7 +109,19 @@ const char *transformer_lm_name_dim(int64_t i);
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  */
 size_t transformer_lm_forward_work_len(int64_t m);
-int transformer_lm_forward(int64_t m, const int64_t *ids, const int64_t *positions, const int64_t *targets, const TRANSFORMER_LM_REAL *E, const TRANSFORMER_LM_REAL *P, const TRANSFORMER_LM_REAL *g0a, const TRANSFORMER_LM_REAL *b0a, const TRANSFORMER_LM_REAL *Wq0, const TRANSFORMER_LM_REAL *Wk0, const TRANSFORMER_LM_REAL *Wv0, const TRANSFORMER_LM_REAL *Wo0, const TRANSFORMER_LM_REAL *g0m, const TRANSFORMER_LM_REAL *b0m, const TRANSFORMER_LM_REAL *W0up, const TRANSFORMER_LM_REAL *c0up, const TRANSFORMER_LM_REAL *W0down, const TRANSFORMER_LM_REAL *c0down, const TRANSFORMER_LM_REAL *g1a, const TRANSFORMER_LM_REAL *b1a, const TRANSFORMER_LM_REAL *Wq1, const TRANSFORMER_LM_REAL *Wk1, const TRANSFORMER_LM_REAL *Wv1, const TRANSFORMER_LM_REAL *Wo1, const TRANSFORMER_LM_REAL *g1m, const TRANSFORMER_LM_REAL *b1m, const TRANSFORMER_LM_REAL *W1up, const TRANSFORMER_LM_REAL *c1up, const TRANSFORMER_LM_REAL *W1down, const TRANSFORMER_LM_REAL *c1down, const TRANSFORMER_LM_REAL *gf, const TRANSFORMER_LM_REAL *bf, const TRANSFORMER_LM_REAL *Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *work);
+int transformer_lm_forward(int64_t m, const int64_t *ids, const int64_t *positions, const int64_t
+        *targets, const TRANSFORMER_LM_REAL *E, const TRANSFORMER_LM_REAL *P, const
+        TRANSFORMER_LM_REAL *g0a, const TRANSFORMER_LM_REAL *b0a, const TRANSFORMER_LM_REAL *Wq0,
+        const TRANSFORMER_LM_REAL *Wk0, const TRANSFORMER_LM_REAL *Wv0, const TRANSFORMER_LM_REAL
+        *Wo0, const TRANSFORMER_LM_REAL *g0m, const TRANSFORMER_LM_REAL *b0m, const
+        TRANSFORMER_LM_REAL *W0up, const TRANSFORMER_LM_REAL *c0up, const TRANSFORMER_LM_REAL
+        *W0down, const TRANSFORMER_LM_REAL *c0down, const TRANSFORMER_LM_REAL *g1a, const
+        TRANSFORMER_LM_REAL *b1a, const TRANSFORMER_LM_REAL *Wq1, const TRANSFORMER_LM_REAL *Wk1,
+        const TRANSFORMER_LM_REAL *Wv1, const TRANSFORMER_LM_REAL *Wo1, const TRANSFORMER_LM_REAL
+        *g1m, const TRANSFORMER_LM_REAL *b1m, const TRANSFORMER_LM_REAL *W1up, const
+        TRANSFORMER_LM_REAL *c1up, const TRANSFORMER_LM_REAL *W1down, const TRANSFORMER_LM_REAL
+        *c1down, const TRANSFORMER_LM_REAL *gf, const TRANSFORMER_LM_REAL *bf, const
+        TRANSFORMER_LM_REAL *Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *work);
 int transformer_lm_forward_n_dims(void);
 const char *transformer_lm_forward_name_dim(int64_t i);
 int transformer_lm_forward_n_in(void);
@@ -120,7 +132,8 @@ int transformer_lm_forward_kind_in(int64_t i);
 int transformer_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int transformer_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t transformer_lm_forward_call_work_len(const int64_t *dims);
-int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work);
+int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   ids: input, m x 1
@@ -190,7 +203,30 @@ int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  */
 size_t transformer_lm_value_and_grad_work_len(int64_t m);
-int transformer_lm_value_and_grad(int64_t m, const int64_t *ids, const int64_t *positions, const int64_t *targets, const TRANSFORMER_LM_REAL *E, const TRANSFORMER_LM_REAL *P, const TRANSFORMER_LM_REAL *g0a, const TRANSFORMER_LM_REAL *b0a, const TRANSFORMER_LM_REAL *Wq0, const TRANSFORMER_LM_REAL *Wk0, const TRANSFORMER_LM_REAL *Wv0, const TRANSFORMER_LM_REAL *Wo0, const TRANSFORMER_LM_REAL *g0m, const TRANSFORMER_LM_REAL *b0m, const TRANSFORMER_LM_REAL *W0up, const TRANSFORMER_LM_REAL *c0up, const TRANSFORMER_LM_REAL *W0down, const TRANSFORMER_LM_REAL *c0down, const TRANSFORMER_LM_REAL *g1a, const TRANSFORMER_LM_REAL *b1a, const TRANSFORMER_LM_REAL *Wq1, const TRANSFORMER_LM_REAL *Wk1, const TRANSFORMER_LM_REAL *Wv1, const TRANSFORMER_LM_REAL *Wo1, const TRANSFORMER_LM_REAL *g1m, const TRANSFORMER_LM_REAL *b1m, const TRANSFORMER_LM_REAL *W1up, const TRANSFORMER_LM_REAL *c1up, const TRANSFORMER_LM_REAL *W1down, const TRANSFORMER_LM_REAL *c1down, const TRANSFORMER_LM_REAL *gf, const TRANSFORMER_LM_REAL *bf, const TRANSFORMER_LM_REAL *Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *grad_E, TRANSFORMER_LM_REAL *grad_P, TRANSFORMER_LM_REAL *grad_g0a, TRANSFORMER_LM_REAL *grad_b0a, TRANSFORMER_LM_REAL *grad_Wq0, TRANSFORMER_LM_REAL *grad_Wk0, TRANSFORMER_LM_REAL *grad_Wv0, TRANSFORMER_LM_REAL *grad_Wo0, TRANSFORMER_LM_REAL *grad_g0m, TRANSFORMER_LM_REAL *grad_b0m, TRANSFORMER_LM_REAL *grad_W0up, TRANSFORMER_LM_REAL *grad_c0up, TRANSFORMER_LM_REAL *grad_W0down, TRANSFORMER_LM_REAL *grad_c0down, TRANSFORMER_LM_REAL *grad_g1a, TRANSFORMER_LM_REAL *grad_b1a, TRANSFORMER_LM_REAL *grad_Wq1, TRANSFORMER_LM_REAL *grad_Wk1, TRANSFORMER_LM_REAL *grad_Wv1, TRANSFORMER_LM_REAL *grad_Wo1, TRANSFORMER_LM_REAL *grad_g1m, TRANSFORMER_LM_REAL *grad_b1m, TRANSFORMER_LM_REAL *grad_W1up, TRANSFORMER_LM_REAL *grad_c1up, TRANSFORMER_LM_REAL *grad_W1down, TRANSFORMER_LM_REAL *grad_c1down, TRANSFORMER_LM_REAL *grad_gf, TRANSFORMER_LM_REAL *grad_bf, TRANSFORMER_LM_REAL *grad_Wout, TRANSFORMER_LM_REAL *work);
+int transformer_lm_value_and_grad(int64_t m, const int64_t *ids, const int64_t *positions, const
+        int64_t *targets, const TRANSFORMER_LM_REAL *E, const TRANSFORMER_LM_REAL *P, const
+        TRANSFORMER_LM_REAL *g0a, const TRANSFORMER_LM_REAL *b0a, const TRANSFORMER_LM_REAL *Wq0,
+        const TRANSFORMER_LM_REAL *Wk0, const TRANSFORMER_LM_REAL *Wv0, const TRANSFORMER_LM_REAL
+        *Wo0, const TRANSFORMER_LM_REAL *g0m, const TRANSFORMER_LM_REAL *b0m, const
+        TRANSFORMER_LM_REAL *W0up, const TRANSFORMER_LM_REAL *c0up, const TRANSFORMER_LM_REAL
+        *W0down, const TRANSFORMER_LM_REAL *c0down, const TRANSFORMER_LM_REAL *g1a, const
+        TRANSFORMER_LM_REAL *b1a, const TRANSFORMER_LM_REAL *Wq1, const TRANSFORMER_LM_REAL *Wk1,
+        const TRANSFORMER_LM_REAL *Wv1, const TRANSFORMER_LM_REAL *Wo1, const TRANSFORMER_LM_REAL
+        *g1m, const TRANSFORMER_LM_REAL *b1m, const TRANSFORMER_LM_REAL *W1up, const
+        TRANSFORMER_LM_REAL *c1up, const TRANSFORMER_LM_REAL *W1down, const TRANSFORMER_LM_REAL
+        *c1down, const TRANSFORMER_LM_REAL *gf, const TRANSFORMER_LM_REAL *bf, const
+        TRANSFORMER_LM_REAL *Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *grad_E,
+        TRANSFORMER_LM_REAL *grad_P, TRANSFORMER_LM_REAL *grad_g0a, TRANSFORMER_LM_REAL *grad_b0a,
+        TRANSFORMER_LM_REAL *grad_Wq0, TRANSFORMER_LM_REAL *grad_Wk0, TRANSFORMER_LM_REAL *grad_Wv0,
+        TRANSFORMER_LM_REAL *grad_Wo0, TRANSFORMER_LM_REAL *grad_g0m, TRANSFORMER_LM_REAL *grad_b0m,
+        TRANSFORMER_LM_REAL *grad_W0up, TRANSFORMER_LM_REAL *grad_c0up, TRANSFORMER_LM_REAL
+        *grad_W0down, TRANSFORMER_LM_REAL *grad_c0down, TRANSFORMER_LM_REAL *grad_g1a,
+        TRANSFORMER_LM_REAL *grad_b1a, TRANSFORMER_LM_REAL *grad_Wq1, TRANSFORMER_LM_REAL *grad_Wk1,
+        TRANSFORMER_LM_REAL *grad_Wv1, TRANSFORMER_LM_REAL *grad_Wo1, TRANSFORMER_LM_REAL *grad_g1m,
+        TRANSFORMER_LM_REAL *grad_b1m, TRANSFORMER_LM_REAL *grad_W1up, TRANSFORMER_LM_REAL
+        *grad_c1up, TRANSFORMER_LM_REAL *grad_W1down, TRANSFORMER_LM_REAL *grad_c1down,
+        TRANSFORMER_LM_REAL *grad_gf, TRANSFORMER_LM_REAL *grad_bf, TRANSFORMER_LM_REAL *grad_Wout,
+        TRANSFORMER_LM_REAL *work);
 int transformer_lm_value_and_grad_n_dims(void);
 const char *transformer_lm_value_and_grad_name_dim(int64_t i);
 int transformer_lm_value_and_grad_n_in(void);
@@ -201,7 +237,8 @@ int transformer_lm_value_and_grad_kind_in(int64_t i);
 int transformer_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int transformer_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t transformer_lm_value_and_grad_call_work_len(const int64_t *dims);
-int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work);
+int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work);
 
 /* One training step: the loss, then the optimizer updates the parameters and its state in place.
  *   ids: input, m x 1
@@ -306,7 +343,39 @@ int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *i
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  */
 size_t transformer_lm_train_step_work_len(int64_t m);
-int transformer_lm_train_step(int64_t m, const int64_t *ids, const int64_t *positions, const int64_t *targets, TRANSFORMER_LM_REAL *E, TRANSFORMER_LM_REAL *P, TRANSFORMER_LM_REAL *g0a, TRANSFORMER_LM_REAL *b0a, TRANSFORMER_LM_REAL *Wq0, TRANSFORMER_LM_REAL *Wk0, TRANSFORMER_LM_REAL *Wv0, TRANSFORMER_LM_REAL *Wo0, TRANSFORMER_LM_REAL *g0m, TRANSFORMER_LM_REAL *b0m, TRANSFORMER_LM_REAL *W0up, TRANSFORMER_LM_REAL *c0up, TRANSFORMER_LM_REAL *W0down, TRANSFORMER_LM_REAL *c0down, TRANSFORMER_LM_REAL *g1a, TRANSFORMER_LM_REAL *b1a, TRANSFORMER_LM_REAL *Wq1, TRANSFORMER_LM_REAL *Wk1, TRANSFORMER_LM_REAL *Wv1, TRANSFORMER_LM_REAL *Wo1, TRANSFORMER_LM_REAL *g1m, TRANSFORMER_LM_REAL *b1m, TRANSFORMER_LM_REAL *W1up, TRANSFORMER_LM_REAL *c1up, TRANSFORMER_LM_REAL *W1down, TRANSFORMER_LM_REAL *c1down, TRANSFORMER_LM_REAL *gf, TRANSFORMER_LM_REAL *bf, TRANSFORMER_LM_REAL *Wout, const TRANSFORMER_LM_REAL *lr, const TRANSFORMER_LM_REAL *beta1, const TRANSFORMER_LM_REAL *beta2, const TRANSFORMER_LM_REAL *eps, const TRANSFORMER_LM_REAL *weight_decay, TRANSFORMER_LM_REAL *step, TRANSFORMER_LM_REAL *m_E, TRANSFORMER_LM_REAL *v_E, TRANSFORMER_LM_REAL *m_P, TRANSFORMER_LM_REAL *v_P, TRANSFORMER_LM_REAL *m_g0a, TRANSFORMER_LM_REAL *v_g0a, TRANSFORMER_LM_REAL *m_b0a, TRANSFORMER_LM_REAL *v_b0a, TRANSFORMER_LM_REAL *m_Wq0, TRANSFORMER_LM_REAL *v_Wq0, TRANSFORMER_LM_REAL *m_Wk0, TRANSFORMER_LM_REAL *v_Wk0, TRANSFORMER_LM_REAL *m_Wv0, TRANSFORMER_LM_REAL *v_Wv0, TRANSFORMER_LM_REAL *m_Wo0, TRANSFORMER_LM_REAL *v_Wo0, TRANSFORMER_LM_REAL *m_g0m, TRANSFORMER_LM_REAL *v_g0m, TRANSFORMER_LM_REAL *m_b0m, TRANSFORMER_LM_REAL *v_b0m, TRANSFORMER_LM_REAL *m_W0up, TRANSFORMER_LM_REAL *v_W0up, TRANSFORMER_LM_REAL *m_c0up, TRANSFORMER_LM_REAL *v_c0up, TRANSFORMER_LM_REAL *m_W0down, TRANSFORMER_LM_REAL *v_W0down, TRANSFORMER_LM_REAL *m_c0down, TRANSFORMER_LM_REAL *v_c0down, TRANSFORMER_LM_REAL *m_g1a, TRANSFORMER_LM_REAL *v_g1a, TRANSFORMER_LM_REAL *m_b1a, TRANSFORMER_LM_REAL *v_b1a, TRANSFORMER_LM_REAL *m_Wq1, TRANSFORMER_LM_REAL *v_Wq1, TRANSFORMER_LM_REAL *m_Wk1, TRANSFORMER_LM_REAL *v_Wk1, TRANSFORMER_LM_REAL *m_Wv1, TRANSFORMER_LM_REAL *v_Wv1, TRANSFORMER_LM_REAL *m_Wo1, TRANSFORMER_LM_REAL *v_Wo1, TRANSFORMER_LM_REAL *m_g1m, TRANSFORMER_LM_REAL *v_g1m, TRANSFORMER_LM_REAL *m_b1m, TRANSFORMER_LM_REAL *v_b1m, TRANSFORMER_LM_REAL *m_W1up, TRANSFORMER_LM_REAL *v_W1up, TRANSFORMER_LM_REAL *m_c1up, TRANSFORMER_LM_REAL *v_c1up, TRANSFORMER_LM_REAL *m_W1down, TRANSFORMER_LM_REAL *v_W1down, TRANSFORMER_LM_REAL *m_c1down, TRANSFORMER_LM_REAL *v_c1down, TRANSFORMER_LM_REAL *m_gf, TRANSFORMER_LM_REAL *v_gf, TRANSFORMER_LM_REAL *m_bf, TRANSFORMER_LM_REAL *v_bf, TRANSFORMER_LM_REAL *m_Wout, TRANSFORMER_LM_REAL *v_Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *work);
+int transformer_lm_train_step(int64_t m, const int64_t *ids, const int64_t *positions, const int64_t
+        *targets, TRANSFORMER_LM_REAL *E, TRANSFORMER_LM_REAL *P, TRANSFORMER_LM_REAL *g0a,
+        TRANSFORMER_LM_REAL *b0a, TRANSFORMER_LM_REAL *Wq0, TRANSFORMER_LM_REAL *Wk0,
+        TRANSFORMER_LM_REAL *Wv0, TRANSFORMER_LM_REAL *Wo0, TRANSFORMER_LM_REAL *g0m,
+        TRANSFORMER_LM_REAL *b0m, TRANSFORMER_LM_REAL *W0up, TRANSFORMER_LM_REAL *c0up,
+        TRANSFORMER_LM_REAL *W0down, TRANSFORMER_LM_REAL *c0down, TRANSFORMER_LM_REAL *g1a,
+        TRANSFORMER_LM_REAL *b1a, TRANSFORMER_LM_REAL *Wq1, TRANSFORMER_LM_REAL *Wk1,
+        TRANSFORMER_LM_REAL *Wv1, TRANSFORMER_LM_REAL *Wo1, TRANSFORMER_LM_REAL *g1m,
+        TRANSFORMER_LM_REAL *b1m, TRANSFORMER_LM_REAL *W1up, TRANSFORMER_LM_REAL *c1up,
+        TRANSFORMER_LM_REAL *W1down, TRANSFORMER_LM_REAL *c1down, TRANSFORMER_LM_REAL *gf,
+        TRANSFORMER_LM_REAL *bf, TRANSFORMER_LM_REAL *Wout, const TRANSFORMER_LM_REAL *lr, const
+        TRANSFORMER_LM_REAL *beta1, const TRANSFORMER_LM_REAL *beta2, const TRANSFORMER_LM_REAL
+        *eps, const TRANSFORMER_LM_REAL *weight_decay, TRANSFORMER_LM_REAL *step,
+        TRANSFORMER_LM_REAL *m_E, TRANSFORMER_LM_REAL *v_E, TRANSFORMER_LM_REAL *m_P,
+        TRANSFORMER_LM_REAL *v_P, TRANSFORMER_LM_REAL *m_g0a, TRANSFORMER_LM_REAL *v_g0a,
+        TRANSFORMER_LM_REAL *m_b0a, TRANSFORMER_LM_REAL *v_b0a, TRANSFORMER_LM_REAL *m_Wq0,
+        TRANSFORMER_LM_REAL *v_Wq0, TRANSFORMER_LM_REAL *m_Wk0, TRANSFORMER_LM_REAL *v_Wk0,
+        TRANSFORMER_LM_REAL *m_Wv0, TRANSFORMER_LM_REAL *v_Wv0, TRANSFORMER_LM_REAL *m_Wo0,
+        TRANSFORMER_LM_REAL *v_Wo0, TRANSFORMER_LM_REAL *m_g0m, TRANSFORMER_LM_REAL *v_g0m,
+        TRANSFORMER_LM_REAL *m_b0m, TRANSFORMER_LM_REAL *v_b0m, TRANSFORMER_LM_REAL *m_W0up,
+        TRANSFORMER_LM_REAL *v_W0up, TRANSFORMER_LM_REAL *m_c0up, TRANSFORMER_LM_REAL *v_c0up,
+        TRANSFORMER_LM_REAL *m_W0down, TRANSFORMER_LM_REAL *v_W0down, TRANSFORMER_LM_REAL *m_c0down,
+        TRANSFORMER_LM_REAL *v_c0down, TRANSFORMER_LM_REAL *m_g1a, TRANSFORMER_LM_REAL *v_g1a,
+        TRANSFORMER_LM_REAL *m_b1a, TRANSFORMER_LM_REAL *v_b1a, TRANSFORMER_LM_REAL *m_Wq1,
+        TRANSFORMER_LM_REAL *v_Wq1, TRANSFORMER_LM_REAL *m_Wk1, TRANSFORMER_LM_REAL *v_Wk1,
+        TRANSFORMER_LM_REAL *m_Wv1, TRANSFORMER_LM_REAL *v_Wv1, TRANSFORMER_LM_REAL *m_Wo1,
+        TRANSFORMER_LM_REAL *v_Wo1, TRANSFORMER_LM_REAL *m_g1m, TRANSFORMER_LM_REAL *v_g1m,
+        TRANSFORMER_LM_REAL *m_b1m, TRANSFORMER_LM_REAL *v_b1m, TRANSFORMER_LM_REAL *m_W1up,
+        TRANSFORMER_LM_REAL *v_W1up, TRANSFORMER_LM_REAL *m_c1up, TRANSFORMER_LM_REAL *v_c1up,
+        TRANSFORMER_LM_REAL *m_W1down, TRANSFORMER_LM_REAL *v_W1down, TRANSFORMER_LM_REAL *m_c1down,
+        TRANSFORMER_LM_REAL *v_c1down, TRANSFORMER_LM_REAL *m_gf, TRANSFORMER_LM_REAL *v_gf,
+        TRANSFORMER_LM_REAL *m_bf, TRANSFORMER_LM_REAL *v_bf, TRANSFORMER_LM_REAL *m_Wout,
+        TRANSFORMER_LM_REAL *v_Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *work);
 int transformer_lm_train_step_n_dims(void);
 const char *transformer_lm_train_step_name_dim(int64_t i);
 int transformer_lm_train_step_n_in(void);
@@ -317,7 +386,8 @@ int transformer_lm_train_step_kind_in(int64_t i);
 int transformer_lm_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int transformer_lm_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t transformer_lm_train_step_call_work_len(const int64_t *dims);
-int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work);
+int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work);
 
 /* One epoch: train_step on each minibatch in turn; losses[b] is the loss of minibatch b.
  *   rows: rows of ids, positions, targets; batch: rows a minibatch (the last may have fewer)
@@ -334,7 +404,40 @@ int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, v
  *   transformer_lm_train_step's with all the rows of its data; its output losses.
  */
 size_t transformer_lm_train_epoch_work_len(int64_t rows, int64_t batch);
-int transformer_lm_train_epoch(int64_t rows, int64_t batch, const int64_t *order, const int64_t *ids, const int64_t *positions, const int64_t *targets, TRANSFORMER_LM_REAL *E, TRANSFORMER_LM_REAL *P, TRANSFORMER_LM_REAL *g0a, TRANSFORMER_LM_REAL *b0a, TRANSFORMER_LM_REAL *Wq0, TRANSFORMER_LM_REAL *Wk0, TRANSFORMER_LM_REAL *Wv0, TRANSFORMER_LM_REAL *Wo0, TRANSFORMER_LM_REAL *g0m, TRANSFORMER_LM_REAL *b0m, TRANSFORMER_LM_REAL *W0up, TRANSFORMER_LM_REAL *c0up, TRANSFORMER_LM_REAL *W0down, TRANSFORMER_LM_REAL *c0down, TRANSFORMER_LM_REAL *g1a, TRANSFORMER_LM_REAL *b1a, TRANSFORMER_LM_REAL *Wq1, TRANSFORMER_LM_REAL *Wk1, TRANSFORMER_LM_REAL *Wv1, TRANSFORMER_LM_REAL *Wo1, TRANSFORMER_LM_REAL *g1m, TRANSFORMER_LM_REAL *b1m, TRANSFORMER_LM_REAL *W1up, TRANSFORMER_LM_REAL *c1up, TRANSFORMER_LM_REAL *W1down, TRANSFORMER_LM_REAL *c1down, TRANSFORMER_LM_REAL *gf, TRANSFORMER_LM_REAL *bf, TRANSFORMER_LM_REAL *Wout, const TRANSFORMER_LM_REAL *lr, const TRANSFORMER_LM_REAL *beta1, const TRANSFORMER_LM_REAL *beta2, const TRANSFORMER_LM_REAL *eps, const TRANSFORMER_LM_REAL *weight_decay, TRANSFORMER_LM_REAL *step, TRANSFORMER_LM_REAL *m_E, TRANSFORMER_LM_REAL *v_E, TRANSFORMER_LM_REAL *m_P, TRANSFORMER_LM_REAL *v_P, TRANSFORMER_LM_REAL *m_g0a, TRANSFORMER_LM_REAL *v_g0a, TRANSFORMER_LM_REAL *m_b0a, TRANSFORMER_LM_REAL *v_b0a, TRANSFORMER_LM_REAL *m_Wq0, TRANSFORMER_LM_REAL *v_Wq0, TRANSFORMER_LM_REAL *m_Wk0, TRANSFORMER_LM_REAL *v_Wk0, TRANSFORMER_LM_REAL *m_Wv0, TRANSFORMER_LM_REAL *v_Wv0, TRANSFORMER_LM_REAL *m_Wo0, TRANSFORMER_LM_REAL *v_Wo0, TRANSFORMER_LM_REAL *m_g0m, TRANSFORMER_LM_REAL *v_g0m, TRANSFORMER_LM_REAL *m_b0m, TRANSFORMER_LM_REAL *v_b0m, TRANSFORMER_LM_REAL *m_W0up, TRANSFORMER_LM_REAL *v_W0up, TRANSFORMER_LM_REAL *m_c0up, TRANSFORMER_LM_REAL *v_c0up, TRANSFORMER_LM_REAL *m_W0down, TRANSFORMER_LM_REAL *v_W0down, TRANSFORMER_LM_REAL *m_c0down, TRANSFORMER_LM_REAL *v_c0down, TRANSFORMER_LM_REAL *m_g1a, TRANSFORMER_LM_REAL *v_g1a, TRANSFORMER_LM_REAL *m_b1a, TRANSFORMER_LM_REAL *v_b1a, TRANSFORMER_LM_REAL *m_Wq1, TRANSFORMER_LM_REAL *v_Wq1, TRANSFORMER_LM_REAL *m_Wk1, TRANSFORMER_LM_REAL *v_Wk1, TRANSFORMER_LM_REAL *m_Wv1, TRANSFORMER_LM_REAL *v_Wv1, TRANSFORMER_LM_REAL *m_Wo1, TRANSFORMER_LM_REAL *v_Wo1, TRANSFORMER_LM_REAL *m_g1m, TRANSFORMER_LM_REAL *v_g1m, TRANSFORMER_LM_REAL *m_b1m, TRANSFORMER_LM_REAL *v_b1m, TRANSFORMER_LM_REAL *m_W1up, TRANSFORMER_LM_REAL *v_W1up, TRANSFORMER_LM_REAL *m_c1up, TRANSFORMER_LM_REAL *v_c1up, TRANSFORMER_LM_REAL *m_W1down, TRANSFORMER_LM_REAL *v_W1down, TRANSFORMER_LM_REAL *m_c1down, TRANSFORMER_LM_REAL *v_c1down, TRANSFORMER_LM_REAL *m_gf, TRANSFORMER_LM_REAL *v_gf, TRANSFORMER_LM_REAL *m_bf, TRANSFORMER_LM_REAL *v_bf, TRANSFORMER_LM_REAL *m_Wout, TRANSFORMER_LM_REAL *v_Wout, TRANSFORMER_LM_REAL *losses, TRANSFORMER_LM_REAL *work);
+int transformer_lm_train_epoch(int64_t rows, int64_t batch, const int64_t *order, const int64_t
+        *ids, const int64_t *positions, const int64_t *targets, TRANSFORMER_LM_REAL *E,
+        TRANSFORMER_LM_REAL *P, TRANSFORMER_LM_REAL *g0a, TRANSFORMER_LM_REAL *b0a,
+        TRANSFORMER_LM_REAL *Wq0, TRANSFORMER_LM_REAL *Wk0, TRANSFORMER_LM_REAL *Wv0,
+        TRANSFORMER_LM_REAL *Wo0, TRANSFORMER_LM_REAL *g0m, TRANSFORMER_LM_REAL *b0m,
+        TRANSFORMER_LM_REAL *W0up, TRANSFORMER_LM_REAL *c0up, TRANSFORMER_LM_REAL *W0down,
+        TRANSFORMER_LM_REAL *c0down, TRANSFORMER_LM_REAL *g1a, TRANSFORMER_LM_REAL *b1a,
+        TRANSFORMER_LM_REAL *Wq1, TRANSFORMER_LM_REAL *Wk1, TRANSFORMER_LM_REAL *Wv1,
+        TRANSFORMER_LM_REAL *Wo1, TRANSFORMER_LM_REAL *g1m, TRANSFORMER_LM_REAL *b1m,
+        TRANSFORMER_LM_REAL *W1up, TRANSFORMER_LM_REAL *c1up, TRANSFORMER_LM_REAL *W1down,
+        TRANSFORMER_LM_REAL *c1down, TRANSFORMER_LM_REAL *gf, TRANSFORMER_LM_REAL *bf,
+        TRANSFORMER_LM_REAL *Wout, const TRANSFORMER_LM_REAL *lr, const TRANSFORMER_LM_REAL *beta1,
+        const TRANSFORMER_LM_REAL *beta2, const TRANSFORMER_LM_REAL *eps, const TRANSFORMER_LM_REAL
+        *weight_decay, TRANSFORMER_LM_REAL *step, TRANSFORMER_LM_REAL *m_E, TRANSFORMER_LM_REAL
+        *v_E, TRANSFORMER_LM_REAL *m_P, TRANSFORMER_LM_REAL *v_P, TRANSFORMER_LM_REAL *m_g0a,
+        TRANSFORMER_LM_REAL *v_g0a, TRANSFORMER_LM_REAL *m_b0a, TRANSFORMER_LM_REAL *v_b0a,
+        TRANSFORMER_LM_REAL *m_Wq0, TRANSFORMER_LM_REAL *v_Wq0, TRANSFORMER_LM_REAL *m_Wk0,
+        TRANSFORMER_LM_REAL *v_Wk0, TRANSFORMER_LM_REAL *m_Wv0, TRANSFORMER_LM_REAL *v_Wv0,
+        TRANSFORMER_LM_REAL *m_Wo0, TRANSFORMER_LM_REAL *v_Wo0, TRANSFORMER_LM_REAL *m_g0m,
+        TRANSFORMER_LM_REAL *v_g0m, TRANSFORMER_LM_REAL *m_b0m, TRANSFORMER_LM_REAL *v_b0m,
+        TRANSFORMER_LM_REAL *m_W0up, TRANSFORMER_LM_REAL *v_W0up, TRANSFORMER_LM_REAL *m_c0up,
+        TRANSFORMER_LM_REAL *v_c0up, TRANSFORMER_LM_REAL *m_W0down, TRANSFORMER_LM_REAL *v_W0down,
+        TRANSFORMER_LM_REAL *m_c0down, TRANSFORMER_LM_REAL *v_c0down, TRANSFORMER_LM_REAL *m_g1a,
+        TRANSFORMER_LM_REAL *v_g1a, TRANSFORMER_LM_REAL *m_b1a, TRANSFORMER_LM_REAL *v_b1a,
+        TRANSFORMER_LM_REAL *m_Wq1, TRANSFORMER_LM_REAL *v_Wq1, TRANSFORMER_LM_REAL *m_Wk1,
+        TRANSFORMER_LM_REAL *v_Wk1, TRANSFORMER_LM_REAL *m_Wv1, TRANSFORMER_LM_REAL *v_Wv1,
+        TRANSFORMER_LM_REAL *m_Wo1, TRANSFORMER_LM_REAL *v_Wo1, TRANSFORMER_LM_REAL *m_g1m,
+        TRANSFORMER_LM_REAL *v_g1m, TRANSFORMER_LM_REAL *m_b1m, TRANSFORMER_LM_REAL *v_b1m,
+        TRANSFORMER_LM_REAL *m_W1up, TRANSFORMER_LM_REAL *v_W1up, TRANSFORMER_LM_REAL *m_c1up,
+        TRANSFORMER_LM_REAL *v_c1up, TRANSFORMER_LM_REAL *m_W1down, TRANSFORMER_LM_REAL *v_W1down,
+        TRANSFORMER_LM_REAL *m_c1down, TRANSFORMER_LM_REAL *v_c1down, TRANSFORMER_LM_REAL *m_gf,
+        TRANSFORMER_LM_REAL *v_gf, TRANSFORMER_LM_REAL *m_bf, TRANSFORMER_LM_REAL *v_bf,
+        TRANSFORMER_LM_REAL *m_Wout, TRANSFORMER_LM_REAL *v_Wout, TRANSFORMER_LM_REAL *losses,
+        TRANSFORMER_LM_REAL *work);
 int transformer_lm_train_epoch_n_dims(void);
 const char *transformer_lm_train_epoch_name_dim(int64_t i);
 int transformer_lm_train_epoch_n_in(void);
@@ -345,7 +448,8 @@ int transformer_lm_train_epoch_kind_in(int64_t i);
 int transformer_lm_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int transformer_lm_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t transformer_lm_train_epoch_call_work_len(const int64_t *dims);
-int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work);
+int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,7 @@ from symbackprop.emit.cprint import IEEEPrinter
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
 from symbackprop.emit.emitted import FLOAT32, FLOAT64, REAL_TYPES, RealType
 from symbackprop.emit.templatecache import TEMPLATES, environment, template_bytecode_cache
-from symbackprop.emit.wrap import wrap_c_comments
+from symbackprop.emit.wrap import wrap_c_code, wrap_c_comments
 from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
 from symbackprop.ops.registry import helpers, record
@@ -167,8 +167,11 @@ class CFunction:
     # (rows, batch) as C text: rows % batch must be 0 (a batched scan's whole steps), checked at entry
     divides: tuple[tuple[str, str], ...] = ()
     parts: tuple[tuple[int, int], ...] = ()  # kernel ranges of its parts (see cparts), none when short
-    anchors: tuple[tuple[str, str], ...] = ()  # (pointer, its absolute place in work), for the parts
     unit: int = 0  # the translation unit of its body (and work_len) where the module is split (cunits)
+    # a call its kernels follow (a train step's value_and_grad: emit/stepcall.py), and the
+    # workspace pointers (name, where, extent) it writes into
+    call: str | None = None
+    call_pointers: tuple[tuple[str, str, str], ...] = ()
     part_units: tuple[int, ...] = ()  # the unit of each part, where the module is split
 
     def wide(self, start: int = 0, end: int | None = None) -> bool:
@@ -188,11 +191,20 @@ class CFunction:
             return "SYMBACKPROP_WIDE "
         return "SYMBACKPROP_STRAIGHT " if any(k.fields.get("straight") for k in self.kernels[start:end]) else ""
 
+    def table(self, start: int = 0, end: int | None = None) -> list[tuple[str, str, str]]:
+        """The workspace pointers (name, where, extent) that kernels start to
+        end first write, in order: declared in one block at the top of the
+        function (and one after a forward-only call returns), each placed
+        after its neighbour, so a new buffer changes that block, not the
+        kernels around it."""
+        return [d for kernel in self.kernels[start:end] for d in kernel.declares]
+
     def prelude(self, start: int, body: str) -> Prelude:
-        """What the part beginning at kernel `start` declares, given its C text."""
-        anchor = dict(self.anchors)
-        earlier = [(name, anchor[name], extent) for kernel in self.kernels[:start] for name, _, extent in kernel.declares]
-        return prelude(earlier, [(p.cname, p.decl) for p in self.params], body)
+        """The parameters of the part beginning at kernel `start`, given its
+        C text: the function's, and the workspace pointers it uses."""
+        real = next(p.decl for p in self.params if p.role == "work").rsplit("*", 1)[0]
+        pointers = [(name, f"{real}*{name}") for name, _, _ in [*self.table(), *self.call_pointers]]
+        return prelude([(p.cname, p.decl) for p in self.params] + pointers, body)
 
     @property
     def dim_params(self) -> str:
@@ -550,8 +562,8 @@ def runtime_header() -> str:
 
 def render(module: CModule) -> tuple[str, str, str]:
     env = template_environment()
-    source = wrap_c_comments(env.get_template("module.c.j2").render(m=module))
-    header = wrap_c_comments(env.get_template("module.h.j2").render(m=module))
+    source = wrap_c_code(wrap_c_comments(env.get_template("module.c.j2").render(m=module)))
+    header = wrap_c_code(wrap_c_comments(env.get_template("module.h.j2").render(m=module)))
     cdef = env.get_template("cdef.j2").render(m=module)
     return source, header, cdef
 
@@ -592,7 +604,7 @@ def emit_function(
     kernels = [emitter.kernel(k) for k in schedule.kernels]
     if shared:
         kernels = forward_only(kernels, schedule)
-    declares, anchors = _slot_declarations(schedule, emitter, shared is not None)
+    declares = _slot_declarations(schedule, emitter, shared is not None)
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     checks = entry_checks(schedule, emitter)
     divides = whole_steps(schedule, emitter)
@@ -614,7 +626,6 @@ def emit_function(
         divides=divides,
         statuses=statuses(tuple(dims.values()), checks, divides),
         parts=part_ranges(len(kernels), schedule.split if shared else None, straight_kernels(kernels)),
-        anchors=tuple(anchors),
     )
 
 
@@ -633,18 +644,16 @@ def straight_kernels(kernels: Sequence[CKernel]) -> list[int]:
 
 
 def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,
-                       shared: bool) -> tuple[dict[int, list[tuple[str, str, str]]], list[tuple[str, str]]]:
-    """Where each workspace pointer is declared: (C name, where, extent) at
-    the kernel that first writes it, relative to its neighbour (a shared
-    function's forward-only call may keep less); and each pointer's
-    absolute place, for the parts of a long function."""
+                       shared: bool) -> dict[int, list[tuple[str, str, str]]]:
+    """Each workspace pointer by the kernel that first writes it: (C name,
+    where, extent), placed relative to its neighbour (a shared function's
+    forward-only call may keep less)."""
     namer = emitter.namer
     first_write: dict[str, int] = {}
     for index, kernel in enumerate(schedule.kernels):
         for buffer in kernel_writes(kernel):
             first_write.setdefault(buffer, index)
     declares: dict[int, list[tuple[str, str, str]]] = {}
-    anchors: list[tuple[str, str]] = []  # each pointer at its absolute place, for the parts of a long function
 
     def place(slot: Slot, slot_of: dict[str, Slot]) -> str:
         if slot.reuses is not None:
@@ -665,11 +674,7 @@ def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,
         if slot.name in head_of and place(head_of[slot.name], head_of) != where:  # a forward-only call keeps less
             where = f"with_grads ? {where} : {place(head_of[slot.name], head_of)}"
         declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, extent))
-        anchor = _absolute(slot, emitter)
-        if slot.name in head_of and _absolute(head_of[slot.name], emitter) != anchor:
-            anchor = f"with_grads ? {anchor} : {_absolute(head_of[slot.name], emitter)}"
-        anchors.append((namer.name(slot.name), anchor))
-    return declares, anchors
+    return declares
 
 
 def forward_only(kernels: list[CKernel], schedule: FunctionSchedule) -> list[CKernel]:
@@ -723,9 +728,3 @@ def _value_only(fields: dict, keep: list[bool], needed: set[str]) -> dict:
         "sums_after": [entry for entry in fields.get("sums_after", ()) if entry[-1] in needed],
         "store_buffers": [b for b, kept in zip(fields["store_buffers"], keep) if kept],
     }
-
-
-def _absolute(slot: Slot, emitter: FunctionEmitter) -> str:
-    """Where a slot is, from the start of work (a part of a long function
-    declares an earlier part's pointer so, not through its neighbours)."""
-    return "work" if slot.offset == 0 else f"work + {emitter.dim(slot.offset)}"

@@ -7,10 +7,9 @@ one function: a 300-layer MLP as one function took GCC -O3 81 s, against 4 s
 for 30 layers. Parts of bounded length make the compile time linear in the
 model's depth; small models (every golden file) stay one function.
 
-Each part takes those of the function's parameters that its kernels use,
-and declares again the workspace pointers of earlier parts that they use,
-at their absolute places in the workspace: so no part's text grows with
-the length of the function.
+Each part takes those of the function's parameters and workspace pointers
+(declared in one block by the function) that its kernels use: so no part's
+text grows with the length of the function.
 """
 
 from __future__ import annotations
@@ -44,32 +43,19 @@ def part_ranges(count: int, split: int | None, alone: Sequence[int] = ()) -> tup
 
 @dataclass(frozen=True)
 class Prelude:
-    """What a part declares before its kernels."""
+    """What a part takes."""
 
-    declares: tuple[tuple[str, str, str], ...]  # (name, where, extent) of earlier parts' pointers it uses
-    params: tuple[tuple[str, str], ...]  # (name, declaration) of the function's parameters it uses, in order
+    params: tuple[tuple[str, str], ...]  # (name, declaration) of the parameters and pointers it uses, in order
 
 
-def prelude(earlier: Sequence[tuple[str, str, str]], params: Sequence[tuple[str, str]], body: str) -> Prelude:
-    """The pointers of earlier parts that `body` uses (and those their
-    expressions use, in declaration order), and the parameters it uses.
+def prelude(params: Sequence[tuple[str, str]], body: str) -> Prelude:
+    """The parameters (the function's, then its workspace pointers) that
+    `body`, the C text of the part's kernels, uses.
 
     Args:
-        earlier: (name, where, extent) of every pointer declared by earlier
-            kernels, in order.
-        params: (C name, C declaration) of the function's parameters.
+        params: (C name, C declaration) of the function's parameters and
+            of the workspace pointers it declares.
         body: the C text of the part's kernels.
     """
     used = set(_IDENTIFIER.findall(_COMMENT.sub(" ", body)))  # a comment's words ("t9^T") use nothing
-    where_of = {name: where for name, where, _ in earlier}
-    needed: set[str] = set()
-    pending = [name for name in used if name in where_of]
-    while pending:  # a pointer may be placed after (or in) another one
-        name = pending.pop()
-        if name not in needed:
-            needed.add(name)
-            pending.extend(n for n in _IDENTIFIER.findall(where_of[name]) if n in where_of)
-    declares = tuple(d for d in earlier if d[0] in needed)
-    for _, where, _ in declares:
-        used.update(_IDENTIFIER.findall(where))
-    return Prelude(declares, tuple(p for p in params if p[0] in used))
+    return Prelude(tuple(p for p in params if p[0] in used))

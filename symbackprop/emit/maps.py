@@ -67,8 +67,8 @@ class _Shape:
 
 def share_maps(module: CModule, claim: Callable[[str], str]) -> CModule:
     """The module with each kind of element-wise loop that occurs more
-    than once a function of its own (CModule.maps); unchanged where none
-    repeats. `claim` gives a new C name."""
+    than once a function of its own (CModule.maps), <prefix>_<word>_loop
+    (see _word); unchanged where none repeats. `claim` gives a new C name."""
     functions = module.internal + module.functions
     shapes = {id(kernel): shape for fn in functions for kernel, shape in _shapes(fn, module)}
     counts = Counter(shape.key for shape in shapes.values())
@@ -76,11 +76,14 @@ def share_maps(module: CModule, claim: Callable[[str], str]) -> CModule:
     if not repeated:
         return module
     kinds: dict[str, MapKind] = {}
+    ties: Counter[str] = Counter()
     for fn in functions:  # numbered in the order first run
         for kernel in fn.kernels:
             shape = shapes.get(id(kernel))
             if shape is not None and shape.key in repeated and shape.key not in kinds:
-                name = claim(f"{module.prefix}_loop{len(kinds)}")
+                base = f"{module.prefix}_{_word(shape)}_loop"
+                ties[base] += 1  # a tie: <base>_2, ... in the order first run
+                name = claim(base if ties[base] == 1 else f"{base}_{ties[base]}")
                 kinds[shape.key] = _kind(name, shape, kernel, module.real_c, counts[shape.key])
 
     def calling(fn: CFunction) -> CFunction:
@@ -101,6 +104,7 @@ def _shapes(fn: CFunction, module: CModule) -> Iterable[tuple[CKernel, _Shape]]:
     """Each of its loops that can be shared, with its canonical form."""
     arrays = {p.cname for p in fn.params if p.role in ("input", "inout", "output") and not p.index}
     arrays |= {name for kernel in fn.kernels for name, _, _ in kernel.declares}  # workspace slots: real
+    arrays |= {name for name, _, _ in fn.call_pointers}
     dims = frozenset(module.dims)
     words = _C_WORDS | {module.real_c}  # a dimension as a real: ((REAL)n)
     for kernel in fn.kernels:
@@ -108,6 +112,18 @@ def _shapes(fn: CFunction, module: CModule) -> Iterable[tuple[CKernel, _Shape]]:
             shape = _shape(kernel.fields, arrays, dims, words)
             if shape is not None:
                 yield kernel, shape
+
+
+def _word(shape: _Shape) -> str:
+    """What a kind of loop computes, from the name of the first array it
+    writes in its first call, less its anchor (schedule.naming): sigmoid
+    for sigmoid_W1, grad_add for grad_add_W2; so a kind keeps its name when
+    other kinds come or go."""
+    first = next((a for a, written in zip(shape.arrays, shape.written) if written), "")
+    parts = [p for p in first.split("_") if p]
+    if parts and parts[-1].isdigit():  # a tie's number
+        parts.pop()
+    return "_".join(parts[:-1] if len(parts) > 1 else parts) or "map"
 
 
 def _plain(fields: dict) -> bool:

@@ -105,3 +105,23 @@ def wrap_markdown_equations(text: str, width: int = WIDTH) -> str:
         out.append(match["item"] + lines[0])
         out.extend(indent + rest for rest in lines[1:])
     return "\n".join(out)
+
+
+def wrap_c_code(source: str, width: int = WIDTH) -> str:
+    """Every line of C code longer than `width` columns (a long call or
+    expression), continued on lines indented 8 columns deeper, cut at
+    spaces outside an index; C reads whitespace alike, so the code means
+    the same. Preprocessor lines, comments of their own and lines with a
+    string stay whole (the generated C has no character literals)."""
+    out = []
+    for line in source.split("\n"):
+        text = line.lstrip(" ")
+        if len(line) <= width or text.startswith(("#", "/*", "*", "//")) or line.endswith("\\") \
+                or '"' in line or "//" in line:
+            out.append(line)
+            continue
+        indent = line[:len(line) - len(text)]
+        lines = wrap(text, width - len(indent), width - len(indent) - 8)
+        out.append(indent + lines[0])
+        out.extend(f"{indent}        {rest}" for rest in lines[1:])
+    return "\n".join(out)

@@ -4,12 +4,14 @@ derivation file lists them), the values the forward pass keeps for the
 backward pass, the inputs and parameters, and the memory, as expressions in
 the dimensions. Built from the plan (pipeline.plan), never from the C text.
 
-The C names intermediates t0, t1, ... (and adjoints g0, grad_t3) in the
-order it computes them, so a layer added renumbers every later value. The
-diff therefore matches the two versions' values by structure, not by name:
+The C names an intermediate after its op and the param or input nearest
+it (mm_W2, sigmoid_W1, grad_sigmoid_W1: schedule.naming), so most values
+keep their names across an edit; one whose op changed (sigmoid_W1 ->
+tanh_W1) gets a new one. The diff matches the two versions' values by
+name, then by structure:
 
 - the user's names (inputs, params, outputs, the loss, the gradients,
-  Model(names=...)) match by name;
+  Model(names=...)) match by name, and so do intermediates of one name;
 - bottom up: an intermediate matches the other version's intermediate
   whose defining equation is the same, in terms already matched (so the
   unchanged layers below a change match, whatever their numbers);
@@ -19,7 +21,8 @@ diff therefore matches the two versions' values by structure, not by name:
   changed layer, matches its old self).
 
 A value matched in both versions whose equations differ (in matched terms)
-has changed; one left unmatched was added or removed.
+has changed, unless its equations read the same (under the same name); one
+left unmatched was added or removed. A renaming alone is no change.
 """
 
 from __future__ import annotations
@@ -152,6 +155,9 @@ class _Matching:
     def __post_init__(self) -> None:
         for name in self.old.steps:
             if name in self.old.anchors and name in self.new.anchors and name in self.new.steps:
+                self._pair(name, name)
+        for name in self.old.steps:  # an intermediate's name says what it is (its op, its layer's param)
+            if name not in self.to_new and name in self.new.steps and name not in self.new.anchors:
                 self._pair(name, name)
         while self._bottom_up() or self._top_down(loose=False) or self._top_down(loose=True):
             pass  # each round pairs at least one more value; the exact rules before the loose one
@@ -299,7 +305,7 @@ class MathDiff:
 
     @property
     def changed(self) -> bool:
-        """Whether anything differs (the renumbering alone is no change)."""
+        """Whether anything differs (a renaming alone is no change)."""
         return bool(self.equations or self.leaves or self.kept or self.memory_changed)
 
     def names(self, kind: str, section: str | None = None) -> set[str]:
@@ -324,7 +330,7 @@ def diff_math(old: ModelMath, new: ModelMath) -> MathDiff:
         was = matching.to_old.get(name)
         if was is None:
             changes.append(Change("added", None, step))
-        elif matching.signature_old(was) != matching.signature_new(name):
+        elif matching.signature_old(was) != matching.signature_new(name) and old.steps[was].lines != step.lines:
             changes.append(Change("changed", old.steps[was], step))
     changes += [Change("removed", step, None) for name, step in old.steps.items() if name not in matching.to_new]
     renamed = tuple((a, b) for a, b in matching.to_new.items() if a != b)
@@ -389,7 +395,7 @@ def _renamed_text(diff: MathDiff, most: int = 20) -> list[str]:
         return []
     shown = ", ".join(f"{a} -> {b}" for a, b in diff.renamed[:most])
     more = f" and {len(diff.renamed) - most} more" if len(diff.renamed) > most else ""
-    return [f"\nRenumbered (the same math under a new name): {shown}{more}"]
+    return [f"\nRenamed (the same math under a new name): {shown}{more}"]
 
 
 def _code(text: str) -> str:

@@ -43,11 +43,12 @@ def function_spec(fn: FunctionPlan, plan: Plan, scalars: set[str]) -> FunctionSp
         scalar = role == "hyper" or (key in scalars and node.shape == (1, 1))
         inputs.append(ArgSpec(name, _shape(node.shape), scalar, False, role, key))
     bounds: dict[str, list] = {}
-    for kernel in fn.schedule.kernels:
+    called = fn.calls.schedule if fn.calls is not None else None  # a train step's value_and_grad
+    for kernel in fn.schedule.kernels + (called.kernels if called is not None else ()):
         for name, _, bound in getattr(kernel, "index_checks", ()):
             if _dim(bound) not in bounds.setdefault(name, []):
                 bounds[name].append(_dim(bound))
-    nodes = dict(fn.schedule.results)
+    nodes = {**(dict(called.results) if called is not None else {}), **dict(fn.schedule.results)}
     outputs = tuple(ReturnSpec(out, group, key, _shape(nodes[out].shape), key in scalars) for out, group, key in fn.returns)
     batch: str | None = None
     data: tuple[str, ...] = ()

@@ -37,43 +37,48 @@ static int logistic_run(
         return 1;
     }
 
-    /* t0 = 1 - t */
-    LOGISTIC_REAL *t0 = work; /* n x 1 */
+    /* where each buffer lies in work */
+    LOGISTIC_REAL *add_t = work; /* n x 1 */
+    LOGISTIC_REAL *mm_w = add_t + n; /* n x 1 */
+    LOGISTIC_REAL *add_t_2 = mm_w + n; /* n x 1 */
+    LOGISTIC_REAL *grad_mm_w = add_t_2 + n; /* n x 1 */
+    LOGISTIC_REAL *colsum_t = grad_mm_w + n; /* 1 x 1 */
+
+    /* add_t = 1 - t */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t0[i] = 1 - t[i];
+        add_t[i] = 1 - t[i];
     }
 
-    /* t1 = X @ w */
-    LOGISTIC_REAL *t1 = t0 + n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t1);
+    /* mm_w = X @ w */
+    symbackprop_f64_matmul(n, 1, 2, X, 2, 1, w, 1, 0, mm_w);
 
-    /* t2 = t*softplus(-t1) + t0*softplus(t1) */
-    /* grad_t1 = -t*sigmoid(-t1)/n + t0*sigmoid(t1)/n */
-    LOGISTIC_REAL *t2 = t1 + n; /* n x 1 */
-    LOGISTIC_REAL *grad_t1 = t2 + n; /* n x 1 */
+    /* add_t_2 = add_t*softplus(mm_w) + t*softplus(-mm_w) */
+    /* grad_mm_w = add_t*sigmoid(mm_w)/n - t*sigmoid(-mm_w)/n */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const LOGISTIC_REAL x0 = 1.0/((LOGISTIC_REAL)n);
-        t2[i] = t0[i]*(((t1[i]) > 0 ? (t1[i]) : 0.0) + log1p(exp(-fabs(t1[i])))) + t[i]*(((-t1[i]) > 0 ? (-t1[i]) : 0.0) + log1p(exp(-fabs(t1[i]))));
-        grad_t1[i] = t0[i]*x0*(((t1[i]) >= 0 ? 1.0 : exp(-fabs(t1[i]))) / (1.0 + exp(-fabs(t1[i])))) - t[i]*x0*(((-t1[i]) >= 0 ? 1.0 : exp(-fabs(t1[i]))) / (1.0 + exp(-fabs(t1[i]))));
+        add_t_2[i] = add_t[i]*(((mm_w[i]) > 0 ? (mm_w[i]) : 0.0) + log1p(exp(-fabs(mm_w[i])))) +
+                t[i]*(((-mm_w[i]) > 0 ? (-mm_w[i]) : 0.0) + log1p(exp(-fabs(mm_w[i]))));
+        grad_mm_w[i] = add_t[i]*x0*(((mm_w[i]) >= 0 ? 1.0 : exp(-fabs(mm_w[i]))) / (1.0 +
+                exp(-fabs(mm_w[i])))) - t[i]*x0*(((-mm_w[i]) >= 0 ? 1.0 : exp(-fabs(mm_w[i]))) /
+                (1.0 + exp(-fabs(mm_w[i]))));
     }
 
-    /* t3 = sum of t2 down each column */
-    LOGISTIC_REAL *t3 = grad_t1 + n; /* 1 x 1 */
-    t3[0] = symbackprop_f64_sum(t2, n, 1);
+    /* colsum_t = sum of add_t_2 down each column */
+    colsum_t[0] = symbackprop_f64_sum(add_t_2, n, 1);
 
-    /* loss = t3/n */
+    /* loss = colsum_t/n */
     {
-        loss[0] = t3[0]/((LOGISTIC_REAL)n);
+        loss[0] = colsum_t[0]/((LOGISTIC_REAL)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_w = X^T @ grad_t1 */
-    symbackprop_f64_matmul(2, 1, n, X, 1, 2, grad_t1, 1, 0, grad_w);
+    /* grad_w = X^T @ grad_mm_w */
+    symbackprop_f64_matmul(2, 1, n, X, 1, 2, grad_mm_w, 1, 0, grad_w);
     return 0;
 }
 
@@ -211,9 +216,11 @@ size_t logistic_forward_call_work_len(const int64_t *dims)
 }
 
 /* logistic_forward with its arrays in arrays (see logistic.h). */
-int logistic_forward_call(const int64_t *dims, const void *const *in, void *const *out, LOGISTIC_REAL *work)
+int logistic_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        LOGISTIC_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && logistic_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            logistic_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 3; ++i) {
@@ -227,7 +234,8 @@ int logistic_forward_call(const int64_t *dims, const void *const *in, void *cons
         }
     }
     return logistic_forward(
-        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL *)in[2],
+        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL
+                *)in[2],
         (LOGISTIC_REAL *)out[0], work
     );
 }
@@ -304,9 +312,11 @@ size_t logistic_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* logistic_value_and_grad with its arrays in arrays (see logistic.h). */
-int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LOGISTIC_REAL *work)
+int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LOGISTIC_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && logistic_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            logistic_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 3; ++i) {
@@ -320,7 +330,8 @@ int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, voi
         }
     }
     return logistic_value_and_grad(
-        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL *)in[2],
+        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL
+                *)in[2],
         (LOGISTIC_REAL *)out[0], (LOGISTIC_REAL *)out[1], work
     );
 }

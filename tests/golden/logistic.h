@@ -79,7 +79,8 @@ const char *logistic_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t logistic_forward_work_len(int64_t n);
-int logistic_forward(int64_t n, const LOGISTIC_REAL *X, const LOGISTIC_REAL *t, const LOGISTIC_REAL *w, LOGISTIC_REAL *loss, LOGISTIC_REAL *work);
+int logistic_forward(int64_t n, const LOGISTIC_REAL *X, const LOGISTIC_REAL *t, const LOGISTIC_REAL
+        *w, LOGISTIC_REAL *loss, LOGISTIC_REAL *work);
 int logistic_forward_n_dims(void);
 const char *logistic_forward_name_dim(int64_t i);
 int logistic_forward_n_in(void);
@@ -90,7 +91,8 @@ int logistic_forward_kind_in(int64_t i);
 int logistic_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int logistic_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t logistic_forward_call_work_len(const int64_t *dims);
-int logistic_forward_call(const int64_t *dims, const void *const *in, void *const *out, LOGISTIC_REAL *work);
+int logistic_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        LOGISTIC_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   X: input, n x 2
@@ -102,7 +104,8 @@ int logistic_forward_call(const int64_t *dims, const void *const *in, void *cons
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t logistic_value_and_grad_work_len(int64_t n);
-int logistic_value_and_grad(int64_t n, const LOGISTIC_REAL *X, const LOGISTIC_REAL *t, const LOGISTIC_REAL *w, LOGISTIC_REAL *loss, LOGISTIC_REAL *grad_w, LOGISTIC_REAL *work);
+int logistic_value_and_grad(int64_t n, const LOGISTIC_REAL *X, const LOGISTIC_REAL *t, const
+        LOGISTIC_REAL *w, LOGISTIC_REAL *loss, LOGISTIC_REAL *grad_w, LOGISTIC_REAL *work);
 int logistic_value_and_grad_n_dims(void);
 const char *logistic_value_and_grad_name_dim(int64_t i);
 int logistic_value_and_grad_n_in(void);
@@ -113,7 +116,8 @@ int logistic_value_and_grad_kind_in(int64_t i);
 int logistic_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int logistic_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t logistic_value_and_grad_call_work_len(const int64_t *dims);
-int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LOGISTIC_REAL *work);
+int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LOGISTIC_REAL *work);
 
 #ifdef __cplusplus
 }

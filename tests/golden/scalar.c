@@ -62,7 +62,8 @@ int scalar_forward(
     SCALAR_REAL *work
 )
 {
-    return scalar_run(x, y, loss, work + scalar_run_work_len(0), work + scalar_run_work_len(0) + 1*1, work, 0);
+    return scalar_run(x, y, loss, work + scalar_run_work_len(0), work + scalar_run_work_len(0) +
+            1*1, work, 0);
 }
 
 size_t scalar_value_and_grad_work_len(void)
@@ -162,7 +163,8 @@ size_t scalar_forward_call_work_len(const int64_t *dims)
 }
 
 /* scalar_forward with its arrays in arrays (see scalar.h). */
-int scalar_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCALAR_REAL *work)
+int scalar_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCALAR_REAL
+        *work)
 {
     if (in == NULL || out == NULL || (work == NULL && scalar_forward_call_work_len(dims) > 0)) {
         return 4;
@@ -249,9 +251,11 @@ size_t scalar_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* scalar_value_and_grad with its arrays in arrays (see scalar.h). */
-int scalar_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SCALAR_REAL *work)
+int scalar_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        SCALAR_REAL *work)
 {
-    if (in == NULL || out == NULL || (work == NULL && scalar_value_and_grad_call_work_len(dims) > 0)) {
+    if (in == NULL || out == NULL || (work == NULL && scalar_value_and_grad_call_work_len(dims) >
+            0)) {
         return 4;
     }
     for (int i = 0; i < 2; ++i) {
@@ -265,7 +269,8 @@ int scalar_value_and_grad_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return scalar_value_and_grad(
-        (const SCALAR_REAL *)in[0], (const SCALAR_REAL *)in[1], (SCALAR_REAL *)out[0], (SCALAR_REAL *)out[1],
+        (const SCALAR_REAL *)in[0], (const SCALAR_REAL *)in[1], (SCALAR_REAL *)out[0], (SCALAR_REAL
+                *)out[1],
         (SCALAR_REAL *)out[2], work
     );
 }

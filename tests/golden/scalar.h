@@ -77,7 +77,8 @@ const char *scalar_name_dim(int64_t i);
  * Returns 0: success
  */
 size_t scalar_forward_work_len(void);
-int scalar_forward(const SCALAR_REAL *x, const SCALAR_REAL *y, SCALAR_REAL *loss, SCALAR_REAL *work);
+int scalar_forward(const SCALAR_REAL *x, const SCALAR_REAL *y, SCALAR_REAL *loss, SCALAR_REAL
+        *work);
 int scalar_forward_n_dims(void);
 const char *scalar_forward_name_dim(int64_t i);
 int scalar_forward_n_in(void);
@@ -88,7 +89,8 @@ int scalar_forward_kind_in(int64_t i);
 int scalar_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int scalar_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t scalar_forward_call_work_len(const int64_t *dims);
-int scalar_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCALAR_REAL *work);
+int scalar_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCALAR_REAL
+        *work);
 
 /* The loss and its gradient (reverse mode).
  *   x: input, 1 x 1
@@ -99,7 +101,8 @@ int scalar_forward_call(const int64_t *dims, const void *const *in, void *const 
  * Returns 0: success
  */
 size_t scalar_value_and_grad_work_len(void);
-int scalar_value_and_grad(const SCALAR_REAL *x, const SCALAR_REAL *y, SCALAR_REAL *loss, SCALAR_REAL *grad_x, SCALAR_REAL *grad_y, SCALAR_REAL *work);
+int scalar_value_and_grad(const SCALAR_REAL *x, const SCALAR_REAL *y, SCALAR_REAL *loss, SCALAR_REAL
+        *grad_x, SCALAR_REAL *grad_y, SCALAR_REAL *work);
 int scalar_value_and_grad_n_dims(void);
 const char *scalar_value_and_grad_name_dim(int64_t i);
 int scalar_value_and_grad_n_in(void);
@@ -110,7 +113,8 @@ int scalar_value_and_grad_kind_in(int64_t i);
 int scalar_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int scalar_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t scalar_value_and_grad_call_work_len(const int64_t *dims);
-int scalar_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SCALAR_REAL *work);
+int scalar_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        SCALAR_REAL *work);
 
 #ifdef __cplusplus
 }

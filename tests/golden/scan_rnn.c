@@ -40,19 +40,18 @@ size_t scan_rnn_forward_work_len(int64_t T)
 /* In unit 1; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 )
 {
-    /* t0 = 2*M^T */
-    SCAN_RNN_REAL *t0 = work; /* 2 x 2 */
+    /* mul_M = 2*M^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t0[2*i + j] = 2*M[i + 2*j];
+            mul_M[2*i + j] = 2*M[i + 2*j];
         }
     }
 }
@@ -61,6 +60,22 @@ SCAN_RNN_SHARED void scan_rnn_forward_part1(
 /* scan_rnn_forward, part 2 of 3 (kernels 2 to 2): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_forward_part2(
+    int64_t T,
+    const SCAN_RNN_REAL *XT_,
+    const SCAN_RNN_REAL *W,
+    const SCAN_RNN_REAL *Ux,
+    const SCAN_RNN_REAL *b,
+    const SCAN_RNN_REAL *V,
+    const SCAN_RNN_REAL *h0,
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part2(
     int64_t T,
@@ -71,77 +86,76 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 )
 {
-    SCAN_RNN_REAL *t0 = work; /* 2 x 2; placed in an earlier part */
-    /* t1 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of t2 */
-    SCAN_RNN_REAL *t1 = t0 + 4; /* 46 x 1 */
-    SCAN_RNN_REAL *t2 = t1 + 46; /* T x 1 */
-    SCAN_RNN_REAL *t5 = t2 + T; /* 1 x 3 */
-    SCAN_RNN_REAL *t7 = t5 + 3; /* 2 x 2 */
+    /* scan_h0 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of scan_part_h0 */
     {
-        SCAN_RNN_REAL *t1_base = (SCAN_RNN_REAL *)(((uintptr_t)t1 + 63) & ~(uintptr_t)63);
-        SCAN_RNN_REAL *t1_cur = t1_base;
-        SCAN_RNN_REAL *t1_nxt = t1_base + 7;
-        for (int64_t t1_i = 0; t1_i < 3; ++t1_i) {
-            t1_cur[t1_i] = h0[t1_i];
+        SCAN_RNN_REAL *scan_h0_base = (SCAN_RNN_REAL *)(((uintptr_t)scan_h0 + 63) & ~(uintptr_t)63);
+        SCAN_RNN_REAL *scan_h0_cur = scan_h0_base;
+        SCAN_RNN_REAL *scan_h0_nxt = scan_h0_base + 7;
+        for (int64_t scan_h0_i = 0; scan_h0_i < 3; ++scan_h0_i) {
+            scan_h0_cur[scan_h0_i] = h0[scan_h0_i];
         }
-        for (int64_t t1_i = 0; t1_i < 2; ++t1_i) {
-            for (int64_t t1_j = 0; t1_j < 2; ++t1_j) {
-                (t1_cur + 3)[t1_i*2 + t1_j] = t0[2*t1_i + t1_j];
+        for (int64_t scan_h0_i = 0; scan_h0_i < 2; ++scan_h0_i) {
+            for (int64_t scan_h0_j = 0; scan_h0_j < 2; ++scan_h0_j) {
+                (scan_h0_cur + 3)[scan_h0_i*2 + scan_h0_j] = mul_M[2*scan_h0_i + scan_h0_j];
             }
         }
-        for (int64_t t1_t = 0; t1_t < T; ++t1_t) {
-            SCAN_RNN_REAL *t1_t2_row = t2 + t1_t;
-            const SCAN_RNN_REAL *t1_h = t1_cur;
-            const SCAN_RNN_REAL *t1_m = t1_cur + 3;
-            SCAN_RNN_REAL *t1_h_next = t1_nxt;
-            SCAN_RNN_REAL *t1_m_next = t1_nxt + 3;
-            SCAN_RNN_REAL *t1_x = t1_base + 28;
-            for (int64_t t1_i = 0; t1_i < 2; ++t1_i) {
-                t1_x[t1_i] = XT_[t1_t + T*t1_i];
+        for (int64_t scan_h0_t = 0; scan_h0_t < T; ++scan_h0_t) {
+            SCAN_RNN_REAL *scan_h0_scan_part_h0_row = scan_part_h0 + scan_h0_t;
+            const SCAN_RNN_REAL *scan_h0_h = scan_h0_cur;
+            const SCAN_RNN_REAL *scan_h0_m = scan_h0_cur + 3;
+            SCAN_RNN_REAL *scan_h0_h_next = scan_h0_nxt;
+            SCAN_RNN_REAL *scan_h0_m_next = scan_h0_nxt + 3;
+            SCAN_RNN_REAL *scan_h0_x = scan_h0_base + 28;
+            for (int64_t scan_h0_i = 0; scan_h0_i < 2; ++scan_h0_i) {
+                scan_h0_x[scan_h0_i] = XT_[scan_h0_t + T*scan_h0_i];
             }
-            SCAN_RNN_REAL *t1_t0 = t1_base + 14; /* 1 x 3 */
-            SCAN_RNN_REAL *t1_t3 = t1_base + 17; /* 1 x 3 */
-            /* t0 = h @ W */
+            SCAN_RNN_REAL *scan_h0_mm_h = scan_h0_base + 14; /* 1 x 3 */
+            SCAN_RNN_REAL *scan_h0_mm_x = scan_h0_base + 17; /* 1 x 3 */
+            /* mm_h = h @ W */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
-                    t1_t0[3*i + j] = 0;
+                    scan_h0_mm_h[3*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 3; ++k) {
-                    const SCAN_RNN_REAL acc = t1_h[k];
+                    const SCAN_RNN_REAL acc = scan_h0_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t1_t0[3*i + j] += acc * W[3*k + j];
+                        scan_h0_mm_h[3*i + j] += acc * W[3*k + j];
                     }
                 }
             }
-            /* t3 = x @ Ux */
+            /* mm_x = x @ Ux */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
-                    t1_t3[3*i + j] = 0;
+                    scan_h0_mm_x[3*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 2; ++k) {
-                    const SCAN_RNN_REAL acc = t1_x[k];
+                    const SCAN_RNN_REAL acc = scan_h0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t1_t3[3*i + j] += acc * Ux[3*k + j];
+                        scan_h0_mm_x[3*i + j] += acc * Ux[3*k + j];
                     }
                 }
             }
-            /* h_next = tanh(b + t0 + t3) */
+            /* h_next = tanh(b + mm_h + mm_x) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 3; ++j) {
-                t1_h_next[j] = tanh(t1_t0[j] + t1_t3[j] + b[j]);
+                scan_h0_h_next[j] = tanh(scan_h0_mm_h[j] + scan_h0_mm_x[j] + b[j]);
             }
             /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -149,34 +163,34 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     #endif
             for (int64_t i = 0; i < 2; ++i) {
                 for (int64_t j = 0; j < 2; ++j) {
-                    t1_m_next[2*i + j] = (1.0/2.0)*t1_m[2*i + j] + M[i + 2*j];
+                    scan_h0_m_next[2*i + j] = (1.0/2.0)*scan_h0_m[2*i + j] + M[i + 2*j];
                 }
             }
-            /* t2_row = h_next @ V */
+            /* scan_part_h0_row = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 1; ++j) {
-                    t1_t2_row[i + j] = 0;
+                    scan_h0_scan_part_h0_row[i + j] = 0;
                 }
                 for (int64_t k = 0; k < 3; ++k) {
-                    const SCAN_RNN_REAL acc = t1_h_next[k];
+                    const SCAN_RNN_REAL acc = scan_h0_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 1; ++j) {
-                        t1_t2_row[i + j] += acc * V[k];
+                        scan_h0_scan_part_h0_row[i + j] += acc * V[k];
                     }
                 }
             }
-            SCAN_RNN_REAL *t1_swap = t1_cur;
-            t1_cur = t1_nxt;
-            t1_nxt = t1_swap;
+            SCAN_RNN_REAL *scan_h0_swap = scan_h0_cur;
+            scan_h0_cur = scan_h0_nxt;
+            scan_h0_nxt = scan_h0_swap;
         }
-        for (int64_t t1_i = 0; t1_i < 3; ++t1_i) {
-            t5[t1_i] = t1_cur[t1_i];
+        for (int64_t scan_h0_i = 0; scan_h0_i < 3; ++scan_h0_i) {
+            scan_part_h0_2[scan_h0_i] = scan_h0_cur[scan_h0_i];
         }
-        for (int64_t t1_i = 0; t1_i < 4; ++t1_i) {
-            t7[t1_i] = t1_cur[t1_i + 3];
+        for (int64_t scan_h0_i = 0; scan_h0_i < 4; ++scan_h0_i) {
+            scan_part_h0_3[scan_h0_i] = scan_h0_cur[scan_h0_i + 3];
         }
     }
 }
@@ -185,49 +199,62 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
 /* scan_rnn_forward, part 3 of 3 (kernels 3 to 11): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_forward_part3(
+    int64_t T,
+    const SCAN_RNN_REAL *Z,
+    SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *colsum_Z,
+    SCAN_RNN_REAL *rowsum_h0,
+    SCAN_RNN_REAL *colsum_h0,
+    SCAN_RNN_REAL *rowsum_h0_2
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *colsum_Z,
+    SCAN_RNN_REAL *rowsum_h0,
+    SCAN_RNN_REAL *colsum_h0,
+    SCAN_RNN_REAL *rowsum_h0_2
 )
 {
-    SCAN_RNN_REAL *t2 = work + 50; /* T x 1; placed in an earlier part */
-    SCAN_RNN_REAL *t5 = work + T + 50; /* 1 x 3; placed in an earlier part */
-    SCAN_RNN_REAL *t7 = work + T + 53; /* 2 x 2; placed in an earlier part */
-    /* t2: the output 0 of the loop of t1, written by it */
+    /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
 
-    /* t3 = (-Z + t2)**2 */
-    SCAN_RNN_REAL *t3 = t7 + 4; /* T x 1 */
+    /* sq_Z = (-Z + scan_part_h0)**2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t3[i] = pow(-Z[i] + t2[i], 2);
+        sq_Z[i] = pow(-Z[i] + scan_part_h0[i], 2);
     }
 
-    /* t4 = sum of t3 down each column */
-    SCAN_RNN_REAL *t4 = t3 + T; /* 1 x 1 */
-    t4[0] = symbackprop_f64_sum(t3, T, 1);
+    /* colsum_Z = sum of sq_Z down each column */
+    colsum_Z[0] = symbackprop_f64_sum(sq_Z, T, 1);
 
-    /* t5: the final state 0 of the loop of t1, written by it */
+    /* scan_part_h0_2: the final state 0 of the loop of scan_h0, written by it */
 
-    /* t6 = sum of t5 along each row */
-    SCAN_RNN_REAL *t6 = t4 + 1; /* 1 x 1 */
-    t6[0] = symbackprop_f64_sum(t5, 3, 1);
+    /* rowsum_h0 = sum of scan_part_h0_2 along each row */
+    rowsum_h0[0] = symbackprop_f64_sum(scan_part_h0_2, 3, 1);
 
-    /* t7: the final state 1 of the loop of t1, written by it */
+    /* scan_part_h0_3: the final state 1 of the loop of scan_h0, written by it */
 
-    /* t8 = sum of t7 down each column */
-    SCAN_RNN_REAL *t8 = t6 + 1; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t7, 2, 2, 2, t8);
+    /* colsum_h0 = sum of scan_part_h0_3 down each column */
+    symbackprop_f64_sum_columns(scan_part_h0_3, 2, 2, 2, colsum_h0);
 
-    /* t9 = sum of t8 along each row */
-    SCAN_RNN_REAL *t9 = t8 + 2; /* 1 x 1 */
-    t9[0] = symbackprop_f64_sum(t8, 2, 1);
+    /* rowsum_h0_2 = sum of colsum_h0 along each row */
+    rowsum_h0_2[0] = symbackprop_f64_sum(colsum_h0, 2, 1);
 
-    /* loss = t4 + t6 + t9 */
+    /* loss = colsum_Z + rowsum_h0 + rowsum_h0_2 */
     {
-        loss[0] = t4[0] + t6[0] + t9[0];
+        loss[0] = colsum_Z[0] + rowsum_h0[0] + rowsum_h0_2[0];
     }
 }
 #endif
@@ -251,9 +278,24 @@ int scan_rnn_forward(
     if (T < 1) {
         return 1;
     }
-    scan_rnn_forward_part1(M, work);
-    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, work);
-    scan_rnn_forward_part3(T, Z, loss, work);
+
+    /* where each buffer lies in work */
+    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
+    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
+    SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
+    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0 + T; /* 1 x 3 */
+    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
+    SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
+    SCAN_RNN_REAL *colsum_Z = sq_Z + T; /* 1 x 1 */
+    SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
+    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
+    SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
+
+    scan_rnn_forward_part1(M, mul_M);
+    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0, scan_part_h0_2,
+            scan_part_h0_3);
+    scan_rnn_forward_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z, colsum_Z,
+            rowsum_h0, colsum_h0, rowsum_h0_2);
     return 0;
 }
 #endif
@@ -274,19 +316,18 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
 /* In unit 1; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 )
 {
-    /* t0 = 2*M^T */
-    SCAN_RNN_REAL *t0 = work; /* 2 x 2 */
+    /* mul_M = 2*M^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t0[2*i + j] = 2*M[i + 2*j];
+            mul_M[2*i + j] = 2*M[i + 2*j];
         }
     }
 }
@@ -295,6 +336,23 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
 /* scan_rnn_value_and_grad, part 2 of 5 (kernels 2 to 2): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
+    int64_t T,
+    const SCAN_RNN_REAL *XT_,
+    const SCAN_RNN_REAL *W,
+    const SCAN_RNN_REAL *Ux,
+    const SCAN_RNN_REAL *b,
+    const SCAN_RNN_REAL *V,
+    const SCAN_RNN_REAL *h0,
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     int64_t T,
@@ -305,84 +363,83 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 )
 {
-    SCAN_RNN_REAL *t0 = work; /* 2 x 2; placed in an earlier part */
-    /* t1 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of t2; one state
-     * in 2 kept in t10 */
-    SCAN_RNN_REAL *t1 = t0 + 4; /* 46 x 1 */
-    SCAN_RNN_REAL *t2 = t1 + 46; /* T x 1 */
-    SCAN_RNN_REAL *t10 = t2 + T; /* ((T + 1)/2) x 7 */
-    SCAN_RNN_REAL *t5 = t10 + 7*((T + 1)/2); /* 1 x 3 */
-    SCAN_RNN_REAL *t7 = t5 + 3; /* 2 x 2 */
+    /* scan_h0 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of
+     * scan_part_h0; one state in 2 kept in scan_part_h0_4 */
     {
-        SCAN_RNN_REAL *t1_base = (SCAN_RNN_REAL *)(((uintptr_t)t1 + 63) & ~(uintptr_t)63);
-        SCAN_RNN_REAL *t1_cur = t1_base;
-        SCAN_RNN_REAL *t1_nxt = t1_base + 7;
-        for (int64_t t1_i = 0; t1_i < 3; ++t1_i) {
-            t1_cur[t1_i] = h0[t1_i];
+        SCAN_RNN_REAL *scan_h0_base = (SCAN_RNN_REAL *)(((uintptr_t)scan_h0 + 63) & ~(uintptr_t)63);
+        SCAN_RNN_REAL *scan_h0_cur = scan_h0_base;
+        SCAN_RNN_REAL *scan_h0_nxt = scan_h0_base + 7;
+        for (int64_t scan_h0_i = 0; scan_h0_i < 3; ++scan_h0_i) {
+            scan_h0_cur[scan_h0_i] = h0[scan_h0_i];
         }
-        for (int64_t t1_i = 0; t1_i < 2; ++t1_i) {
-            for (int64_t t1_j = 0; t1_j < 2; ++t1_j) {
-                (t1_cur + 3)[t1_i*2 + t1_j] = t0[2*t1_i + t1_j];
+        for (int64_t scan_h0_i = 0; scan_h0_i < 2; ++scan_h0_i) {
+            for (int64_t scan_h0_j = 0; scan_h0_j < 2; ++scan_h0_j) {
+                (scan_h0_cur + 3)[scan_h0_i*2 + scan_h0_j] = mul_M[2*scan_h0_i + scan_h0_j];
             }
         }
-        for (int64_t t1_t = 0; t1_t < T; ++t1_t) {
-            if (t1_t % 2 == 0) {
-                for (int64_t t1_i = 0; t1_i < 7; ++t1_i) {
-                    t10[(t1_t/2)*7 + t1_i] = t1_cur[t1_i];
+        for (int64_t scan_h0_t = 0; scan_h0_t < T; ++scan_h0_t) {
+            if (scan_h0_t % 2 == 0) {
+                for (int64_t scan_h0_i = 0; scan_h0_i < 7; ++scan_h0_i) {
+                    scan_part_h0_4[(scan_h0_t/2)*7 + scan_h0_i] = scan_h0_cur[scan_h0_i];
                 }
             }
-            SCAN_RNN_REAL *t1_t2_row = t2 + t1_t;
-            const SCAN_RNN_REAL *t1_h = t1_cur;
-            const SCAN_RNN_REAL *t1_m = t1_cur + 3;
-            SCAN_RNN_REAL *t1_h_next = t1_nxt;
-            SCAN_RNN_REAL *t1_m_next = t1_nxt + 3;
-            SCAN_RNN_REAL *t1_x = t1_base + 28;
-            for (int64_t t1_i = 0; t1_i < 2; ++t1_i) {
-                t1_x[t1_i] = XT_[t1_t + T*t1_i];
+            SCAN_RNN_REAL *scan_h0_scan_part_h0_row = scan_part_h0 + scan_h0_t;
+            const SCAN_RNN_REAL *scan_h0_h = scan_h0_cur;
+            const SCAN_RNN_REAL *scan_h0_m = scan_h0_cur + 3;
+            SCAN_RNN_REAL *scan_h0_h_next = scan_h0_nxt;
+            SCAN_RNN_REAL *scan_h0_m_next = scan_h0_nxt + 3;
+            SCAN_RNN_REAL *scan_h0_x = scan_h0_base + 28;
+            for (int64_t scan_h0_i = 0; scan_h0_i < 2; ++scan_h0_i) {
+                scan_h0_x[scan_h0_i] = XT_[scan_h0_t + T*scan_h0_i];
             }
-            SCAN_RNN_REAL *t1_t0 = t1_base + 14; /* 1 x 3 */
-            SCAN_RNN_REAL *t1_t3 = t1_base + 17; /* 1 x 3 */
-            /* t0 = h @ W */
+            SCAN_RNN_REAL *scan_h0_mm_h = scan_h0_base + 14; /* 1 x 3 */
+            SCAN_RNN_REAL *scan_h0_mm_x = scan_h0_base + 17; /* 1 x 3 */
+            /* mm_h = h @ W */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
-                    t1_t0[3*i + j] = 0;
+                    scan_h0_mm_h[3*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 3; ++k) {
-                    const SCAN_RNN_REAL acc = t1_h[k];
+                    const SCAN_RNN_REAL acc = scan_h0_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t1_t0[3*i + j] += acc * W[3*k + j];
+                        scan_h0_mm_h[3*i + j] += acc * W[3*k + j];
                     }
                 }
             }
-            /* t3 = x @ Ux */
+            /* mm_x = x @ Ux */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
-                    t1_t3[3*i + j] = 0;
+                    scan_h0_mm_x[3*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 2; ++k) {
-                    const SCAN_RNN_REAL acc = t1_x[k];
+                    const SCAN_RNN_REAL acc = scan_h0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t1_t3[3*i + j] += acc * Ux[3*k + j];
+                        scan_h0_mm_x[3*i + j] += acc * Ux[3*k + j];
                     }
                 }
             }
-            /* h_next = tanh(b + t0 + t3) */
+            /* h_next = tanh(b + mm_h + mm_x) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 3; ++j) {
-                t1_h_next[j] = tanh(t1_t0[j] + t1_t3[j] + b[j]);
+                scan_h0_h_next[j] = tanh(scan_h0_mm_h[j] + scan_h0_mm_x[j] + b[j]);
             }
             /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -390,34 +447,34 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     #endif
             for (int64_t i = 0; i < 2; ++i) {
                 for (int64_t j = 0; j < 2; ++j) {
-                    t1_m_next[2*i + j] = (1.0/2.0)*t1_m[2*i + j] + M[i + 2*j];
+                    scan_h0_m_next[2*i + j] = (1.0/2.0)*scan_h0_m[2*i + j] + M[i + 2*j];
                 }
             }
-            /* t2_row = h_next @ V */
+            /* scan_part_h0_row = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 1; ++j) {
-                    t1_t2_row[i + j] = 0;
+                    scan_h0_scan_part_h0_row[i + j] = 0;
                 }
                 for (int64_t k = 0; k < 3; ++k) {
-                    const SCAN_RNN_REAL acc = t1_h_next[k];
+                    const SCAN_RNN_REAL acc = scan_h0_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 1; ++j) {
-                        t1_t2_row[i + j] += acc * V[k];
+                        scan_h0_scan_part_h0_row[i + j] += acc * V[k];
                     }
                 }
             }
-            SCAN_RNN_REAL *t1_swap = t1_cur;
-            t1_cur = t1_nxt;
-            t1_nxt = t1_swap;
+            SCAN_RNN_REAL *scan_h0_swap = scan_h0_cur;
+            scan_h0_cur = scan_h0_nxt;
+            scan_h0_nxt = scan_h0_swap;
         }
-        for (int64_t t1_i = 0; t1_i < 3; ++t1_i) {
-            t5[t1_i] = t1_cur[t1_i];
+        for (int64_t scan_h0_i = 0; scan_h0_i < 3; ++scan_h0_i) {
+            scan_part_h0_2[scan_h0_i] = scan_h0_cur[scan_h0_i];
         }
-        for (int64_t t1_i = 0; t1_i < 4; ++t1_i) {
-            t7[t1_i] = t1_cur[t1_i + 3];
+        for (int64_t scan_h0_i = 0; scan_h0_i < 4; ++scan_h0_i) {
+            scan_part_h0_3[scan_h0_i] = scan_h0_cur[scan_h0_i + 3];
         }
     }
 }
@@ -426,62 +483,69 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
 /* scan_rnn_value_and_grad, part 3 of 5 (kernels 3 to 12): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 0; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *colsum_Z,
+    SCAN_RNN_REAL *rowsum_h0,
+    SCAN_RNN_REAL *colsum_h0,
+    SCAN_RNN_REAL *rowsum_h0_2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *colsum_Z,
+    SCAN_RNN_REAL *rowsum_h0,
+    SCAN_RNN_REAL *colsum_h0,
+    SCAN_RNN_REAL *rowsum_h0_2
 )
 {
-    SCAN_RNN_REAL *t2 = work + 50; /* T x 1; placed in an earlier part */
-    SCAN_RNN_REAL *t5 = work + T + 7*((T + 1)/2) + 50; /* 1 x 3; placed in an earlier part */
-    SCAN_RNN_REAL *t7 = work + T + 7*((T + 1)/2) + 53; /* 2 x 2; placed in an earlier part */
-    /* t2: the output 0 of the loop of t1, written by it */
+    /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
 
-    /* t3 = (-Z + t2)**2 */
-    /* g0 = -2*Z + 2*t2 */
-    SCAN_RNN_REAL *t3 = t7 + 4; /* T x 1 */
-    SCAN_RNN_REAL *g0 = t3 + T; /* T x 1 */
+    /* sq_Z = (-Z + scan_part_h0)**2 */
+    /* grad_add_Z = -2*Z + 2*scan_part_h0 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t3[i] = pow(-Z[i] + t2[i], 2);
-        g0[i] = -2*Z[i] + 2*t2[i];
+        sq_Z[i] = pow(-Z[i] + scan_part_h0[i], 2);
+        grad_add_Z[i] = -2*Z[i] + 2*scan_part_h0[i];
     }
 
-    /* t4 = sum of t3 down each column */
-    SCAN_RNN_REAL *t4 = g0 + T; /* 1 x 1 */
-    t4[0] = symbackprop_f64_sum(t3, T, 1);
+    /* colsum_Z = sum of sq_Z down each column */
+    colsum_Z[0] = symbackprop_f64_sum(sq_Z, T, 1);
 
-    /* t5: the final state 0 of the loop of t1, written by it */
+    /* scan_part_h0_2: the final state 0 of the loop of scan_h0, written by it */
 
-    /* t6 = sum of t5 along each row */
-    SCAN_RNN_REAL *t6 = t4 + 1; /* 1 x 1 */
-    t6[0] = symbackprop_f64_sum(t5, 3, 1);
+    /* rowsum_h0 = sum of scan_part_h0_2 along each row */
+    rowsum_h0[0] = symbackprop_f64_sum(scan_part_h0_2, 3, 1);
 
-    /* t7: the final state 1 of the loop of t1, written by it */
+    /* scan_part_h0_3: the final state 1 of the loop of scan_h0, written by it */
 
-    /* t8 = sum of t7 down each column */
-    SCAN_RNN_REAL *t8 = t6 + 1; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t7, 2, 2, 2, t8);
+    /* colsum_h0 = sum of scan_part_h0_3 down each column */
+    symbackprop_f64_sum_columns(scan_part_h0_3, 2, 2, 2, colsum_h0);
 
-    /* t9 = sum of t8 along each row */
-    SCAN_RNN_REAL *t9 = t8 + 2; /* 1 x 1 */
-    t9[0] = symbackprop_f64_sum(t8, 2, 1);
+    /* rowsum_h0_2 = sum of colsum_h0 along each row */
+    rowsum_h0_2[0] = symbackprop_f64_sum(colsum_h0, 2, 1);
 
-    /* loss = t4 + t6 + t9 */
+    /* loss = colsum_Z + rowsum_h0 + rowsum_h0_2 */
     {
-        loss[0] = t4[0] + t6[0] + t9[0];
+        loss[0] = colsum_Z[0] + rowsum_h0[0] + rowsum_h0_2[0];
     }
 
-    /* t10: the kept states of the loop of t1, written by it */
+    /* scan_part_h0_4: the kept states of the loop of scan_h0, written by it */
 }
 #endif
 
@@ -502,7 +566,11 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_b,
     SCAN_RNN_REAL *grad_V,
     SCAN_RNN_REAL *grad_h0,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *scan_vjp_W,
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
@@ -518,105 +586,103 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_b,
     SCAN_RNN_REAL *grad_V,
     SCAN_RNN_REAL *grad_h0,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *scan_vjp_W,
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M
 )
 {
-    SCAN_RNN_REAL *t0 = work; /* 2 x 2; placed in an earlier part */
-    SCAN_RNN_REAL *t10 = work + T + 50; /* ((T + 1)/2) x 7; placed in an earlier part */
-    SCAN_RNN_REAL *t7 = work + T + 7*((T + 1)/2) + 53; /* 2 x 2; placed in an earlier part */
-    SCAN_RNN_REAL *g0 = work + 2*T + 7*((T + 1)/2) + 57; /* T x 1; placed in an earlier part */
-    SCAN_RNN_REAL *t9 = work + 3*T + 7*((T + 1)/2) + 61; /* 1 x 1; placed in an earlier part */
-    /* t11 = backward scan over t = T-1 .. 0: adjoints of (h, m) and of the step's inputs and
-     * params, from the states kept in t10, each segment of 2 steps recomputed from its
-     * checkpoint */
-    SCAN_RNN_REAL *t11 = t9 + 1; /* 108 x 1 */
-    SCAN_RNN_REAL *grad_M_part = t0; /* 2 x 2, in t0's memory */
-    SCAN_RNN_REAL *grad_t0 = t7; /* 2 x 2, in t7's memory */
+    /* scan_vjp_W = backward scan over t = T-1 .. 0: adjoints of (h, m) and of the step's
+     * inputs and params, from the states kept in scan_part_h0_4, each segment of 2 steps
+     * recomputed from its checkpoint */
     {
-        SCAN_RNN_REAL *t11_base = (SCAN_RNN_REAL *)(((uintptr_t)t11 + 63) & ~(uintptr_t)63);
-        SCAN_RNN_REAL *t11_cur = t11_base;
-        SCAN_RNN_REAL *t11_nxt = t11_base + 7;
-        SCAN_RNN_REAL *t11_seg = t11_base + 14;
-        for (int64_t t11_i = 0; t11_i < 9; ++t11_i) {
-            grad_W[t11_i] = 0;
+        SCAN_RNN_REAL *scan_vjp_W_base = (SCAN_RNN_REAL *)(((uintptr_t)scan_vjp_W + 63) &
+                ~(uintptr_t)63);
+        SCAN_RNN_REAL *scan_vjp_W_cur = scan_vjp_W_base;
+        SCAN_RNN_REAL *scan_vjp_W_nxt = scan_vjp_W_base + 7;
+        SCAN_RNN_REAL *scan_vjp_W_seg = scan_vjp_W_base + 14;
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 9; ++scan_vjp_W_i) {
+            grad_W[scan_vjp_W_i] = 0;
         }
-        for (int64_t t11_i = 0; t11_i < 6; ++t11_i) {
-            grad_Ux[t11_i] = 0;
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 6; ++scan_vjp_W_i) {
+            grad_Ux[scan_vjp_W_i] = 0;
         }
-        for (int64_t t11_i = 0; t11_i < 3; ++t11_i) {
-            grad_b[t11_i] = 0;
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 3; ++scan_vjp_W_i) {
+            grad_b[scan_vjp_W_i] = 0;
         }
-        for (int64_t t11_i = 0; t11_i < 3; ++t11_i) {
-            grad_V[t11_i] = 0;
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 3; ++scan_vjp_W_i) {
+            grad_V[scan_vjp_W_i] = 0;
         }
-        for (int64_t t11_i = 0; t11_i < 4; ++t11_i) {
-            grad_M_part[t11_i] = 0;
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 4; ++scan_vjp_W_i) {
+            grad_M_part[scan_vjp_W_i] = 0;
         }
-        for (int64_t t11_i = 0; t11_i < 3; ++t11_i) {
-            t11_cur[t11_i] = 1;
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 3; ++scan_vjp_W_i) {
+            scan_vjp_W_cur[scan_vjp_W_i] = 1;
         }
-        for (int64_t t11_i = 0; t11_i < 2; ++t11_i) {
-            for (int64_t t11_j = 0; t11_j < 2; ++t11_j) {
-                (t11_cur + 3)[t11_i*2 + t11_j] = 1;
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 2; ++scan_vjp_W_i) {
+            for (int64_t scan_vjp_W_j = 0; scan_vjp_W_j < 2; ++scan_vjp_W_j) {
+                (scan_vjp_W_cur + 3)[scan_vjp_W_i*2 + scan_vjp_W_j] = 1;
             }
         }
-        for (int64_t t11_s = ((T + 1)/2) - 1; t11_s >= 0; --t11_s) {
-            const int64_t t11_t0 = t11_s*2;
-            const int64_t t11_len = T - t11_t0 < 2 ? T - t11_t0 : 2;
-            for (int64_t t11_i = 0; t11_i < 7; ++t11_i) {
-                t11_seg[t11_i] = t10[t11_s*7 + t11_i];
+        for (int64_t scan_vjp_W_s = ((T + 1)/2) - 1; scan_vjp_W_s >= 0; --scan_vjp_W_s) {
+            const int64_t scan_vjp_W_t0 = scan_vjp_W_s*2;
+            const int64_t scan_vjp_W_len = T - scan_vjp_W_t0 < 2 ? T - scan_vjp_W_t0 : 2;
+            for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 7; ++scan_vjp_W_i) {
+                scan_vjp_W_seg[scan_vjp_W_i] = scan_part_h0_4[scan_vjp_W_s*7 + scan_vjp_W_i];
             }
-            for (int64_t t11_u = 1; t11_u <= t11_len; ++t11_u) {
-                const int64_t t11_t = t11_t0 + t11_u - 1;
-                const SCAN_RNN_REAL *t11_h = t11_seg + 7*t11_u - 7;
-                const SCAN_RNN_REAL *t11_m = t11_seg + 7*t11_u - 4;
-                SCAN_RNN_REAL *t11_h_next = t11_seg + 7*t11_u;
-                SCAN_RNN_REAL *t11_m_next = t11_seg + 7*t11_u + 3;
-                SCAN_RNN_REAL *t11_out0_row = t11_base + 91;
-                SCAN_RNN_REAL *t11_t1_kept = t11_base + 6*t11_u + 29;
-                SCAN_RNN_REAL *t11_t2_kept = t11_base + 6*t11_u + 32;
-                SCAN_RNN_REAL *t11_x = t11_base + 89;
-                for (int64_t t11_i = 0; t11_i < 2; ++t11_i) {
-                    t11_x[t11_i] = XT_[t11_t + T*t11_i];
+            for (int64_t scan_vjp_W_u = 1; scan_vjp_W_u <= scan_vjp_W_len; ++scan_vjp_W_u) {
+                const int64_t scan_vjp_W_t = scan_vjp_W_t0 + scan_vjp_W_u - 1;
+                const SCAN_RNN_REAL *scan_vjp_W_h = scan_vjp_W_seg + 7*scan_vjp_W_u - 7;
+                const SCAN_RNN_REAL *scan_vjp_W_m = scan_vjp_W_seg + 7*scan_vjp_W_u - 4;
+                SCAN_RNN_REAL *scan_vjp_W_h_next = scan_vjp_W_seg + 7*scan_vjp_W_u;
+                SCAN_RNN_REAL *scan_vjp_W_m_next = scan_vjp_W_seg + 7*scan_vjp_W_u + 3;
+                SCAN_RNN_REAL *scan_vjp_W_out0_row = scan_vjp_W_base + 91;
+                SCAN_RNN_REAL *scan_vjp_W_mm_h_kept = scan_vjp_W_base + 6*scan_vjp_W_u + 29;
+                SCAN_RNN_REAL *scan_vjp_W_mm_x_kept = scan_vjp_W_base + 6*scan_vjp_W_u + 32;
+                SCAN_RNN_REAL *scan_vjp_W_x = scan_vjp_W_base + 89;
+                for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 2; ++scan_vjp_W_i) {
+                    scan_vjp_W_x[scan_vjp_W_i] = XT_[scan_vjp_W_t + T*scan_vjp_W_i];
                 }
-                /* t1_kept = h @ W */
+                /* mm_h_kept = h @ W */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
-                        t11_t1_kept[3*i + j] = 0;
+                        scan_vjp_W_mm_h_kept[3*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 3; ++k) {
-                        const SCAN_RNN_REAL acc = t11_h[k];
+                        const SCAN_RNN_REAL acc = scan_vjp_W_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 3; ++j) {
-                            t11_t1_kept[3*i + j] += acc * W[3*k + j];
+                            scan_vjp_W_mm_h_kept[3*i + j] += acc * W[3*k + j];
                         }
                     }
                 }
-                /* t2_kept = x @ Ux */
+                /* mm_x_kept = x @ Ux */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
-                        t11_t2_kept[3*i + j] = 0;
+                        scan_vjp_W_mm_x_kept[3*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 2; ++k) {
-                        const SCAN_RNN_REAL acc = t11_x[k];
+                        const SCAN_RNN_REAL acc = scan_vjp_W_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 3; ++j) {
-                            t11_t2_kept[3*i + j] += acc * Ux[3*k + j];
+                            scan_vjp_W_mm_x_kept[3*i + j] += acc * Ux[3*k + j];
                         }
                     }
                 }
-                /* h_next = tanh(b + t1_kept + t2_kept) */
+                /* h_next = tanh(b + mm_h_kept + mm_x_kept) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
-                    t11_h_next[j] = tanh(t11_t1_kept[j] + t11_t2_kept[j] + b[j]);
+                    scan_vjp_W_h_next[j] = tanh(scan_vjp_W_mm_h_kept[j] + scan_vjp_W_mm_x_kept[j] +
+                            b[j]);
                 }
                 /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -624,80 +690,84 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     #endif
                 for (int64_t i = 0; i < 2; ++i) {
                     for (int64_t j = 0; j < 2; ++j) {
-                        t11_m_next[2*i + j] = (1.0/2.0)*t11_m[2*i + j] + M[i + 2*j];
+                        scan_vjp_W_m_next[2*i + j] = (1.0/2.0)*scan_vjp_W_m[2*i + j] + M[i + 2*j];
                     }
                 }
                 /* out0_row = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 1; ++j) {
-                        t11_out0_row[i + j] = 0;
+                        scan_vjp_W_out0_row[i + j] = 0;
                     }
                     for (int64_t k = 0; k < 3; ++k) {
-                        const SCAN_RNN_REAL acc = t11_h_next[k];
+                        const SCAN_RNN_REAL acc = scan_vjp_W_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 1; ++j) {
-                            t11_out0_row[i + j] += acc * V[k];
+                            scan_vjp_W_out0_row[i + j] += acc * V[k];
                         }
                     }
                 }
             }
-            for (int64_t t11_u = t11_len - 1; t11_u >= 0; --t11_u) {
-                const int64_t t11_t = t11_t0 + t11_u;
-                const SCAN_RNN_REAL *t11_h = t11_seg + 7*t11_u;
-                const SCAN_RNN_REAL *t11_grad_h_next = t11_cur;
-                const SCAN_RNN_REAL *t11_grad_m_next = t11_cur + 3;
-                SCAN_RNN_REAL *t11_grad_h = t11_nxt;
-                SCAN_RNN_REAL *t11_grad_m = t11_nxt + 3;
-                const SCAN_RNN_REAL *t11_t1_kept_1 = t11_base + 6*t11_u + 35;
-                const SCAN_RNN_REAL *t11_t2_kept_1 = t11_base + 6*t11_u + 38;
-                const SCAN_RNN_REAL *t11_grad_out0 = g0 + t11_t;
-                SCAN_RNN_REAL *t11_x = t11_base + 89;
-                for (int64_t t11_i = 0; t11_i < 2; ++t11_i) {
-                    t11_x[t11_i] = XT_[t11_t + T*t11_i];
+            for (int64_t scan_vjp_W_u = scan_vjp_W_len - 1; scan_vjp_W_u >= 0; --scan_vjp_W_u) {
+                const int64_t scan_vjp_W_t = scan_vjp_W_t0 + scan_vjp_W_u;
+                const SCAN_RNN_REAL *scan_vjp_W_h = scan_vjp_W_seg + 7*scan_vjp_W_u;
+                const SCAN_RNN_REAL *scan_vjp_W_grad_h_next = scan_vjp_W_cur;
+                const SCAN_RNN_REAL *scan_vjp_W_grad_m_next = scan_vjp_W_cur + 3;
+                SCAN_RNN_REAL *scan_vjp_W_grad_h = scan_vjp_W_nxt;
+                SCAN_RNN_REAL *scan_vjp_W_grad_m = scan_vjp_W_nxt + 3;
+                const SCAN_RNN_REAL *scan_vjp_W_mm_h_kept_2 = scan_vjp_W_base + 6*scan_vjp_W_u + 35;
+                const SCAN_RNN_REAL *scan_vjp_W_mm_x_kept_2 = scan_vjp_W_base + 6*scan_vjp_W_u + 38;
+                const SCAN_RNN_REAL *scan_vjp_W_grad_out0 = grad_add_Z + scan_vjp_W_t;
+                SCAN_RNN_REAL *scan_vjp_W_x = scan_vjp_W_base + 89;
+                for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 2; ++scan_vjp_W_i) {
+                    scan_vjp_W_x[scan_vjp_W_i] = XT_[scan_vjp_W_t + T*scan_vjp_W_i];
                 }
-                SCAN_RNN_REAL *t11_g1 = t11_base + 47; /* 1 x 3 */
-                SCAN_RNN_REAL *t11_t3 = t11_base + 50; /* 1 x 3 */
-                SCAN_RNN_REAL *t11_t4 = t11_base + 53; /* 1 x 3 */
-                /* g1 = grad_out0 @ V^T */
+                SCAN_RNN_REAL *scan_vjp_W_grad_tanh_b_part = scan_vjp_W_base + 47; /* 1 x 3 */
+                SCAN_RNN_REAL *scan_vjp_W_tanh_mm_h_kept_2 = scan_vjp_W_base + 50; /* 1 x 3 */
+                SCAN_RNN_REAL *scan_vjp_W_mul_grad_h_next = scan_vjp_W_base + 53; /* 1 x 3 */
+                /* grad_tanh_b_part = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
-                        t11_g1[3*i + j] = 0;
+                        scan_vjp_W_grad_tanh_b_part[3*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 1; ++k) {
-                        const SCAN_RNN_REAL acc = t11_grad_out0[0];
+                        const SCAN_RNN_REAL acc = scan_vjp_W_grad_out0[0];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 3; ++j) {
-                            t11_g1[3*i + j] += acc * V[j];
+                            scan_vjp_W_grad_tanh_b_part[3*i + j] += acc * V[j];
                         }
                     }
                 }
-                /* t3 = tanh(b + t1_kept_1 + t2_kept_1) */
-                /* t4 = (1 - tanh(b + t1_kept_1 + t2_kept_1)**2)*(g1 + grad_h_next) */
-                /* grad_b = grad_b + (1 - tanh(b + t1_kept_1 + t2_kept_1)**2)*(g1 + grad_h_next) */
+                /* tanh_mm_h_kept_2 = tanh(b + mm_h_kept_2 + mm_x_kept_2) */
+                /* mul_grad_h_next = (1 - tanh(b + mm_h_kept_2 +
+                 * mm_x_kept_2)**2)*(grad_h_next + grad_tanh_b_part) */
+                /* grad_b = grad_b + (1 - tanh(b + mm_h_kept_2 +
+                 * mm_x_kept_2)**2)*(grad_h_next + grad_tanh_b_part) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
-                    const SCAN_RNN_REAL x0 = tanh(t11_t1_kept_1[j] + t11_t2_kept_1[j] + b[j]);
-                    const SCAN_RNN_REAL x1 = (1 - (x0*x0))*(t11_grad_h_next[j] + t11_g1[j]);
-                    t11_t3[j] = x0;
-                    t11_t4[j] = x1;
+                    const SCAN_RNN_REAL x0 = tanh(scan_vjp_W_mm_h_kept_2[j] +
+                            scan_vjp_W_mm_x_kept_2[j] + b[j]);
+                    const SCAN_RNN_REAL x1 = (1 - (x0*x0))*(scan_vjp_W_grad_h_next[j] +
+                            scan_vjp_W_grad_tanh_b_part[j]);
+                    scan_vjp_W_tanh_mm_h_kept_2[j] = x0;
+                    scan_vjp_W_mul_grad_h_next[j] = x1;
                     grad_b[j] = grad_b[j] + x1;
                 }
-                /* grad_h = t4 @ W^T */
+                /* grad_h = mul_grad_h_next @ W^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
                         SCAN_RNN_REAL acc = 0;
                         for (int64_t k = 0; k < 3; ++k) {
-                            acc += t11_t4[k] * W[k + 3*j];
+                            acc += scan_vjp_W_mul_grad_h_next[k] * W[k + 3*j];
                         }
-                        t11_grad_h[3*i + j] = acc;
+                        scan_vjp_W_grad_h[3*i + j] = acc;
                     }
                 }
                 /* grad_m = grad_m_next/2 */
@@ -706,40 +776,40 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     #endif
                 for (int64_t i = 0; i < 2; ++i) {
                     for (int64_t j = 0; j < 2; ++j) {
-                        t11_grad_m[2*i + j] = (1.0/2.0)*t11_grad_m_next[2*i + j];
+                        scan_vjp_W_grad_m[2*i + j] = (1.0/2.0)*scan_vjp_W_grad_m_next[2*i + j];
                     }
                 }
-                /* grad_W += h^T @ t4 */
+                /* grad_W += h^T @ mul_grad_h_next */
                 for (int64_t i = 0; i < 3; ++i) {
-                    const SCAN_RNN_REAL acc = t11_h[i];
+                    const SCAN_RNN_REAL acc = scan_vjp_W_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        grad_W[3*i + j] += acc * t11_t4[j];
+                        grad_W[3*i + j] += acc * scan_vjp_W_mul_grad_h_next[j];
                     }
                 }
-                /* grad_Ux += x^T @ t4 */
+                /* grad_Ux += x^T @ mul_grad_h_next */
                 for (int64_t i = 0; i < 2; ++i) {
-                    const SCAN_RNN_REAL acc = t11_x[i];
+                    const SCAN_RNN_REAL acc = scan_vjp_W_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        grad_Ux[3*i + j] += acc * t11_t4[j];
+                        grad_Ux[3*i + j] += acc * scan_vjp_W_mul_grad_h_next[j];
                     }
                 }
-                /* grad_V += t3^T @ grad_out0 */
+                /* grad_V += tanh_mm_h_kept_2^T @ grad_out0 */
                 for (int64_t i = 0; i < 3; ++i) {
-                    const SCAN_RNN_REAL acc = t11_t3[i];
+                    const SCAN_RNN_REAL acc = scan_vjp_W_tanh_mm_h_kept_2[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 1; ++j) {
-                        grad_V[i + j] += acc * t11_grad_out0[0];
+                        grad_V[i + j] += acc * scan_vjp_W_grad_out0[0];
                     }
                 }
                 /* grad_M_part = grad_M_part + grad_m_next^T */
@@ -748,19 +818,20 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     #endif
                 for (int64_t i = 0; i < 2; ++i) {
                     for (int64_t j = 0; j < 2; ++j) {
-                        grad_M_part[2*i + j] = grad_M_part[2*i + j] + t11_grad_m_next[i + 2*j];
+                        grad_M_part[2*i + j] = grad_M_part[2*i + j] +
+                                scan_vjp_W_grad_m_next[i + 2*j];
                     }
                 }
-                SCAN_RNN_REAL *t11_swap = t11_cur;
-                t11_cur = t11_nxt;
-                t11_nxt = t11_swap;
+                SCAN_RNN_REAL *scan_vjp_W_swap = scan_vjp_W_cur;
+                scan_vjp_W_cur = scan_vjp_W_nxt;
+                scan_vjp_W_nxt = scan_vjp_W_swap;
             }
         }
-        for (int64_t t11_i = 0; t11_i < 3; ++t11_i) {
-            grad_h0[t11_i] = t11_cur[t11_i];
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 3; ++scan_vjp_W_i) {
+            grad_h0[scan_vjp_W_i] = scan_vjp_W_cur[scan_vjp_W_i];
         }
-        for (int64_t t11_i = 0; t11_i < 4; ++t11_i) {
-            grad_t0[t11_i] = t11_cur[t11_i + 3];
+        for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 4; ++scan_vjp_W_i) {
+            grad_mul_M[scan_vjp_W_i] = scan_vjp_W_cur[scan_vjp_W_i + 3];
         }
     }
 }
@@ -769,42 +840,46 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
 /* scan_rnn_value_and_grad, part 5 of 5 (kernels 14 to 22): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 1; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
-    int64_t T,
     SCAN_RNN_REAL *grad_M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M,
+    SCAN_RNN_REAL *grad_transpose_M
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
+    SCAN_RNN_REAL *grad_M,
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M,
+    SCAN_RNN_REAL *grad_transpose_M
 )
 {
-    SCAN_RNN_REAL *t11 = work + 3*T + 7*((T + 1)/2) + 62; /* 108 x 1; placed in an earlier part */
-    SCAN_RNN_REAL *grad_M_part = work; /* 2 x 2, in t0's memory; placed in an earlier part */
-    SCAN_RNN_REAL *grad_t0 = work + T + 7*((T + 1)/2) + 53; /* 2 x 2, in t7's memory; placed in an earlier part */
-    /* grad_W: the adjoint of captured value 0 of the loop of t11, written by it */
+    /* grad_W: the adjoint of captured value 0 of the loop of scan_vjp_W, written by it */
 
-    /* grad_Ux: the adjoint of captured value 1 of the loop of t11, written by it */
+    /* grad_Ux: the adjoint of captured value 1 of the loop of scan_vjp_W, written by it */
 
-    /* grad_b: the adjoint of captured value 2 of the loop of t11, written by it */
+    /* grad_b: the adjoint of captured value 2 of the loop of scan_vjp_W, written by it */
 
-    /* grad_V: the adjoint of captured value 3 of the loop of t11, written by it */
+    /* grad_V: the adjoint of captured value 3 of the loop of scan_vjp_W, written by it */
 
-    /* grad_h0: the adjoint of init 0 of the loop of t11, written by it */
+    /* grad_h0: the adjoint of init 0 of the loop of scan_vjp_W, written by it */
 
-    /* grad_M_part: the adjoint of captured value 4 of the loop of t11, written by it */
+    /* grad_M_part: the adjoint of captured value 4 of the loop of scan_vjp_W, written by it */
 
-    /* grad_t0: the adjoint of init 1 of the loop of t11, written by it */
+    /* grad_mul_M: the adjoint of init 1 of the loop of scan_vjp_W, written by it */
 
-    /* g1 = 2*grad_t0 */
-    SCAN_RNN_REAL *g1 = t11 + 108; /* 2 x 2 */
+    /* grad_transpose_M = 2*grad_mul_M */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            g1[2*i + j] = 2*grad_t0[2*i + j];
+            grad_transpose_M[2*i + j] = 2*grad_mul_M[2*i + j];
         }
     }
 
-    /* grad_M = g1^T + grad_M_part */
+    /* grad_M = grad_M_part + grad_transpose_M^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            grad_M[2*i + j] = grad_M_part[2*i + j] + g1[i + 2*j];
+            grad_M[2*i + j] = grad_M_part[2*i + j] + grad_transpose_M[i + 2*j];
         }
     }
 }
@@ -835,11 +910,33 @@ int scan_rnn_value_and_grad(
     if (T < 1) {
         return 1;
     }
-    scan_rnn_value_and_grad_part1(M, work);
-    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, work);
-    scan_rnn_value_and_grad_part3(T, Z, loss, work);
-    scan_rnn_value_and_grad_part4(T, XT_, W, Ux, b, V, M, grad_W, grad_Ux, grad_b, grad_V, grad_h0, work);
-    scan_rnn_value_and_grad_part5(T, grad_M, work);
+
+    /* where each buffer lies in work */
+    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
+    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
+    SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
+    SCAN_RNN_REAL *scan_part_h0_4 = scan_part_h0 + T; /* ((T + 1)/2) x 7 */
+    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0_4 + 7*((T + 1)/2); /* 1 x 3 */
+    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
+    SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
+    SCAN_RNN_REAL *grad_add_Z = sq_Z + T; /* T x 1 */
+    SCAN_RNN_REAL *colsum_Z = grad_add_Z + T; /* 1 x 1 */
+    SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
+    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
+    SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
+    SCAN_RNN_REAL *scan_vjp_W = rowsum_h0_2 + 1; /* 108 x 1 */
+    SCAN_RNN_REAL *grad_M_part = mul_M; /* 2 x 2, in mul_M's memory */
+    SCAN_RNN_REAL *grad_mul_M = scan_part_h0_3; /* 2 x 2, in scan_part_h0_3's memory */
+    SCAN_RNN_REAL *grad_transpose_M = scan_vjp_W + 108; /* 2 x 2 */
+
+    scan_rnn_value_and_grad_part1(M, mul_M);
+    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0,
+            scan_part_h0_4, scan_part_h0_2, scan_part_h0_3);
+    scan_rnn_value_and_grad_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z,
+            grad_add_Z, colsum_Z, rowsum_h0, colsum_h0, rowsum_h0_2);
+    scan_rnn_value_and_grad_part4(T, XT_, W, Ux, b, V, M, grad_W, grad_Ux, grad_b, grad_V, grad_h0,
+            scan_part_h0_4, grad_add_Z, scan_vjp_W, grad_M_part, grad_mul_M);
+    scan_rnn_value_and_grad_part5(grad_M, grad_M_part, grad_mul_M, grad_transpose_M);
     return 0;
 }
 #endif
@@ -935,9 +1032,11 @@ size_t scan_rnn_forward_call_work_len(const int64_t *dims)
 }
 
 /* scan_rnn_forward with its arrays in arrays (see scan_rnn.h). */
-int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCAN_RNN_REAL *work)
+int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        SCAN_RNN_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && scan_rnn_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            scan_rnn_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 8; ++i) {
@@ -951,7 +1050,8 @@ int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *cons
         }
     }
     return scan_rnn_forward(
-        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL *)in[2],
+        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL
+                *)in[2],
         (const SCAN_RNN_REAL *)in[3], (const SCAN_RNN_REAL *)in[4], (const SCAN_RNN_REAL *)in[5],
         (const SCAN_RNN_REAL *)in[6], (const SCAN_RNN_REAL *)in[7], (SCAN_RNN_REAL *)out[0], work
     );
@@ -1039,9 +1139,11 @@ size_t scan_rnn_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* scan_rnn_value_and_grad with its arrays in arrays (see scan_rnn.h). */
-int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SCAN_RNN_REAL *work)
+int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        SCAN_RNN_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && scan_rnn_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            scan_rnn_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 8; ++i) {
@@ -1055,10 +1157,12 @@ int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, voi
         }
     }
     return scan_rnn_value_and_grad(
-        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL *)in[2],
+        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL
+                *)in[2],
         (const SCAN_RNN_REAL *)in[3], (const SCAN_RNN_REAL *)in[4], (const SCAN_RNN_REAL *)in[5],
         (const SCAN_RNN_REAL *)in[6], (const SCAN_RNN_REAL *)in[7], (SCAN_RNN_REAL *)out[0],
-        (SCAN_RNN_REAL *)out[1], (SCAN_RNN_REAL *)out[2], (SCAN_RNN_REAL *)out[3], (SCAN_RNN_REAL *)out[4],
+        (SCAN_RNN_REAL *)out[1], (SCAN_RNN_REAL *)out[2], (SCAN_RNN_REAL *)out[3], (SCAN_RNN_REAL
+                *)out[4],
         (SCAN_RNN_REAL *)out[5], (SCAN_RNN_REAL *)out[6], work
     );
 }

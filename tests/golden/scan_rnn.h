@@ -84,7 +84,9 @@ const char *scan_rnn_name_dim(int64_t i);
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t scan_rnn_forward_work_len(int64_t T);
-int scan_rnn_forward(int64_t T, const SCAN_RNN_REAL *XT_, const SCAN_RNN_REAL *Z, const SCAN_RNN_REAL *W, const SCAN_RNN_REAL *Ux, const SCAN_RNN_REAL *b, const SCAN_RNN_REAL *V, const SCAN_RNN_REAL *h0, const SCAN_RNN_REAL *M, SCAN_RNN_REAL *loss, SCAN_RNN_REAL *work);
+int scan_rnn_forward(int64_t T, const SCAN_RNN_REAL *XT_, const SCAN_RNN_REAL *Z, const
+        SCAN_RNN_REAL *W, const SCAN_RNN_REAL *Ux, const SCAN_RNN_REAL *b, const SCAN_RNN_REAL *V,
+        const SCAN_RNN_REAL *h0, const SCAN_RNN_REAL *M, SCAN_RNN_REAL *loss, SCAN_RNN_REAL *work);
 int scan_rnn_forward_n_dims(void);
 const char *scan_rnn_forward_name_dim(int64_t i);
 int scan_rnn_forward_n_in(void);
@@ -95,7 +97,8 @@ int scan_rnn_forward_kind_in(int64_t i);
 int scan_rnn_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int scan_rnn_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t scan_rnn_forward_call_work_len(const int64_t *dims);
-int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCAN_RNN_REAL *work);
+int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        SCAN_RNN_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   XT_: input, 2 x T
@@ -117,7 +120,11 @@ int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *cons
  * Returns 1: a dimension is below 1 (nothing written)
  */
 size_t scan_rnn_value_and_grad_work_len(int64_t T);
-int scan_rnn_value_and_grad(int64_t T, const SCAN_RNN_REAL *XT_, const SCAN_RNN_REAL *Z, const SCAN_RNN_REAL *W, const SCAN_RNN_REAL *Ux, const SCAN_RNN_REAL *b, const SCAN_RNN_REAL *V, const SCAN_RNN_REAL *h0, const SCAN_RNN_REAL *M, SCAN_RNN_REAL *loss, SCAN_RNN_REAL *grad_W, SCAN_RNN_REAL *grad_Ux, SCAN_RNN_REAL *grad_b, SCAN_RNN_REAL *grad_V, SCAN_RNN_REAL *grad_h0, SCAN_RNN_REAL *grad_M, SCAN_RNN_REAL *work);
+int scan_rnn_value_and_grad(int64_t T, const SCAN_RNN_REAL *XT_, const SCAN_RNN_REAL *Z, const
+        SCAN_RNN_REAL *W, const SCAN_RNN_REAL *Ux, const SCAN_RNN_REAL *b, const SCAN_RNN_REAL *V,
+        const SCAN_RNN_REAL *h0, const SCAN_RNN_REAL *M, SCAN_RNN_REAL *loss, SCAN_RNN_REAL *grad_W,
+        SCAN_RNN_REAL *grad_Ux, SCAN_RNN_REAL *grad_b, SCAN_RNN_REAL *grad_V, SCAN_RNN_REAL
+        *grad_h0, SCAN_RNN_REAL *grad_M, SCAN_RNN_REAL *work);
 int scan_rnn_value_and_grad_n_dims(void);
 const char *scan_rnn_value_and_grad_name_dim(int64_t i);
 int scan_rnn_value_and_grad_n_in(void);
@@ -128,7 +135,8 @@ int scan_rnn_value_and_grad_kind_in(int64_t i);
 int scan_rnn_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int scan_rnn_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t scan_rnn_value_and_grad_call_work_len(const int64_t *dims);
-int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SCAN_RNN_REAL *work);
+int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        SCAN_RNN_REAL *work);
 
 #ifdef __cplusplus
 }

@@ -29,55 +29,57 @@ static int softmax_ce_run(
 )
 {
 
-    /* t0 = T*Z */
-    SOFTMAX_CE_REAL *t0 = work; /* 4 x 3 */
+    /* where each buffer lies in work */
+    SOFTMAX_CE_REAL *mul_Z = work; /* 4 x 3 */
+    SOFTMAX_CE_REAL *rowsum_Z = mul_Z + 12; /* 4 x 1 */
+    SOFTMAX_CE_REAL *softmax_axis_Z = mul_Z; /* 4 x 3, in mul_Z's memory */
+    SOFTMAX_CE_REAL *rowlse_Z = rowsum_Z + 4; /* 4 x 1 */
+    SOFTMAX_CE_REAL *add_Z = rowlse_Z + 4; /* 4 x 1 */
+    SOFTMAX_CE_REAL *colsum_Z = add_Z + 4; /* 1 x 1 */
+
+    /* mul_Z = T*Z */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t0[3*i + j] = T[3*i + j]*Z[3*i + j];
+            mul_Z[3*i + j] = T[3*i + j]*Z[3*i + j];
         }
     }
 
-    /* t1 = sum of t0 along each row */
-    SOFTMAX_CE_REAL *t1 = t0 + 12; /* 4 x 1 */
+    /* rowsum_Z = sum of mul_Z along each row */
     for (int64_t i = 0; i < 4; ++i) {
-        t1[i] = symbackprop_f64_sum(t0 + 3*i, 3, 1);
+        rowsum_Z[i] = symbackprop_f64_sum(mul_Z + 3*i, 3, 1);
     }
 
-    /* t2 = softmax of Z along each row, its max subtracted first */
-    SOFTMAX_CE_REAL *t2 = t0; /* 4 x 3, in t0's memory */
+    /* softmax_axis_Z = softmax of Z along each row, its max subtracted first */
     for (int64_t i = 0; i < 4; ++i) {
-        symbackprop_f64_softmax_axis(Z + 3*i, 3, 1, t2 + 3*i, 1);
+        symbackprop_f64_softmax_axis(Z + 3*i, 3, 1, softmax_axis_Z + 3*i, 1);
     }
 
-    /* t3 = log(sum(exp(Z))) along each row, its max subtracted first */
-    SOFTMAX_CE_REAL *t3 = t1 + 4; /* 4 x 1 */
+    /* rowlse_Z = log(sum(exp(Z))) along each row, its max subtracted first */
     for (int64_t i = 0; i < 4; ++i) {
-        t3[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1, t2 + 3*i, 1);
+        rowlse_Z[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1, softmax_axis_Z + 3*i, 1);
     }
 
-    /* t4 = -t1 + t3 */
-    SOFTMAX_CE_REAL *t4 = t3 + 4; /* 4 x 1 */
+    /* add_Z = rowlse_Z - rowsum_Z */
     for (int64_t i = 0; i < 4; ++i) {
-        t4[i] = -t1[i] + t3[i];
+        add_Z[i] = -rowsum_Z[i] + rowlse_Z[i];
     }
 
-    /* t5 = sum of t4 down each column */
-    SOFTMAX_CE_REAL *t5 = t4 + 4; /* 1 x 1 */
-    t5[0] = symbackprop_f64_sum(t4, 4, 1);
+    /* colsum_Z = sum of add_Z down each column */
+    colsum_Z[0] = symbackprop_f64_sum(add_Z, 4, 1);
 
-    /* loss = t5/4 */
+    /* loss = colsum_Z/4 */
     {
-        loss[0] = (1.0/4.0)*t5[0];
+        loss[0] = (1.0/4.0)*colsum_Z[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_Z = -T/4 + t2/4 */
+    /* grad_Z = -T/4 + softmax_axis_Z/4 */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            grad_Z[3*i + j] = (1.0/4.0)*t2[3*i + j] - 1.0/4.0*T[3*i + j];
+            grad_Z[3*i + j] = (1.0/4.0)*softmax_axis_Z[3*i + j] - 1.0/4.0*T[3*i + j];
         }
     }
     return 0;
@@ -195,7 +197,8 @@ size_t softmax_ce_forward_call_work_len(const int64_t *dims)
 }
 
 /* softmax_ce_forward with its arrays in arrays (see softmax_ce.h). */
-int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work)
+int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        SOFTMAX_CE_REAL *work)
 {
     if (in == NULL || out == NULL || (work == NULL && softmax_ce_forward_call_work_len(dims) > 0)) {
         return 4;
@@ -211,7 +214,8 @@ int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *co
         }
     }
     return softmax_ce_forward(
-        (const SOFTMAX_CE_REAL *)in[0], (const SOFTMAX_CE_REAL *)in[1], (SOFTMAX_CE_REAL *)out[0], work
+        (const SOFTMAX_CE_REAL *)in[0], (const SOFTMAX_CE_REAL *)in[1], (SOFTMAX_CE_REAL *)out[0],
+                work
     );
 }
 
@@ -281,9 +285,11 @@ size_t softmax_ce_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* softmax_ce_value_and_grad with its arrays in arrays (see softmax_ce.h). */
-int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work)
+int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        SOFTMAX_CE_REAL *work)
 {
-    if (in == NULL || out == NULL || (work == NULL && softmax_ce_value_and_grad_call_work_len(dims) > 0)) {
+    if (in == NULL || out == NULL || (work == NULL && softmax_ce_value_and_grad_call_work_len(dims)
+            > 0)) {
         return 4;
     }
     for (int i = 0; i < 2; ++i) {

@@ -77,7 +77,8 @@ const char *softmax_ce_name_dim(int64_t i);
  * Returns 0: success
  */
 size_t softmax_ce_forward_work_len(void);
-int softmax_ce_forward(const SOFTMAX_CE_REAL *T, const SOFTMAX_CE_REAL *Z, SOFTMAX_CE_REAL *loss, SOFTMAX_CE_REAL *work);
+int softmax_ce_forward(const SOFTMAX_CE_REAL *T, const SOFTMAX_CE_REAL *Z, SOFTMAX_CE_REAL *loss,
+        SOFTMAX_CE_REAL *work);
 int softmax_ce_forward_n_dims(void);
 const char *softmax_ce_forward_name_dim(int64_t i);
 int softmax_ce_forward_n_in(void);
@@ -88,7 +89,8 @@ int softmax_ce_forward_kind_in(int64_t i);
 int softmax_ce_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int softmax_ce_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t softmax_ce_forward_call_work_len(const int64_t *dims);
-int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work);
+int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        SOFTMAX_CE_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   T: input, 4 x 3
@@ -98,7 +100,8 @@ int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *co
  * Returns 0: success
  */
 size_t softmax_ce_value_and_grad_work_len(void);
-int softmax_ce_value_and_grad(const SOFTMAX_CE_REAL *T, const SOFTMAX_CE_REAL *Z, SOFTMAX_CE_REAL *loss, SOFTMAX_CE_REAL *grad_Z, SOFTMAX_CE_REAL *work);
+int softmax_ce_value_and_grad(const SOFTMAX_CE_REAL *T, const SOFTMAX_CE_REAL *Z, SOFTMAX_CE_REAL
+        *loss, SOFTMAX_CE_REAL *grad_Z, SOFTMAX_CE_REAL *work);
 int softmax_ce_value_and_grad_n_dims(void);
 const char *softmax_ce_value_and_grad_name_dim(int64_t i);
 int softmax_ce_value_and_grad_n_in(void);
@@ -109,7 +112,8 @@ int softmax_ce_value_and_grad_kind_in(int64_t i);
 int softmax_ce_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int softmax_ce_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
 size_t softmax_ce_value_and_grad_call_work_len(const int64_t *dims);
-int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work);
+int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        SOFTMAX_CE_REAL *work);
 
 #ifdef __cplusplus
 }
