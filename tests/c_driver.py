@@ -11,6 +11,26 @@ import numpy as np
 STRICT_FLAGS = ["-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Werror"]
 
 
+def unwrapped(c_text: str) -> str:
+    """Generated C with each statement or prototype the emitter wrapped at
+    100 columns (emit/wrap.py: continued 8 columns deeper, cut at spaces)
+    back on one line, its parts joined by a single space."""
+    lines: list[str] = []
+    first_indent, depth, code = -1, 0, False
+    for line in c_text.split("\n"):
+        text = line.lstrip(" ")
+        indent = len(line) - len(text)
+        if code and text and (depth > 0 or (indent == first_indent + 8 and not lines[-1].endswith("{"))):
+            lines[-1] += " " + text
+        else:
+            lines.append(line)
+            first_indent, depth = indent, 0
+            code = not text.startswith(("/*", "*", "#", "//"))
+        if code:
+            depth = max(depth + text.count("(") - text.count(")"), 0)
+    return "\n".join(lines)
+
+
 def write_runtime_header(folder: Path) -> Path:
     """symbackprop_runtime.h, which every generated .c includes, into `folder`."""
     from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header

@@ -4,6 +4,7 @@ the generated C stays (test_diff_stays_local.py, test_diff_locality.py)."""
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections.abc import Callable, Sequence
 
 import sympy as sp
@@ -22,7 +23,7 @@ def mlp(widths: Sequence[int], activations: Sequence[Callable], l2: bool = False
     stems = list(names) or [str(k) for k in range(1, len(widths))]
     X, T = sp.MatrixSymbol("X", N, widths[0]), sp.MatrixSymbol("T", N, widths[-1])
     H, params = X, []
-    for stem, (fan_in, fan_out), act in zip(stems, zip(widths, widths[1:]), activations):
+    for stem, (fan_in, fan_out), act in zip(stems, itertools.pairwise(widths), activations):
         W, b = sp.MatrixSymbol(f"W{stem}", fan_in, fan_out), sp.MatrixSymbol(f"b{stem}", 1, fan_out)
         params += [W, b]
         H = nn.linear(H, W, b)

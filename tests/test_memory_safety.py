@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from c_driver import fill_values, parse_output, write_runtime_header
+from c_driver import fill_values, parse_output, unwrapped, write_runtime_header
 from conftest import example_names, load_example
 
 import symbackprop as sbp
@@ -57,6 +57,7 @@ def read_header(header: str) -> list[CFunctionAbi]:
     not the self-describing ones), with each array's shape from the comment
     above its prototype."""
     functions, shapes = [], {}
+    header = unwrapped(header)
     computing = {name for name in re.findall(r"^size_t (\w+)_work_len\(", header, re.M)
                  if not name.endswith("_call")}  # F_call, the array form: its arrays are F's
     for line in header.splitlines():

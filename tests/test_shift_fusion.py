@@ -214,7 +214,7 @@ def test_costly_values_are_stored_not_recomputed(case):
         inner_jax = lambda z, uv: sum(uv * z**k / k for k in range(2, 60))  # noqa: E731
     loss = nn.sum_all(sp.HadamardProduct(w, sbp.shift(inner, 1, fill=2) + x))
     mod = sbp.compile(sbp.Model(f"shift_costly_{case}", inputs=[w, u], params=[x], loss=loss))
-    assert "[i - 1]" in mod.source and "x[i - 1]" not in mod.source
+    assert "[i - 1]" in mod.source and not re.search(r"(?<!\w)x\[i - 1\]", mod.source)
     rng = np.random.default_rng(4)
     xv, uv, wv = rng.uniform(-0.9, 0.9, 11), rng.uniform(-0.9, 0.9, 11), rng.standard_normal(11)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from c_driver import unwrapped
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package
 
@@ -45,7 +46,7 @@ def test_marked_module_builds_and_matches_numpy(tmp_path):
 
 def _straight_bodies(source: str) -> list[list[str]]:
     """The statement lines of each SYMBACKPROP_STRAIGHT function."""
-    functions = re.finditer(r"SYMBACKPROP_STRAIGHT (?:static|\w+_SHARED) \w+ \w+\(.*?\n\}\n", source, re.S)
+    functions = re.finditer(r"SYMBACKPROP_STRAIGHT (?:static|\w+_SHARED) \w+ \w+\(.*?\n\}\n", unwrapped(source), re.S)
     return [[line.strip() for line in f.group(0).splitlines() if line.strip().endswith(";")] for f in functions]
 
 

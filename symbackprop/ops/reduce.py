@@ -100,7 +100,8 @@ def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
 
     def walk(view: View) -> tuple[str, str]:
         """A row's (column's) first entry and the stride along it, as C."""
-        outer_stride, inner_stride = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
+        by_rows = kernel.axis == 0
+        outer_stride, inner_stride = (view.col_stride, view.row_stride) if by_rows else (view.row_stride, view.col_stride)
         start = sp.expand(view.offset + (outer * outer_stride if looped else 0))
         pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
         return pointer, em.dim(sp.sympify(inner_stride)) if inner_len != 1 else "1"

@@ -92,7 +92,8 @@ def resolved_at(top: Path, commit: str, name: str, revision: str) -> str:
         SymbackpropError: a link points outside the repository, too many
             links, or the path is not there.
     """
-    parts, done, links = name.split("/"), [], 0
+    parts, links = name.split("/"), 0
+    done: list[str] = []
     while parts:
         part = parts.pop(0)
         if part in ("", "."):

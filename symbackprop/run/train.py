@@ -362,14 +362,14 @@ class Training:
             ArgumentError: epochs is not a positive integer, shuffle is none
                 of the above, or as train_epoch.
         """
-        shuffle = _shuffler(shuffle)
+        shuffler = _shuffler(shuffle)
         if isinstance(epochs, (bool, np.bool_)) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
             raise ArgumentError(f"epochs must be a positive integer; got {epochs!r}")
-        rows = self.trainer.batch_rows(arrays) if shuffle is not None else 0
+        rows = self.trainer.batch_rows(arrays) if shuffler is not None else 0
         curves = []
         with Progress(int(epochs), "epoch", progress) as bar:
             for _ in range(int(epochs)):
-                order = None if shuffle is None else shuffle.permutation(rows)
+                order = None if shuffler is None else shuffler.permutation(rows)
                 curves.append(self.train_epoch(batch_size, order, **arrays))
                 bar.step(loss=float(np.mean(curves[-1])))
         return np.stack(curves)

@@ -123,7 +123,8 @@ class Naming:
         views and constants are looked through."""
         level, seen = list(node.args), {node}
         while level and len(seen) < _SEARCH:
-            found, deeper = [], []
+            found: list[tuple[int, int, str]] = []
+            deeper: list[Node] = []
             for arg in level:
                 if arg in seen:
                     continue
