@@ -211,9 +211,19 @@ def helpers() -> frozenset[str]:
 def lowering_rule(cls: type) -> tuple[str, LoweringRule] | None:
     """(op, rule) for a SymPy class that lowers through a record, else None."""
     _load()
-    return _LOWERING.get(cls)
+    return _inherited(_LOWERING, cls)
 
 
 def shape_rule(cls: type) -> ShapeRule | None:
     _load()
-    return _SHAPES.get(cls)
+    return _inherited(_SHAPES, cls)
+
+
+def _inherited(table: dict, cls: type) -> Any:
+    """table's entry for cls, else for its nearest base that has one (nn's
+    layers are SymPy's classes with what they compute remembered:
+    symbackprop.declare.standing.Layered)."""
+    found = table.get(cls)
+    if found is None:
+        found = next((table[base] for base in cls.__mro__[1:] if base in table), None)
+    return found
