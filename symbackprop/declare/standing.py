@@ -48,12 +48,12 @@ class Layered:
     `linear(x, W, b) + h*U` is one sum of three terms, as before."""
 
     __slots__ = ()
-    _sympy_class: Any = sp.Basic  # the SymPy class it is
+    sympy_class: Any = sp.Basic  # the SymPy class it is
 
     @classmethod
     def class_key(cls) -> Any:
         """SymPy's class's: a sum sorts this among its terms as SymPy's own."""
-        return cls._sympy_class.class_key()
+        return cls.sympy_class.class_key()
 
     def __hash__(self) -> int:
         """SymPy's class's hash (Basic's hash names the class): sets of
@@ -61,7 +61,7 @@ class Layered:
         node: Any = self  # a Basic (the other base)
         found = node._mhash
         if found is None:
-            found = node._mhash = hash((self._sympy_class.__name__,) + node._hashable_content())
+            found = node._mhash = hash((self.sympy_class.__name__,) + node._hashable_content())
         return found
 
     @property
@@ -81,13 +81,13 @@ class Layered:
 class LayerProduct(Layered, Standing, sp.MatMul):
     """sp.MatMul, as a layer's x*W (see Layered)."""
 
-    _sympy_class = sp.MatMul
+    sympy_class = sp.MatMul
 
 
 class LayerApply(Layered, ElementwiseApplyFunction):
     """ElementwiseApplyFunction, as a layer's activation (see Layered)."""
 
-    _sympy_class = ElementwiseApplyFunction
+    sympy_class = ElementwiseApplyFunction
 
     def doit(self, **hints: Any) -> Any:
         """SymPy's doit, not deep: f(g(x)) of two elementwise functions as one."""

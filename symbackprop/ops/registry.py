@@ -220,10 +220,11 @@ def shape_rule(cls: type) -> ShapeRule | None:
 
 
 def _inherited(table: dict, cls: type) -> Any:
-    """table's entry for cls, else for its nearest base that has one (nn's
-    layers are SymPy's classes with what they compute remembered:
-    symbackprop.declare.standing.Layered)."""
+    """table's entry for cls, else for the SymPy class it declares it is
+    (`sympy_class`: nn's layers are SymPy's classes with what they compute
+    remembered, symbackprop.declare.standing.Layered). Not any base's: an
+    Inverse is a MatPow to Python, not to lowering."""
     found = table.get(cls)
-    if found is None:
-        found = next((table[base] for base in cls.__mro__[1:] if base in table), None)
+    if found is None and getattr(cls, "sympy_class", None) is not None:
+        found = table.get(cls.sympy_class)  # type: ignore[attr-defined]
     return found
