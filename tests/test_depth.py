@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sympy as sp
+from sympy.core.cache import clear_cache
 
 import symbackprop as sbp
 from symbackprop.declare import nn
@@ -400,18 +401,155 @@ def test_deep_scalar_loss():
 
 
 def build_deep_builds_what_the_default_stack_cannot() -> None:
-    """SymPy recurses per level while it builds a product chain: a 400-layer
-    MLP is a RecursionError on the default stack, and builds in build_deep."""
+    """SymPy's printer recurses per level: a nested expression 3,000 deep
+    is a RecursionError on the default stack, and prints in build_deep."""
+    expr = _nest(3000)
     try:
-        mlp_model(400)
+        str(expr)
     except RecursionError:
         pass
     else:
-        raise AssertionError("SymPy built 400 layers on the default stack: the test shows nothing")
-    model = sbp.build_deep(mlp_model, 400)
-    assert len(model.params) == 2 * 400 + 1
+        raise AssertionError("SymPy printed 3,000 levels on the default stack: the test shows nothing")
+    assert sbp.build_deep(str, expr).startswith("sin(sin(")
     print("ok")
 
 
 def test_build_deep_builds_what_the_default_stack_cannot():
     assert _in_child("build_deep_builds_what_the_default_stack_cannot()") == "ok\n"
+
+
+# --- stacks declared as the README declares layers (issue 41) --------------
+
+
+def readme_mlp(depth: int, width: int = 8) -> sbp.Model:
+    """H = nn.tanh(nn.linear(H, W, b)) in a loop, the loss nn.mse: no
+    nn.shallow, no build_deep."""
+    X, T = sp.MatrixSymbol("X", N, width), sp.MatrixSymbol("T", N, width)
+    params, H = [], X
+    for k in range(depth):
+        W, b = sp.MatrixSymbol(f"W{k}", width, width), sp.MatrixSymbol(f"b{k}", 1, width)
+        params += [W, b]
+        H = nn.tanh(nn.linear(H, W, b))
+    return sbp.Model(f"readme_mlp{depth}", inputs=[X, T], params=params, loss=nn.mse(H, T))
+
+
+def readme_numpy(depth: int, a: dict) -> float:
+    h = a["X"]
+    for k in range(depth):
+        h = np.tanh(h @ a[f"W{k}"] + a[f"b{k}"])
+    return float(np.mean((h - a["T"]) ** 2))
+
+
+def readme_data(depth: int, width: int = 8, rows: int = 5) -> dict:
+    rng = np.random.default_rng(depth)
+    data = {f"W{k}": np.eye(width) + 0.1 * rng.standard_normal((width, width)) for k in range(depth)}
+    data.update({f"b{k}": 0.05 * rng.standard_normal((1, width)) for k in range(depth)})
+    data.update(X=0.5 * rng.standard_normal((rows, width)), T=rng.standard_normal((rows, width)))
+    return data
+
+
+def declare_without_recursion(depth: int) -> None:
+    """Declaring (and Model's checks) under Python's default recursion
+    limit, on the main thread's stack: 250 layers were a RecursionError."""
+    assert sys.getrecursionlimit() <= 1000
+    model = readme_mlp(depth)
+    assert len(model.params) == 2 * depth
+    print("ok")
+
+
+def test_400_layers_declare_under_the_default_recursion_limit():
+    assert _in_child("declare_without_recursion(400)") == "ok\n"
+
+
+def _calls_while(build) -> int:
+    """How many Python functions run while build() runs."""
+    count = [0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        build()
+    finally:
+        sys.setprofile(None)
+    return count[0]
+
+
+def test_each_layer_costs_the_same_to_declare():
+    """The work of declaring a layer does not grow with the layers below it:
+    SymPy's doit, shapes and sort keys walked the whole stack at every
+    layer (quadratic: 17.6 s for 100 layers). Each 20 more layers cost
+    about what the 20 before them did."""
+    readme_mlp(2)  # the activation's Lambda, once
+    calls = {}
+    for k in (20, 40, 60):
+        clear_cache()  # each from SymPy's empty cache (else a hit or a miss depends on what ran before)
+        calls[k] = _calls_while(lambda k=k: readme_mlp(k))
+    first, second = calls[40] - calls[20], calls[60] - calls[40]
+    assert second < 1.25 * first, calls
+    assert second / 20 < 3000, calls  # calls per layer (1,800 now)
+
+
+def test_a_100_layer_readme_stack_compiles_and_matches_numpy():
+    """As the README writes layers: the loss against numpy, the gradient of
+    the first layer's weights (through 99 layers) against central
+    differences of numpy's loss."""
+    depth = 100
+    mod = sbp.compile(readme_mlp(depth))
+    probes = [("W0", (0, 1)), (f"b{depth // 2}", (0, 3)), (f"W{depth - 1}", (2, 5))]
+    _check_gradients(mod, readme_data(depth), lambda a: readme_numpy(depth, a), probes)
+
+
+def test_a_5_layer_readme_stack_matches_torch():
+    torch = pytest.importorskip("torch")
+    depth = 5
+    mod = sbp.compile(readme_mlp(depth))
+    data = readme_data(depth)
+    loss, grads = mod.value_and_grad(**data)
+    tensors = {k: torch.tensor(v, dtype=torch.float64, requires_grad=k not in ("X", "T")) for k, v in data.items()}
+    h = tensors["X"]
+    for k in range(depth):
+        h = torch.tanh(h @ tensors[f"W{k}"] + tensors[f"b{k}"])
+    expected = torch.mean((h - tensors["T"]) ** 2)
+    expected.backward()
+    assert np.isclose(loss, expected.item(), rtol=1e-12)
+    for k in range(depth):
+        for name in (f"W{k}", f"b{k}"):
+            np.testing.assert_allclose(grads[name], tensors[name].grad.numpy(), rtol=1e-10, atol=1e-13)
+
+
+def readme_1000() -> None:
+    """1,000 layers declared on the default stack, compiled by plain
+    sbp.compile; the loss against numpy."""
+    depth = 1000
+    mod = sbp.compile(readme_mlp(depth))
+    data = readme_data(depth)
+    assert np.isclose(mod.forward(**data)["loss"], readme_numpy(depth, data), rtol=1e-9)
+    print("ok")
+
+
+@pytest.mark.slow
+def test_a_1000_layer_readme_stack_declares_and_compiles():
+    assert _in_child("readme_1000()", timeout=3600) == "ok\n"
+
+
+def test_nested_derivatives_build_no_message_unless_they_raise(monkeypatch):
+    """sbp.grad and sbp.jvp name the expression in their errors, printed by
+    SymPy as a tree (a nested jvp's text doubled per level): printed only
+    when one is raised."""
+    from symbackprop.declare import derivatives
+    from symbackprop.diff import nested
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an error message was built with nothing to report")
+
+    monkeypatch.setattr(nested, "short", refuse)
+    monkeypatch.setattr(derivatives, "short", refuse)
+    w, v = sp.MatrixSymbol("w", 3, 1), sp.MatrixSymbol("v", 3, 1)
+    x = sp.MatrixSymbol("x", N, 3)
+    f = nn.sum_all(nn.tanh(x * w).applyfunc(lambda e: e**2))
+    hvp = sbp.jvp(sbp.grad(f, w), w, v)  # grad's and jvp's checks at declaration
+    model = sbp.Model("lazy_messages", inputs=[x, v], params=[w], loss=nn.sum_all(hvp.applyfunc(sp.sin)))
+    plan(model)  # and their lowering

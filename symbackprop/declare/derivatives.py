@@ -17,6 +17,7 @@ So a loss that holds a gradient is one graph, one CSE and one C function::
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
@@ -57,9 +58,10 @@ def _scalar_if_1x1(node: sp.MatrixExpr, scalar: bool) -> sp.Basic:
     return MatrixElement(node, 0, 0) if scalar else node
 
 
-def _same_shape(given: sp.Basic, shape: tuple, what: str, of: str) -> None:
+def _same_shape(given: sp.Basic, shape: tuple, what: str, of: Callable[[], str]) -> None:
+    """`of()` names what `given` is checked against, built only to raise."""
     if _shape(given) != shape:
-        raise ModelError(f"{what} has shape {_shape(given)} but {of} has shape {shape}: {described(given)}")
+        raise ModelError(f"{what} has shape {_shape(given)} but {of()} has shape {shape}: {described(given)}")
 
 
 class _Derivative(Standing, sp.MatrixExpr):
@@ -164,7 +166,7 @@ def grad(expr: sp.Basic, wrt: sp.Symbol | sp.MatrixSymbol, cotangent: sp.Basic |
                              f"entries), or reduce it first (nn.sum_all): {described(expr)}")
         cotangent = sp.Integer(1)
     cotangent = _expression(cotangent, "the cotangent of grad")
-    _same_shape(cotangent, shape, "the cotangent of grad", f"the expression {short(expr)}")
+    _same_shape(cotangent, shape, "the cotangent of grad", lambda: f"the expression {short(expr)}")
     return _scalar_if_1x1(Grad(expr, wrt, cotangent), isinstance(wrt, sp.Symbol))
 
 
@@ -191,5 +193,5 @@ def jvp(expr: sp.Basic, wrt: sp.Symbol | sp.MatrixSymbol, direction: sp.Basic) -
     expr = _expression(expr, "the expression of jvp")
     wrt = _leaf(wrt, "jvp")
     direction = _expression(direction, "the direction of jvp")
-    _same_shape(direction, _shape(wrt), "the direction of jvp", f"{wrt}")
+    _same_shape(direction, _shape(wrt), "the direction of jvp", lambda: f"{wrt}")
     return _scalar_if_1x1(Jvp(expr, wrt, direction), not isinstance(expr, (sp.MatrixExpr, sp.MatrixBase)))

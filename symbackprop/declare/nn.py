@@ -37,6 +37,7 @@ from symbackprop.declare.conv import (  # noqa: F401  (the convolutional layers:
     max_pool2d,
 )
 from symbackprop.declare.pick import pick
+from symbackprop.declare.standing import layered
 from symbackprop.declare.tensor import Gather, Index, Reduce, gather
 from symbackprop.errors import ModelError
 
@@ -64,6 +65,20 @@ def ones(rows: int | sp.Expr, cols: int | sp.Expr) -> sp.OneMatrix:
     return sp.OneMatrix(rows, cols)
 
 
+def _shallow(expr: sp.MatrixExpr) -> sp.MatrixExpr:
+    """SymPy's product or sum of these arguments as its operators build it,
+    but for their doit, deep, of every argument: SymPy's doit rebuilds
+    each scalar of an explicit Matrix as a tree (a shared subexpression
+    once per path: minutes for sum_all(X * M) of entries 16 levels deep)
+    and walks down every layer of a stack below it."""
+    return expr.doit(deep=False)
+
+
+def _minus(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
+    """y - target, as SymPy's operator builds it (but for its deep doit)."""
+    return _shallow(sp.MatAdd(y, _shallow(sp.MatMul(sp.S.NegativeOne, target))))
+
+
 def linear(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None) -> sp.MatrixExpr:
     """x @ w, plus the row b broadcast over the batch: x*w + ones(n, 1)*b.
 
@@ -79,20 +94,41 @@ def linear(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None) -
         ModelError: b is not a row.
         sympy.ShapeError: x and w cannot be multiplied.
     """
-    out = x * w
-    if b is not None:
-        if b.shape[0] != 1:
-            raise ModelError(f"the bias {b} must be a row (1 x out); its shape is {b.shape}")
-        out = out + ones(x.shape[0], 1) * b
-    return out
+    # SymPy's x * w, but for its doit, deep, down the whole stack below x
+    product = _shallow(sp.MatMul(x, w))
+    if b is None:
+        return product  # SymPy's own product: a product it is in takes in its factors
+    if b.shape[0] != 1:
+        raise ModelError(f"the bias {b} must be a row (1 x out); its shape is {b.shape}")
+    return _shallow(sp.MatAdd(layered(product), _shallow(sp.MatMul(ones(x.shape[0], 1), b))))
 
 
-def _elementwise(x, fn):
+_FUNCTIONS: dict[Any, sp.Lambda] = {}  # an activation's Lambda, by its key (see _elementwise)
+
+
+def _function(fn: Callable[[sp.Expr], sp.Expr], key: Any) -> sp.Lambda:
+    """Lambda(v, fn(v)), built once per key: SymPy's evaluation of fn(v)
+    (tanh's looks for an imaginary factor) was a third of a tanh layer's
+    declaration."""
+    try:
+        found = _FUNCTIONS.get(key)
+    except TypeError:  # an unhashable parameter: not kept
+        key = found = None
+    if found is None:
+        v = sp.Dummy("v", real=True)
+        found = sp.Lambda(v, fn(v))
+        if key is not None and len(_FUNCTIONS) < 256:
+            _FUNCTIONS[key] = found
+    return found
+
+
+def _elementwise(x, fn, key: Any = None):
+    """fn applied to each entry of x; `key` names fn with its parameters
+    (fn itself where it is a module's function, not a new lambda)."""
     if isinstance(x, sp.MatrixExpr):
         if x.shape == (1, 1):  # SymPy would call fn on the 1x1 matrix itself
             return sp.ImmutableMatrix([[fn(x[0, 0])]])
-        v = sp.Dummy("v", real=True)
-        return ElementwiseApplyFunction(sp.Lambda(v, fn(v)), x)
+        return layered(ElementwiseApplyFunction(_function(fn, fn if key is None else key), x))
     if isinstance(x, sp.MatrixBase):
         return x.applyfunc(fn)
     return fn(x)
@@ -132,7 +168,7 @@ def relu(x: Operand) -> Operand:
     Returns:
         An expression of x's shape.
     """
-    return _elementwise(x, lambda v: sp.Max(v, 0))
+    return _elementwise(x, lambda v: sp.Max(v, 0), "relu")
 
 
 def softplus(x: Operand) -> Operand:
@@ -158,7 +194,7 @@ def log_sigmoid(x: Operand) -> Operand:
     Returns:
         An expression of x's shape.
     """
-    return _elementwise(x, lambda v: -stable.softplus(-v))
+    return _elementwise(x, lambda v: -stable.softplus(-v), "log_sigmoid")
 
 
 def silu(x: Operand) -> Operand:
@@ -170,7 +206,7 @@ def silu(x: Operand) -> Operand:
     Returns:
         An expression of x's shape.
     """
-    return _elementwise(x, lambda v: v * stable.sigmoid(v))
+    return _elementwise(x, lambda v: v * stable.sigmoid(v), "silu")
 
 
 def sum_all(x: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -186,7 +222,7 @@ def sum_all(x: sp.MatrixExpr) -> sp.MatrixExpr:
         ModelError: x is not a matrix.
     """
     rows, cols = _rows_cols(x)
-    return ones(1, rows) * x * ones(cols, 1)
+    return _shallow(sp.MatMul(ones(1, rows), x, ones(cols, 1)))
 
 
 def mean_all(x: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -202,7 +238,7 @@ def mean_all(x: sp.MatrixExpr) -> sp.MatrixExpr:
         ModelError: x is not a matrix.
     """
     rows, cols = _rows_cols(x)
-    return sum_all(x) / (rows * cols)
+    return _shallow(sp.MatMul(sum_all(x), sp.sympify(rows * cols) ** -1))
 
 
 def row_sums(x: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -214,7 +250,7 @@ def row_sums(x: sp.MatrixExpr) -> sp.MatrixExpr:
     Returns:
         A (rows x 1) matrix expression: x * ones(cols, 1).
     """
-    return x * ones(x.shape[1], 1)
+    return _shallow(sp.MatMul(x, ones(x.shape[1], 1)))
 
 
 REDUCTIONS = ("mean", "sum")  # as PyTorch's losses' `reduction` (but "none": a loss is 1x1)
@@ -245,7 +281,7 @@ def mse(y: sp.MatrixExpr, target: sp.MatrixExpr, reduction: str = "mean") -> sp.
     """
     if y.shape != target.shape:
         raise ModelError(f"mse of shapes {y.shape} and {target.shape}")
-    return _reduced(sp.HadamardPower(y - target, 2), reduction)
+    return _reduced(sp.HadamardPower(_minus(y, target), 2), reduction)
 
 
 def logsumexp_rows(z: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -393,7 +429,7 @@ def leaky_relu(x: Operand, slope: sp.Expr | float = LEAKY_SLOPE) -> Operand:
     Returns:
         An expression of x's shape.
     """
-    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (slope * v, True)))
+    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (slope * v, True)), ("leaky_relu", slope))
 
 
 def elu(x: Operand, alpha: sp.Expr | float = 1) -> Operand:
@@ -407,7 +443,7 @@ def elu(x: Operand, alpha: sp.Expr | float = 1) -> Operand:
     Returns:
         An expression of x's shape.
     """
-    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (alpha * expm1(v), True)))
+    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (alpha * expm1(v), True)), ("elu", alpha))
 
 
 GELU_APPROXIMATIONS = ("none", "tanh")  # torch.nn.functional.gelu's names
@@ -433,17 +469,18 @@ def gelu(x: Operand, approximate: str = "none") -> Operand:
         ModelError: approximate is neither "none" nor "tanh".
     """
     if approximate == "none":
-        return _elementwise(x, lambda v: v / 2 * (1 + sp.erf(v / sp.sqrt(2))))
+        return _elementwise(x, lambda v: v / 2 * (1 + sp.erf(v / sp.sqrt(2))), "gelu")
     if approximate == "tanh":
         c = sp.sqrt(2 / sp.pi)
-        return _elementwise(x, lambda v: v / 2 * (1 + sp.tanh(c * (v + sp.Rational(44715, 1000000) * v**3))))
+        return _elementwise(x, lambda v: v / 2 * (1 + sp.tanh(c * (v + sp.Rational(44715, 1000000) * v**3))),
+                           "gelu_tanh")
     raise ModelError(f"gelu's approximate must be one of {list(GELU_APPROXIMATIONS)}; got {approximate!r}")
 
 
 def _difference(y, target, what: str):
     if y.shape != target.shape:
         raise ModelError(f"{what} of shapes {y.shape} and {target.shape}")
-    return y - target
+    return _minus(y, target)
 
 
 def log_cosh(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:

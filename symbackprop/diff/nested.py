@@ -12,6 +12,8 @@ The records below are lowering rules only: no node has their tags.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from symbackprop.declare.derivatives import Grad, Jvp
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.errors import ModelError
@@ -21,11 +23,14 @@ from symbackprop.messages import short
 from symbackprop.ops.registry import extend
 
 
-def _target(lowerer: Lowerer, wrt, what: str) -> Node:
-    """The leaf node of `wrt`: an input or param of the model."""
+def _target(lowerer: Lowerer, wrt, what: Callable[[], str]) -> Node:
+    """The leaf node of `wrt`: an input or param of the model. `what` names
+    the derivative for the message, built only to raise (SymPy prints a
+    shared subexpression once per path: a nested jvp's text doubled per
+    level, 2 s at depth 8, on every call)."""
     node = lowerer.leaves.get(wrt)
     if node is None or node.op != "leaf":
-        raise ModelError(f"{what} is taken with respect to {wrt}, which is not an input or param of the model "
+        raise ModelError(f"{what()} is taken with respect to {wrt}, which is not an input or param of the model "
                          "(declare it in inputs or params; an intermediate value has no leaf to differentiate by)")
     return node
 
@@ -36,7 +41,7 @@ def _mismatch(what: str, given: Node, want: Node, expr) -> ModelError:
 
 def lower_grad(lowerer: Lowerer, expr: Grad) -> Node:
     """The adjoint of wrt, seeded with the cotangent at expr."""
-    target = _target(lowerer, expr.wrt, f"grad of {short(expr.expr)}")
+    target = _target(lowerer, expr.wrt, lambda: f"grad of {short(expr.expr)}")
     root = lowerer.lower(expr.expr)
     seed = lowerer.lower(expr.cotangent)
     if seed.shape != root.shape:
@@ -47,7 +52,7 @@ def lower_grad(lowerer: Lowerer, expr: Grad) -> Node:
 
 def lower_jvp(lowerer: Lowerer, expr: Jvp) -> Node:
     """The tangent of expr, wrt moving along the direction."""
-    target = _target(lowerer, expr.wrt, f"jvp of {short(expr.expr)}")
+    target = _target(lowerer, expr.wrt, lambda: f"jvp of {short(expr.expr)}")
     root = lowerer.lower(expr.expr)
     direction = lowerer.lower(expr.direction)
     if direction.shape != target.shape:

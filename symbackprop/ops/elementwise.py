@@ -5,6 +5,7 @@ axes of size 1. The scheduler fuses maps of one shape into shared loops
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -414,10 +415,12 @@ def _mat_add(lowerer, expr: sp.MatAdd) -> Node:
     # once a block (not read again by every later block).
     for term in expr.args:  # the terms first: the earlier sums inside them are lowered then
         lowerer.lower(term)
-    lowered = lowerer.cache("sums")
-    earlier = sorted(lowered, key=lambda e: -len(e.args))
-    parts = _regroup_sum(list(expr.args), [*lowerer.named_sums, *earlier], expr)
-    lowered[expr] = None
+    sums = lowerer.cache("sums")
+    if not sums:
+        sums["index"] = _SumIndex(lowerer.named_sums)
+    index = sums["index"]
+    parts = index.regroup(list(expr.args), expr)
+    index.add(expr)
     terms = [lowerer.lower(t) for t in parts]
     shape = lowerer.shape(expr)
     for part, term in zip(parts, terms):
@@ -428,19 +431,57 @@ def _mat_add(lowerer, expr: sp.MatAdd) -> Node:
     return map_(body, terms, shape)
 
 
-def _regroup_sum(terms: list[sp.Basic], named: list[sp.MatAdd], whole: sp.Basic) -> list[sp.Basic]:
-    """Terms with those of each named sum contained in them replaced by it."""
-    for sub in named:
-        if sub == whole:
-            continue
-        rest = list(terms)
-        try:
-            for term in sub.args:
-                rest.remove(term)
-        except ValueError:
-            continue
-        return [sub] + _regroup_sum(rest, named, whole)
-    return terms
+class _SumIndex:
+    """The sums a sum's terms may be regrouped into: the named ones (in
+    their order), then those lowered before, the largest first (the
+    earlier of equal size first); each found through its terms, so that
+    a sum looks only at the sums that share a term with it (all of them,
+    each compared as a tree, made lowering a 1,000-layer stack cubic)."""
+
+    def __init__(self, named: list[sp.MatAdd]):
+        self.rank: dict[sp.Basic, tuple] = {}
+        self.by_term: dict[sp.Basic, list[sp.Basic]] = {}
+        for k, sub in enumerate(named):
+            self._index(sub, (0, k))
+
+    def _index(self, sub: sp.Basic, rank: tuple) -> None:
+        if sub in self.rank:
+            return
+        self.rank[sub] = rank
+        for term in set(sub.args):
+            self.by_term.setdefault(term, []).append(sub)
+
+    def add(self, lowered: sp.Basic) -> None:
+        self._index(lowered, (1, -len(lowered.args), len(self.rank)))
+
+    def regroup(self, terms: list[sp.Basic], whole: sp.Basic) -> list[sp.Basic]:
+        """Terms with those of each indexed sum contained in them replaced by it."""
+        grouped: list[sp.Basic] = []
+        while True:
+            candidates = {sub for term in terms for sub in self.by_term.get(term, ())}
+            for sub in sorted(candidates, key=self.rank.__getitem__):
+                if hash(sub) == hash(whole) and sub == whole:
+                    continue
+                rest = _without(terms, sub.args)
+                if rest is not None:
+                    grouped.append(sub)
+                    terms = rest
+                    break
+            else:
+                return grouped + terms
+
+
+def _without(terms: list[sp.Basic], remove: tuple) -> list[sp.Basic] | None:
+    """terms less one occurrence of each of `remove` (the first), in their
+    order; None where one is not among them."""
+    left = Counter(remove)
+    rest = []
+    for term in terms:
+        if left.get(term):
+            left[term] -= 1
+        else:
+            rest.append(term)
+    return None if any(left.values()) else rest
 
 
 def _hadamard_product(lowerer, expr: sp.HadamardProduct) -> Node:

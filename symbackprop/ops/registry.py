@@ -211,9 +211,20 @@ def helpers() -> frozenset[str]:
 def lowering_rule(cls: type) -> tuple[str, LoweringRule] | None:
     """(op, rule) for a SymPy class that lowers through a record, else None."""
     _load()
-    return _LOWERING.get(cls)
+    return _inherited(_LOWERING, cls)
 
 
 def shape_rule(cls: type) -> ShapeRule | None:
     _load()
-    return _SHAPES.get(cls)
+    return _inherited(_SHAPES, cls)
+
+
+def _inherited(table: dict, cls: type) -> Any:
+    """table's entry for cls, else for the SymPy class it declares it is
+    (`sympy_class`: nn's layers are SymPy's classes with what they compute
+    remembered, symbackprop.declare.standing.Layered). Not any base's: an
+    Inverse is a MatPow to Python, not to lowering."""
+    found = table.get(cls)
+    if found is None and getattr(cls, "sympy_class", None) is not None:
+        found = table.get(cls.sympy_class)  # type: ignore[attr-defined]
+    return found
