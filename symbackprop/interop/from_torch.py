@@ -32,6 +32,7 @@ from symbackprop.declare import nn
 from symbackprop.declare.model import Model
 from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
+from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
 from symbackprop.interop.torch_ops import functions, layers, method, op_name
 
 BATCH = sp.Symbol("n", integer=True, positive=True)
@@ -94,13 +95,17 @@ class TorchParams(dict):
     Attributes:
         torch_names: {our name: its torch state_dict key}.
         torch_shapes: {our name: its shape in torch}.
+        frozen: the names of the parameters of requires_grad=False, the
+            model's inputs (passed as the others are, never differentiated
+            nor updated by train_step).
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], torch_names: dict[str, str],
-                 torch_shapes: dict[str, tuple[int, ...]]) -> None:
+                 torch_shapes: dict[str, tuple[int, ...]], frozen: tuple[str, ...] = ()) -> None:
         super().__init__(arrays)
         self.torch_names = dict(torch_names)
         self.torch_shapes = dict(torch_shapes)
+        self.frozen = tuple(frozen)
 
     def state_dict(self, arrays: dict[str, Any]) -> dict[str, Any]:
         """Arrays by our names (gradients, trained params) as float64 torch
@@ -123,7 +128,8 @@ class _Builder:
     """Collects the parameters the network uses, one symbol per tensor."""
 
     def __init__(self) -> None:
-        self.symbols: list[sp.MatrixSymbol] = []
+        self.symbols: list[sp.MatrixSymbol] = []  # the trainable parameters
+        self.frozen: list[sp.MatrixSymbol] = []  # requires_grad=False: inputs of the model, not differentiated
         self.arrays: dict[str, np.ndarray] = {}
         self.torch_names: dict[str, str] = {}
         self.torch_shapes: dict[str, tuple[int, ...]] = {}
@@ -142,7 +148,7 @@ class _Builder:
         if value.ndim == 1:  # a bias or a norm's scale: a row, broadcast over the batch
             value = value.reshape(1, -1)
         symbol = sp.MatrixSymbol(name, *value.shape)
-        self.symbols.append(symbol)
+        (self.symbols if tensor.requires_grad else self.frozen).append(symbol)
         self.arrays[name] = value
         self.torch_names[name] = torch_key
         self.seen[id(tensor)] = symbol
@@ -181,24 +187,6 @@ def _torch() -> Any:
 # --- reading the network -----------------------------------------------------------
 
 
-def _trace(module: Any) -> Any:
-    """The module's forward as a torch.fx Graph (torch.nn layers left as calls)."""
-    fx = _torch().fx
-    tracer = fx.Tracer()
-    try:
-        graph = tracer.trace(module)
-    except Exception as error:  # TraceError, or whatever the forward raised given a Proxy
-        stack = list(getattr(tracer, "module_stack", {}))  # the modules whose forward was being traced
-        path = stack[-1] if stack else ""
-        where = path or type(module).__name__
-        kind = type(module.get_submodule(path)).__name__
-        raise ModelError(f"{where}: torch.fx cannot trace {kind}.forward ({type(error).__name__}: {error}); "
-                         "from_torch reads a forward torch.fx can trace (no control flow on the data)") from error
-    graph = fx.GraphModule(module, graph).graph  # owned by a module: dead code elimination asks it
-    graph.eliminate_dead_code()  # what the output does not use is not translated
-    return graph
-
-
 def _where(node: Any, root: Any) -> str:
     """The module path a node is in, for messages (the root by its class)."""
     if node.op in ("call_module", "get_attr"):
@@ -223,7 +211,13 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
         return builder.param(node.target, params[node.target])
     if node.op == "call_module":
         return builder.layer(root.get_submodule(node.target), node.target, args, kwargs)
-    if node.op == "call_method":
+    if _is_detach(node):  # the same value; _check_stopped refuses it where a gradient would flow
+        if len(args) != 1 or kwargs:
+            raise ModelError("Tensor.detach() takes no arguments")
+        return args[0]
+    if writes_in_place(node, root):  # y.mul_(2): y * 2, what the caller makes y stand for
+        convert, name = out_of_place(node)
+    elif node.op == "call_method":
         convert, name = method(node.target), f"Tensor.{node.target}()"
     else:
         convert, name = functions().get(node.target), op_name(node.target)
@@ -238,14 +232,37 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
     return convert(*args, **kwargs)
 
 
-def _in_place(node: Any, root: Any) -> bool:
-    """Whether the node overwrites its input (inplace=True, a layer's or a function's)."""
-    if node.op == "call_module":
-        return getattr(root.get_submodule(node.target), "inplace", False) is True
-    convert = functions().get(node.target) if node.op == "call_function" else None
-    if convert is None:
-        return False
-    return inspect.signature(convert).bind(*node.args, **node.kwargs).arguments.get("inplace") is True
+def _is_detach(node: Any) -> bool:
+    return (node.op == "call_method" and node.target == "detach") or (
+        node.op == "call_function" and node.target is _torch().detach)
+
+
+def _check_stopped(node: Any, value: Any, builder: _Builder) -> None:
+    """A value torch computes without autograd (a detach, or in
+    torch.no_grad()): translated as it is where it depends on no trainable
+    parameter (their gradients are the same either way), refused where it
+    does."""
+    if not (_is_detach(node) or not node.meta.get("grad_enabled", True)):
+        return
+    used: set = getattr(value, "free_symbols", set()) & set(builder.symbols)
+    if used:
+        what = "Tensor.detach()" if _is_detach(node) else "a value computed in torch.no_grad()"
+        names = ", ".join(sorted(builder.torch_names[str(s)] for s in used))
+        raise ModelError(f"{what} of the parameters {names}: autograd does not differentiate through it, and "
+                         "from_torch has no stop-gradient to translate it with; compute it outside the forward, "
+                         "or freeze those parameters (requires_grad=False)")
+
+
+def _overwrite(node: Any, values: dict, writes: Writes) -> None:
+    """An in-place write's result as the value of every node that is its
+    tensor (Writes refused the writes where a view shares it)."""
+    result, target = values[node], values[written(node)]
+    shape = getattr(target, "shape", None)
+    if getattr(result, "shape", None) != shape:
+        raise ModelError(f"an in-place write of shape {getattr(result, 'shape', result)} into a tensor of shape "
+                         f"{shape}: torch does not broadcast the tensor written into")
+    for alias in writes.aliases(written(node), values):
+        values[alias] = result
 
 
 def _network(module: Any, x: sp.MatrixExpr, builder: _Builder) -> sp.MatrixExpr:
@@ -255,18 +272,20 @@ def _network(module: Any, x: sp.MatrixExpr, builder: _Builder) -> sp.MatrixExpr:
             return builder.layer(module, "", (x,), {})
         except (ModelError, sp.ShapeError) as error:
             raise ModelError(f"the module: {error}") from error
-    graph = _trace(module)
+    graph = trace(module)
     inputs = [node.target for node in graph.nodes if node.op == "placeholder"]
     if len(inputs) != 1:
         raise ModelError(f"{type(module).__name__}.forward takes {inputs}; from_torch converts a forward of "
                          "one input, the batch")
+    writes = Writes(graph, module, lambda node: _where(node, module))
     values: dict[Any, Any] = {}
     node = None
     try:
         for node in graph.nodes:
             values[node] = _value(node, module, builder, values, x)
-            if _in_place(node, module):  # later uses of what it overwrote read its result, as in torch
-                values[node.args[0]] = values[node]
+            _check_stopped(node, values[node], builder)
+            if writes_in_place(node, module):  # every name of what it overwrote reads its result, as in torch
+                _overwrite(node, values, writes)
     except (ModelError, sp.ShapeError) as error:
         raise ModelError(f"{_where(node, module)}: {error}") from error
     out = values[next(node for node in graph.nodes if node.op == "output")]
@@ -317,6 +336,7 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     if reduction != "mean" and not isinstance(loss, str):
         raise ModelError(f"from_torch's reduction {reduction!r} applies to a named loss; the callable or None "
                          "loss reduces as it computes")
+    refuse_hooks(module)
     X = sp.MatrixSymbol("X", BATCH, shape[1])
     builder = _Builder()
     Y = _network(module, X, builder)
@@ -332,8 +352,10 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     else:
         T = sp.MatrixSymbol("T", BATCH, Y.shape[1])
         loss_expr, inputs = loss(Y, T), [X, T]
-    model = Model(name, inputs=tuple(inputs), params=tuple(builder.symbols), loss=loss_expr, outputs={"Y": Y})
-    return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes)
+    model = Model(name, inputs=(*inputs, *builder.frozen), params=tuple(builder.symbols), loss=loss_expr,
+                  outputs={"Y": Y})
+    return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes,
+                              tuple(str(s) for s in builder.frozen))
 
 
 __all__ = ["BATCH", "LOSSES", "Loss", "TorchParams", "from_torch", "functions", "layers"]

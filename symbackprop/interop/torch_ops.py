@@ -119,6 +119,12 @@ def _truediv(a: Any, b: Any) -> Any:
     return _mul(a, _elementwise(b, lambda v: 1 / v, "/"))
 
 
+def _div(a: Any, b: Any, rounding_mode: Any = None) -> Any:
+    if rounding_mode is not None:
+        raise ModelError(f"div with rounding_mode={rounding_mode!r}: only true division is supported")
+    return _truediv(a, b)
+
+
 def _pow(a: Any, b: Any) -> Any:
     if not _is_number(b):
         raise ModelError("** takes a number as the exponent")
@@ -271,7 +277,8 @@ def functions() -> dict[Any, Converter]:
     table: dict[Any, Converter] = {
         operator.add: _add, operator.sub: _sub, operator.mul: _mul, operator.truediv: _truediv,
         operator.neg: _neg, operator.pow: _pow, operator.matmul: _matmul, builtins.getattr: _getattr,
-        torch.add: _add, torch.sub: _sub, torch.mul: _mul, torch.neg: _neg, torch.matmul: _matmul, torch.mm: _matmul,
+        torch.add: _add, torch.sub: _sub, torch.mul: _mul, torch.div: _div, torch.true_divide: _truediv,
+        torch.neg: _neg, torch.pow: _pow, torch.matmul: _matmul, torch.mm: _matmul,
         torch.t: _t, torch.cat: _cat, torch.concat: _cat, torch.flatten: _flatten,
         F.linear: _linear, F.layer_norm: _layer_norm, F.dropout: _dropout,
         F.relu: _relu, torch.relu: _relu, torch.tanh: _tanh, F.tanh: _tanh, torch.sigmoid: _sigmoid, F.sigmoid: _sigmoid,
