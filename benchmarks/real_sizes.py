@@ -39,6 +39,7 @@ import os
 import statistics
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +47,8 @@ import sympy as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import symbackprop as sbp  # noqa: E402
-from symbackprop import nn  # noqa: E402
+import symbackprop as sbp
+from symbackprop import nn
 
 BATCH, SIDE, CLASSES = 64, 28, 10
 LAYERS = (("K1", 6, 1, 5, 2), ("K2", 16, 6, 5, 0))  # (name, out channels, in channels, k, padding)
@@ -69,7 +70,7 @@ def lenet5() -> sbp.Model:
         h = nn.max_pool2d(nn.conv2d(h, w, b, padding=pad).map(nn.relu), 2)
     z = nn.flatten(h)
     sizes = (FLAT, *HIDDEN, CLASSES)
-    for layer, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:]), 1):
+    for layer, (fan_in, fan_out) in enumerate(pairwise(sizes), 1):
         w, b = sp.MatrixSymbol(f"W{layer}", fan_in, fan_out), sp.MatrixSymbol(f"b{layer}", 1, fan_out)
         params += [w, b]
         z = nn.linear(z, w, b)
@@ -85,7 +86,7 @@ def shapes() -> list[tuple[str, tuple[int, int], int]]:
     for name, oc, ic, k, _ in LAYERS:
         out += [(name, (oc, ic * k * k), ic * k * k), ("c" + name[1:], (1, oc), ic * k * k)]
     sizes = (FLAT, *HIDDEN, CLASSES)
-    for layer, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:]), 1):
+    for layer, (fan_in, fan_out) in enumerate(pairwise(sizes), 1):
         out += [(f"W{layer}", (fan_in, fan_out), fan_in), (f"b{layer}", (1, fan_out), fan_in)]
     return out
 
@@ -110,12 +111,12 @@ def torch_net(params: dict, dtype):
     import torch
 
     layers: list = []
-    for name, oc, ic, k, pad in LAYERS:
+    for _name, oc, ic, k, pad in LAYERS:
         conv = torch.nn.Conv2d(ic, oc, k, padding=pad)
         layers += [conv, torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
     layers.append(torch.nn.Flatten())
     sizes = (FLAT, *HIDDEN, CLASSES)
-    for fan_in, fan_out in zip(sizes, sizes[1:]):
+    for fan_in, fan_out in pairwise(sizes):
         layers += [torch.nn.Linear(fan_in, fan_out), torch.nn.ReLU()]
     net = torch.nn.Sequential(*layers[:-1]).to(dtype)
     weighted = [m for m in net if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
