@@ -243,3 +243,50 @@ def test_cnn_digits_example_trains_beside_pytorch(capsys):
     printed = capsys.readouterr().out
     difference = float(printed.split("largest loss difference ")[1].split()[0])
     assert difference < 1e-9, printed
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_lenet5_sized_layers(dtype):
+    """LeNet-5's convolutions at their real sizes (1x28x28 -> 6, 5x5,
+    padding 2; max pool 2; 6x14x14 -> 16, 5x5; max pool 2) at batch 9 (two
+    batch blocks of one and eight of more): the loss and the gradients by
+    both kernels, both biases and the images (im2col's clipped columns,
+    gemm weight gradients, col2im, the pools' write-once unpool) against
+    PyTorch float64 autograd."""
+    x = sbp.images("x", n, 1, 28, 28)
+    k1, c1 = sbp.conv_weight("k1", 6, 1, 5), sp.MatrixSymbol("c1", 1, 6)
+    k2, c2 = sbp.conv_weight("k2", 16, 6, 5), sp.MatrixSymbol("c2", 1, 16)
+    h = nn.max_pool2d(nn.conv2d(x, k1, c1, padding=2).map(nn.relu), 2)
+    h = nn.max_pool2d(nn.conv2d(h, k2, c2).map(nn.relu), 2)
+    model = sbp.Model("lenet_layers", inputs=[x.matrix], params=[k1, c1, k2, c2], grad_inputs=[x.matrix],
+                      loss=nn.sum_all(nn.flatten(h).applyfunc(sp.sin)))
+
+    def reference(t):
+        out = F.max_pool2d(F.relu(F.conv2d(t["x"].reshape(-1, 1, 28, 28), t["k1"].reshape(6, 1, 5, 5), t["c1"][0],
+                                           padding=2)), 2)
+        out = F.max_pool2d(F.relu(F.conv2d(out, t["k2"].reshape(16, 6, 5, 5), t["c2"][0])), 2)
+        return torch.sin(out).sum()
+
+    _check(model, reference, {"x": ("n", 784), "k1": (6, 25), "c1": (1, 6), "k2": (16, 150), "c2": (1, 16)}, 9,
+           rel=1e-10 if dtype == "float64" else 2e-3, dtype=dtype)
+
+
+@pytest.mark.parametrize("channels", [1, 64])
+def test_conv_wide_padding_stride_and_gapped_pool(channels):
+    """Stride 3 with padding 3 on a 4x4 kernel (rows and columns of windows
+    wholly in the padding, clipped column ranges that start past 0) and a
+    max pool of 2 with stride 3 (gaps between windows: the unpool's entries
+    outside every window stay zero), channels 1 and 64."""
+    x = sbp.images("x", n, channels, 11, 10)
+    w, b = sbp.conv_weight("w", 5, channels, 4), sp.MatrixSymbol("b", 1, 5)
+    y = nn.conv2d(x, w, b, stride=3, padding=3)
+    p = nn.max_pool2d(y, 2, stride=3)
+    model = sbp.Model(f"conv_gaps{channels}", inputs=[x.matrix], params=[w, b], grad_inputs=[x.matrix],
+                      loss=nn.sum_all(nn.flatten(p).applyfunc(sp.sin)))
+
+    def reference(t):
+        out = F.conv2d(t["x"].reshape(-1, channels, 11, 10), t["w"].reshape(5, channels, 4, 4), t["b"][0],
+                       stride=3, padding=3)
+        return torch.sin(F.max_pool2d(out, 2, stride=3)).sum()
+
+    _check(model, reference, {"x": ("n", channels * 110), "w": (5, channels * 16), "b": (1, 5)}, 3)

@@ -165,17 +165,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = conv_K1_cols + blk * 576;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 8; ++oy) {
-                            for (int64_t ox = 0; ox < 8; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy <
-                                        8 && ix >= 0 && ix < 8) ?
-                                        X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 64 + oy * 8;
+                            if (iy < 0 || iy >= 8) {
+                                for (int64_t ox = 0; ox < 8; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = X + ((i * 1 + ic) *
+                                    8 + iy) * 8;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 8; ++ox) {
+                                cols[ox] = 0;
                             }
                         }
                     }
@@ -225,17 +243,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = conv_K2_cols + blk * 2304;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy <
-                                        4 && ix >= 0 && ix < 4) ?
-                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 16 + oy * 4;
+                            if (iy < 0 || iy >= 4) {
+                                for (int64_t ox = 0; ox < 4; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = maxpool_K1 + ((i *
+                                    16 + ic) * 4 + iy) * 4;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 4; ++ox) {
+                                cols[ox] = 0;
                             }
                         }
                     }
@@ -432,22 +468,28 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t at = 0; at < 512; ++at) {
-            grad_relu_K2[i * 512 + at] = 0;
-        }
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
                 for (int64_t ox = 0; ox < 2; ++ox) {
                     int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
+                    CNN_DIGITS_REAL top = relu_K2[best];
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (relu_K2[at] > relu_K2[best]) {
-                                best = at;
-                            }
+                            const CNN_DIGITS_REAL value = relu_K2[at];
+                            best = value > top ? at : best; /* selects, not branches: 4x faster on
+                                    LeNet-5 */
+                            top = value > top ? value : top;
                         }
                     }
-                    grad_relu_K2[best] += grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    /* the windows do not overlap: each entry of this one is written once */
+                    const CNN_DIGITS_REAL back = grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
+                            grad_relu_K2[at] = at == best ? back : 0;
+                        }
+                    }
                 }
             }
         }
@@ -468,6 +510,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_maxpool_K1_cols + blk * 2304;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win[kk,at] = sum_oc K2[oc,kk] * grad_relu_K2[i,oc,at], kk = (ic,ky,kx), at =
              * (oy,ox) */
@@ -479,13 +524,18 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] +=
-                                            win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
-                                }
+                            const int64_t iy = oy + ky - 1;
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky)
+                                    * 3 + kx) * 16 + oy * 4;
+                            if (iy < 0 || iy >= 4) {
+                                continue;
+                            }
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = grad_maxpool_K1 + ((i *
+                                    16 + ic) * 4 + iy) * 4;
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                pixels[ox + kx - 1] += cols[ox];
                             }
                         }
                     }
@@ -498,22 +548,28 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t at = 0; at < 1024; ++at) {
-            grad_relu_K1[i * 1024 + at] = 0;
-        }
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
                 for (int64_t ox = 0; ox < 4; ++ox) {
                     int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
+                    CNN_DIGITS_REAL top = relu_K1[best];
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (relu_K1[at] > relu_K1[best]) {
-                                best = at;
-                            }
+                            const CNN_DIGITS_REAL value = relu_K1[at];
+                            best = value > top ? at : best; /* selects, not branches: 4x faster on
+                                    LeNet-5 */
+                            top = value > top ? value : top;
                         }
                     }
-                    grad_relu_K1[best] += grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    /* the windows do not overlap: each entry of this one is written once */
+                    const CNN_DIGITS_REAL back = grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
+                            grad_relu_K1[at] = at == best ? back : 0;
+                        }
+                    }
                 }
             }
         }
@@ -533,35 +589,46 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_K1_cols + blk * 720;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
         CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
         for (int64_t at = 0; at < 144; ++at) {
             wsum[at] = 0;
         }
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 8; ++oy) {
-                            for (int64_t ox = 0; ox < 8; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8
-                                        && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix]
-                                        : 0;
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 64 + oy * 8;
+                            if (iy < 0 || iy >= 8) {
+                                for (int64_t ox = 0; ox < 8; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = X + ((i * 1 + ic) *
+                                    8 + iy) * 8;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 8; ++ox) {
+                                cols[ox] = 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at grad_relu_K1[i,oc,at] * win[at,kk] */
-            for (int64_t oc = 0; oc < 16; ++oc) {
-                for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = grad_relu_K1[(i * 16 + oc) * 64 + at];
-                    for (int64_t kk = 0; kk < 9; ++kk) {
-                        wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
-                    }
-                }
-            }
+            /* wsum[oc,kk] += sum_at grad_relu_K1[i,oc,at] * win[kk,at] */
+            symbackprop_f64_matmul_add(16, 9, 64, grad_relu_K1 + i * 1024, 64, 1, win, 1, 64, wsum);
         }
     }
     /* grad_K1[oc,kk] = the blocks' sums, added in block order */
@@ -593,35 +660,47 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_K2_cols + blk * 6912;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
         for (int64_t at = 0; at < 4608; ++at) {
             wsum[at] = 0;
         }
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy <
-                                        4 && ix >= 0 && ix < 4) ?
-                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 16 + oy * 4;
+                            if (iy < 0 || iy >= 4) {
+                                for (int64_t ox = 0; ox < 4; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = maxpool_K1 + ((i *
+                                    16 + ic) * 4 + iy) * 4;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 4; ++ox) {
+                                cols[ox] = 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[at,kk] */
-            for (int64_t oc = 0; oc < 32; ++oc) {
-                for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = grad_relu_K2[(i * 32 + oc) * 16 + at];
-                    for (int64_t kk = 0; kk < 144; ++kk) {
-                        wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
-                    }
-                }
-            }
+            /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[kk,at] */
+            symbackprop_f64_matmul_add(32, 144, 16, grad_relu_K2 + i * 512, 16, 1, win, 1, 16,
+                    wsum);
         }
     }
     /* grad_K2[oc,kk] = the blocks' sums, added in block order */
@@ -641,7 +720,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 /* cnn_digits_run, part 3 of 3 (kernels 33 to 37): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 0; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
@@ -655,7 +734,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_relu_W1,
     CNN_DIGITS_REAL *grad_bcast_c2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,

@@ -465,7 +465,7 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields.update(asdict(c), HO=c.HO, WO=c.WO)
         fields["iy"] = _offset("oy", c.S, "ky", c.P)
         fields["ix"] = _offset("ox", c.S, "kx", c.P)
-        fields["inside"] = f"iy >= 0 && iy < {c.H} && ix >= 0 && ix < {c.W}" if c.P else None
+        fields["lo"], fields["hi"] = _inside_columns(c) if c.P else (None, None)
         fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
     elif kernel.kind.startswith("channel"):
         fields["C"], fields["P"] = kernel.geometry
@@ -474,7 +474,22 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields.update(asdict(p), HO=p.HO, WO=p.WO)
         fields["iy"] = _offset("oy", p.S, "ky", 0)
         fields["ix"] = _offset("ox", p.S, "kx", 0)
+        # a max unpool writes each window's entries once where the windows do
+        # not overlap, and zeroes nothing first where they also cover the image
+        fields["disjoint"] = p.S >= p.K
+        fields["tiles"] = p.S == p.K and p.H == p.HO * p.K and p.W == p.WO * p.K
     return fields
+
+
+def _inside_columns(c: Conv) -> tuple[list[int], list[int]]:
+    """For each kernel column kx, the output columns [lo, hi) whose input
+    column ox*S + kx - P is inside the image (the rest read the padding)."""
+    lo, hi = [], []
+    for kx in range(c.KW):
+        inside = [ox for ox in range(c.WO) if 0 <= ox * c.S + kx - c.P < c.W]
+        lo.append(inside[0] if inside else 0)
+        hi.append(inside[-1] + 1 if inside else 0)
+    return lo, hi
 
 
 def _offset(out: str, stride: int, k: str, pad: int) -> str:
