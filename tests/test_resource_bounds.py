@@ -180,3 +180,56 @@ def test_python_agrees_with_the_c(libraries):
     loss = mod.forward(X=X, T=T, W1=W1, W2=W2)["loss"]
     assert loss == pytest.approx(np.sum((np.tanh(X @ W1) @ W2 - T) ** 2) / (2 * 5), rel=1e-12)
 
+
+# --- a scan's checkpoints ----------------------------------------------------------
+
+
+def rnn_model(every, length=None, batch=1):
+    """A tanh RNN over T steps (or `length` fixed ones) of B sequences,
+    checkpointed every `every` steps."""
+    T, B = sp.symbols("T B", integer=True, positive=True)
+    rows = T if length is None else length
+    B = B if batch == "B" else batch
+    X, W, U = sp.MatrixSymbol("X", rows * (B if batch != 1 else 1), 2), sp.MatrixSymbol("W", 2, 2), \
+        sp.MatrixSymbol("U", 2, 2)
+    h, x = sp.MatrixSymbol("h", B, 2), sp.MatrixSymbol("x", B, 2)
+    h0 = sp.MatrixSymbol("h0", B, 2)
+    new = (h * W + x * U).applyfunc(sp.tanh)
+    Y = sbp.scan(new, new * sp.OneMatrix(2, 1), h, x, h0, X, checkpoint_every=every, batch=B)
+    loss = nn.sum_all(sp.HadamardPower(Y, 2))
+    return sbp.Model(f"rnn_{len(str(every))}_{length}_{batch}", inputs=[X], params=[W, U, h0], loss=loss)
+
+
+def scan_work(model, steps=None):
+    """value_and_grad's work_len: what the C reports (steps: the value of T)."""
+    fn = sbp.compile(model, functions=("value_and_grad",)).function("value_and_grad")
+    return fn.work_len() if steps is None else fn.work_len(steps)
+
+
+@pytest.mark.parametrize("every", [10**6, 2**40])
+def test_a_checkpoint_segment_is_no_longer_than_the_sequence(every):
+    """5 steps checkpointed every 10^6 (or 2^40: a MemoryError before) take
+    the workspace of 5 steps checkpointed every 5."""
+    assert scan_work(rnn_model(every, 5)) == scan_work(rnn_model(5, 5)) < 1000
+
+
+def test_a_symbolic_length_sizes_the_segment_by_the_smaller():
+    """T steps: min(k, T) rows a segment, an integer min in the C."""
+    emitted, _ = generate(rnn_model(10**7), functions=("value_and_grad",))
+    assert "fmin" not in emitted.source
+    big, small = rnn_model(10**7), rnn_model(3)
+    assert scan_work(big, 3) == scan_work(small, 3) < 1000
+    assert scan_work(big, 50) - scan_work(big, 49) <= 20  # a few entries a step, not 10^7 a segment
+
+
+def test_a_checkpointed_scan_still_computes_its_gradient():
+    """A segment longer than the sequence: the gradient as without checkpoints."""
+    rng = np.random.default_rng(2)
+    args = {"X": rng.standard_normal((4, 2)), "W": rng.standard_normal((2, 2)) / 2,
+            "U": rng.standard_normal((2, 2)) / 2, "h0": rng.standard_normal((1, 2))}
+    plain = sbp.compile(rnn_model(1), functions=("value_and_grad",)).value_and_grad(**args)
+    for every in (3, 10**6):
+        loss, grads = sbp.compile(rnn_model(every), functions=("value_and_grad",)).value_and_grad(**args)
+        assert loss == pytest.approx(plain[0], rel=1e-13)
+        for k in grads:
+            np.testing.assert_allclose(grads[k], plain[1][k], rtol=1e-12, atol=1e-14)
