@@ -233,3 +233,38 @@ def test_a_checkpointed_scan_still_computes_its_gradient():
         assert loss == pytest.approx(plain[0], rel=1e-13)
         for k in grads:
             np.testing.assert_allclose(grads[k], plain[1][k], rtol=1e-12, atol=1e-14)
+
+
+# --- models too large to compile in reasonable time ----------------------------------
+
+
+def chain(links):
+    """tanh(... tanh(tanh(W x + W) x + W) ...): `links` levels, each new."""
+    W, x = sp.MatrixSymbol("W", 1, 1), sp.MatrixSymbol("x", 1, 1)
+    e = W[0, 0] * x[0, 0]
+    for _ in range(links):
+        e = sp.tanh(e * x[0, 0] + W[0, 0])
+    return sbp.Model(f"chain{links}", inputs=[x], params=[W], loss=e)
+
+
+def test_operations_are_counted_once_each_in_linear_time():
+    from symbackprop.pipeline import count_operations
+
+    counts = [count_operations([chain(n).loss], 10**6) for n in (100, 200, 400)]
+    assert counts[1] - counts[0] == (counts[2] - counts[1]) // 2 > 0  # the same few a link
+    assert count_operations([chain(400).loss], 50) == 51  # stops past the limit
+
+
+def test_a_model_over_the_limit_is_refused_before_it_is_lowered(monkeypatch):
+    """The limit is the documented constant; the check walks the SymPy
+    expression once (here stopped at 300), before any stage runs."""
+    import symbackprop.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "MAX_OPERATIONS", 300)
+    lowered = []
+    monkeypatch.setattr(pipeline, "_Planner", lambda *a: lowered.append(a))
+    with pytest.raises(sbp.ModelError, match=r"over 300 distinct subexpressions .*the limit of 300 .*MAX_OPERATIONS"):
+        pipeline.plan(chain(400), functions=("value_and_grad",))
+    assert not lowered
+    monkeypatch.undo()
+    assert pipeline.MAX_OPERATIONS >= 5 * 37_024  # an unrolled 1,000-step GRU (tests/test_depth.py) compiles
