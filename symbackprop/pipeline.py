@@ -54,9 +54,10 @@ KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp", "train_step")
 
 # The most distinct SymPy subexpressions a model's loss and outputs may hold
 # (matrix expressions count one each, however large their matrices). A long
-# unrolled scalar chain compiles in about 25 ms a subexpression (1,000: 26 s,
-# 2,000: 59 s on a shared 2-vCPU VM): past this one it would take hours, so
-# plan refuses it at once, naming the count (count_operations).
+# unrolled scalar chain compiles in about 4 ms a subexpression (1,000 tanh
+# links, 3,000 subexpressions: 11 s; 2,000: 26 s on a shared 2-vCPU VM):
+# past this one it would take a quarter of an hour or more, so plan refuses
+# it at once, naming the count (count_operations).
 MAX_OPERATIONS = 200_000
 
 SHARED_SUMMARY = ("The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: "
