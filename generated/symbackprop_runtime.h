@@ -38,6 +38,45 @@
 #else
 #define SYMBACKPROP_RESTRICT restrict
 #endif
+/* Sizes, checked: the entries of a call's arrays and workspace, computed
+ * from its dimensions (any int64_t of at least 1) in arithmetic that
+ * saturates: a result above SYMBACKPROP_SIZE_MAX (2^59 entries, whose bytes
+ * fit an int64_t) is SYMBACKPROP_SIZE_MAX + 1, and stays above it through
+ * the others. A function whose sizes do not fit returns 6 (see its header)
+ * and its work_len 0; no size wraps around into a small buffer. Plain C99,
+ * no compiler builtins. */
+#define SYMBACKPROP_SIZE_MAX ((int64_t)1 << 59)
+#define SYMBACKPROP_SIZE_OVER (SYMBACKPROP_SIZE_MAX + 1)
+SYMBACKPROP_HELPER int64_t symbackprop_size_add(int64_t a, int64_t b)
+{
+    return a > SYMBACKPROP_SIZE_MAX || b > SYMBACKPROP_SIZE_MAX || a + b > SYMBACKPROP_SIZE_MAX
+        ? SYMBACKPROP_SIZE_OVER : a + b;
+}
+SYMBACKPROP_HELPER int64_t symbackprop_size_sub(int64_t a, int64_t b)
+{
+    return a > SYMBACKPROP_SIZE_MAX || b > a ? SYMBACKPROP_SIZE_OVER : a - b; /* below 0: no size either */
+}
+SYMBACKPROP_HELPER int64_t symbackprop_size_mul(int64_t a, int64_t b)
+{
+    return a > SYMBACKPROP_SIZE_MAX || b > SYMBACKPROP_SIZE_MAX || (b > 0 && a > SYMBACKPROP_SIZE_MAX / b)
+        ? SYMBACKPROP_SIZE_OVER : a * b;
+}
+SYMBACKPROP_HELPER int64_t symbackprop_size_div(int64_t a, int64_t b)
+{
+    return a > SYMBACKPROP_SIZE_MAX || b > SYMBACKPROP_SIZE_MAX ? SYMBACKPROP_SIZE_OVER : a / b;
+}
+SYMBACKPROP_HELPER int64_t symbackprop_size_ceildiv(int64_t a, int64_t b)
+{
+    return a > SYMBACKPROP_SIZE_MAX || b > SYMBACKPROP_SIZE_MAX ? SYMBACKPROP_SIZE_OVER : (a - 1) / b + 1;
+}
+SYMBACKPROP_HELPER int64_t symbackprop_size_min(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+SYMBACKPROP_HELPER int64_t symbackprop_size_max(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
 
 /* A function holding a wide per-example body (hundreds of statements an
  * example): GCC's loop distribution spends a fifth of its compile time

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import sympy as sp
+
 from symbackprop._version import __version__
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.deep import run_deep
@@ -49,6 +51,14 @@ from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.scheduler import FunctionSchedule, schedule
 
 KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp", "train_step")
+
+# The most distinct SymPy subexpressions a model's loss and outputs may hold
+# (matrix expressions count one each, however large their matrices). A long
+# unrolled scalar chain compiles in about 4 ms a subexpression (1,000 tanh
+# links, 3,000 subexpressions: 11 s; 2,000: 26 s on a shared 2-vCPU VM):
+# past this one it would take a quarter of an hour or more, so plan refuses
+# it at once, naming the count (count_operations).
+MAX_OPERATIONS = 200_000
 
 SHARED_SUMMARY = ("The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: "
                   "forward and value_and_grad call it.")
@@ -238,6 +248,21 @@ def _sharable(lowered: Lowered) -> bool:
     return not any(node.op == "scan" for node in needed)
 
 
+def count_operations(exprs: Sequence[object], limit: int) -> int:
+    """The distinct SymPy subexpressions of exprs (an explicit matrix's
+    entries each), counted in one walk that stops past `limit`."""
+    seen: set[sp.Basic] = set()
+    stack = list(exprs)
+    while stack and len(seen) <= limit:
+        expr = stack.pop()
+        if isinstance(expr, sp.MatrixBase):  # (a mutable one has no hash)
+            stack.extend(expr)
+        elif isinstance(expr, sp.Basic) and expr not in seen:
+            seen.add(expr)
+            stack.extend(a for a in expr.args if a not in seen)
+    return len(seen)
+
+
 def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
          optimizer=None) -> Plan:
     """Lower the model, differentiate it and schedule the requested functions
@@ -253,6 +278,12 @@ def _plan(model: Model, functions: Sequence[str], wrt: Sequence[str] | None, opt
         raise ModelError(f"functions must be some of {KINDS}; got {list(functions)}")
     if "train_step" in functions and optimizer is None:
         raise ModelError("train_step needs an optimizer, such as symbackprop.Adam(lr=1e-3)")
+    count = count_operations([model.loss, *model.outputs.values()], MAX_OPERATIONS)
+    if count > MAX_OPERATIONS:
+        raise ModelError(f"the model {model.name!r} holds over {MAX_OPERATIONS} distinct subexpressions (counted "
+                         f"{count} before stopping), over the limit of {MAX_OPERATIONS} it compiles in reasonable "
+                         "time (symbackprop.pipeline.MAX_OPERATIONS): write repeated work as matrix operations, "
+                         "sbp.map_examples or sbp.scan instead of unrolled scalars")
     planner = _Planner(model, wrt)
     with stage("differentiate", model.name) as logged:  # and schedule: fuse, CSE, buffers
         together = "forward" in functions and "value_and_grad" in functions and _sharable(planner.lowered)

@@ -17,6 +17,9 @@ static size_t big_logsumexp_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 0 : 0);
 }
 
@@ -34,6 +37,10 @@ static int big_logsumexp_run(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
+    }
     (void)work;
 
     /* grad_v = softmax of v down each column, its max subtracted first */
@@ -50,6 +57,9 @@ size_t big_logsumexp_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(big_logsumexp_run_work_len(n, 0) + n*1);
 }
 
@@ -64,6 +74,10 @@ int big_logsumexp_forward(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
+    }
     return big_logsumexp_run(n, v, loss, work + big_logsumexp_run_work_len(n, 0), work, 0);
 }
 
@@ -71,6 +85,9 @@ size_t big_logsumexp_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(big_logsumexp_run_work_len(n, 1));
 }
@@ -86,6 +103,10 @@ int big_logsumexp_value_and_grad(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
     }
     return big_logsumexp_run(n, v, loss, grad_v, work, 1);
 }
@@ -148,6 +169,10 @@ int big_logsumexp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 1; return 0; /* v */
     default:
@@ -160,6 +185,10 @@ int big_logsumexp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shap
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -239,6 +268,10 @@ int big_logsumexp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 1; return 0; /* v */
     default:
@@ -251,6 +284,10 @@ int big_logsumexp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

@@ -30,6 +30,11 @@ size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
     if (N < 1 || C < 1 || P < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
+            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N)) > SYMBACKPROP_SIZE_MAX)
+            {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(2*N + 2);
 }
 #endif
@@ -454,6 +459,11 @@ int bundle_adjustment_forward(
     if (P < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
+            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N)) > SYMBACKPROP_SIZE_MAX)
+            { /* its arrays and workspace, summed */
+        return 6;
+    }
     for (int64_t i = 0; i < N; ++i) {
         if ((uint64_t)cam[i] >= (uint64_t)C) {
             return 2; /* a row number outside an array it gathers from */
@@ -480,6 +490,11 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
 {
     if (N < 1 || C < 1 || P < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
+            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C)) > SYMBACKPROP_SIZE_MAX)
+            {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(6*N + 2);
 }
@@ -782,6 +797,11 @@ int bundle_adjustment_value_and_grad(
     if (P < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
+            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C)) > SYMBACKPROP_SIZE_MAX)
+            { /* its arrays and workspace, summed */
+        return 6;
+    }
     for (int64_t i = 0; i < N; ++i) {
         if ((uint64_t)cam[i] >= (uint64_t)C) {
             return 2; /* a row number outside an array it gathers from */
@@ -869,6 +889,11 @@ int bundle_adjustment_forward_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (N < 1 || C < 1 || P < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
+            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N)) > SYMBACKPROP_SIZE_MAX)
+            { /* as the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = N; shape[1] = 2; return 0; /* feats */
     case 1: shape[0] = N; shape[1] = 1; return 0; /* cam */
@@ -888,6 +913,11 @@ int bundle_adjustment_forward_shape_out(int64_t i, const int64_t *dims, int64_t 
     const int64_t P = dims[2];
     if (N < 1 || C < 1 || P < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
+            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N)) > SYMBACKPROP_SIZE_MAX)
+            { /* as the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -976,6 +1006,11 @@ int bundle_adjustment_value_and_grad_shape_in(int64_t i, const int64_t *dims, in
     if (N < 1 || C < 1 || P < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
+            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C)) > SYMBACKPROP_SIZE_MAX)
+            { /* as the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = N; shape[1] = 2; return 0; /* feats */
     case 1: shape[0] = N; shape[1] = 1; return 0; /* cam */
@@ -995,6 +1030,11 @@ int bundle_adjustment_value_and_grad_shape_out(int64_t i, const int64_t *dims, i
     const int64_t P = dims[2];
     if (N < 1 || C < 1 || P < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
+            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C)) > SYMBACKPROP_SIZE_MAX)
+            { /* as the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

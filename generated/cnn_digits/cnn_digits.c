@@ -57,6 +57,9 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 5591*n + 85633 : 5207*n + 24577);
 }
 #endif
@@ -806,6 +809,10 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /*
+            its arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
     CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
@@ -868,6 +875,9 @@ size_t cnn_digits_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(cnn_digits_run_work_len(n, 0));
 }
 #endif
@@ -894,6 +904,10 @@ int cnn_digits_forward(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /*
+            its arrays and workspace, summed */
+        return 6;
+    }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL,
             NULL, NULL, NULL, NULL, NULL, work, 0);
 }
@@ -904,6 +918,9 @@ size_t cnn_digits_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(cnn_digits_run_work_len(n, 1) + n*10);
 }
@@ -938,6 +955,10 @@ int cnn_digits_value_and_grad(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /*
+            its arrays and workspace, summed */
+        return 6;
+    }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work +
             cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1,
             grad_W2, grad_b2, work, 1);
@@ -949,6 +970,9 @@ size_t cnn_digits_train_step_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(13708 + 16*9 + 1*16 + 32*144 + 1*32 + 128*64 + 1*64 + 64*10 + 1*10 +
             cnn_digits_value_and_grad_work_len(n));
@@ -997,6 +1021,10 @@ int cnn_digits_train_step(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -1347,6 +1375,9 @@ size_t cnn_digits_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the epoch returns 6 */
+    }
     if (batch > rows) {
         batch = rows;
     }
@@ -1358,7 +1389,7 @@ size_t cnn_digits_train_epoch_work_len(int64_t rows, int64_t batch)
  * batch does not divide rows), or with order not NULL the rows order[b*batch], ...
  * gathered into the workspace. Everything a step relies on is checked before
  * the first one (a failing epoch trains nothing): returns 1 when a dimension
- * is below 1, 2 when order names a row outside 0 ... rows-1 or an Index
+ * is below 1, 6 when a size does not fit, 2 when order names a row outside 0 ... rows-1 or an Index
  * a row outside an array it gathers from, else 0. */
 int cnn_digits_train_epoch(
     int64_t rows,
@@ -1402,6 +1433,10 @@ int cnn_digits_train_epoch(
 {
     if (rows < 1 || batch < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /*
+            its arrays and a step's workspace, every row one minibatch */
+        return 6;
     }
     if (order != NULL) {
         for (int64_t i = 0; i < rows; ++i) {
@@ -1535,6 +1570,10 @@ int cnn_digits_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1556,6 +1595,10 @@ int cnn_digits_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1642,6 +1685,10 @@ int cnn_digits_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1663,6 +1710,10 @@ int cnn_digits_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1760,6 +1811,10 @@ int cnn_digits_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1803,6 +1858,10 @@ int cnn_digits_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1898,6 +1957,10 @@ int cnn_digits_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (rows < 1 || batch < 1) {
         return 1;
     }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
     case 1: shape[0] = rows; shape[1] = 64; return 0; /* X */
@@ -1944,8 +2007,12 @@ int cnn_digits_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (rows < 1 || batch < 1) {
         return 1;
     }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
-    case 0: shape[0] = (rows + batch - 1)/batch; shape[1] = 1; return 0; /* losses */
+    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
     default:
         return 3;
     }

@@ -32,6 +32,11 @@ static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 2*K*N + 11*K + 4*N + 7 : K*N + 4*K + 4*N + 7);
 }
 
@@ -60,6 +65,11 @@ static int gmm_run(
     }
     if (K < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -339,6 +349,11 @@ size_t gmm_forward_work_len(int64_t N, int64_t K)
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(gmm_run_work_len(N, K, 0));
 }
 
@@ -362,6 +377,11 @@ int gmm_forward(
     if (K < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
+        return 6;
+    }
     return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work,
             0);
 }
@@ -370,6 +390,11 @@ size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
 {
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(gmm_run_work_len(N, K, 1) + N*K);
 }
@@ -396,6 +421,11 @@ int gmm_value_and_grad(
     }
     if (K < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
+        return 6;
     }
     return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1),
             grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
@@ -459,6 +489,11 @@ int gmm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (N < 1 || K < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = N; shape[1] = 3; return 0; /* X */
     case 1: shape[0] = K; shape[1] = 1; return 0; /* alpha */
@@ -476,6 +511,11 @@ int gmm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     const int64_t K = dims[1];
     if (N < 1 || K < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -558,6 +598,11 @@ int gmm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (N < 1 || K < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = N; shape[1] = 3; return 0; /* X */
     case 1: shape[0] = K; shape[1] = 1; return 0; /* alpha */
@@ -575,6 +620,11 @@ int gmm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     const int64_t K = dims[1];
     if (N < 1 || K < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
+            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
+            > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

@@ -64,6 +64,9 @@ size_t lstm_lm_forward_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(4409, symbackprop_size_mul(156, T)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(33*T + 445);
 }
 #endif
@@ -415,6 +418,10 @@ int lstm_lm_forward(
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(4409, symbackprop_size_mul(156, T)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
     LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
@@ -439,7 +446,12 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(63*T + 32*((T + 31)/32) + 9819);
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16435,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(186,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
+    return (size_t)(63*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4699);
 }
 #endif
 
@@ -915,7 +927,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
         for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
             (scan_vjp_W_i_cur + 16)[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t scan_vjp_W_i_s = ((T + 31)/32) - 1; scan_vjp_W_i_s >= 0; --scan_vjp_W_i_s) {
+        for (int64_t scan_vjp_W_i_s = ((T - 1)/32 + 1) - 1; scan_vjp_W_i_s >= 0; --scan_vjp_W_i_s) {
             const int64_t scan_vjp_W_i_t0 = scan_vjp_W_i_s*32;
             const int64_t scan_vjp_W_i_len = T - scan_vjp_W_i_t0 < 32 ? T - scan_vjp_W_i_t0 : 32;
             for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 32; ++scan_vjp_W_i_i) {
@@ -929,23 +941,26 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 const LSTM_LM_REAL *scan_vjp_W_i_cell = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u - 16;
                 LSTM_LM_REAL *scan_vjp_W_i_h_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u;
                 LSTM_LM_REAL *scan_vjp_W_i_cell_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u + 16;
-                LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 9328;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 992;
+                LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 4208;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        32*((32) < (T) ? (32) : (T)) - 32;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1008;
+                        32*((32) < (T) ? (32) : (T)) - 16;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1024;
+                        32*((32) < (T) ? (32) : (T));
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1040;
+                        32*((32) < (T) ? (32) : (T)) + 16;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1056;
+                        32*((32) < (T) ? (32) : (T)) + 32;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1072;
+                        32*((32) < (T) ? (32) : (T)) + 48;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1088;
+                        32*((32) < (T) ? (32) : (T)) + 64;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1104;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 5216; /* 1 x 30 */
+                        32*((32) < (T) ? (32) : (T)) + 80;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 160*((32) < (T) ? (32) : (T))
+                        + 96; /* 1 x 30 */
                 /* mm_h_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -1136,41 +1151,48 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *scan_vjp_W_i_grad_h = scan_vjp_W_i_nxt;
                 LSTM_LM_REAL *scan_vjp_W_i_grad_cell = scan_vjp_W_i_nxt + 16;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1120;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 96;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1136;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 112;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1152;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 128;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1168;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 144;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1184;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 160;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1200;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 176;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1216;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 192;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1232;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 208;
                 const LSTM_LM_REAL *scan_vjp_W_i_grad_out0 = grad_logits + 30*scan_vjp_W_i_t;
-                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 5216; /* 1 x 16
-                        */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 5232; /* 1 x 16
-                        */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 5248; /* 1 x
-                        16 */
-                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_3_kept_2 = scan_vjp_W_i_base + 5264; /* 1 x 16
-                        */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 5280; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 5296; /* 1 x 16
-                        */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 5312; /* 1 x
-                        16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 5328; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 5344; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 5248; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 5264; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 160*((32) < (T) ?
+                        (32) : (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 112; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 160*((32) <
+                        (T) ? (32) : (T)) + 128; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_3_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 144; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 160; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 176; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 160*((32) <
+                        (T) ? (32) : (T)) + 192; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 160*((32) < (T) ?
+                        (32) : (T)) + 208; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T) ?
+                        (32) : (T)) + 224; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 112; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 128; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 144; /* 1 x 16 */
                 /* grad_mul_b_o_part = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -1540,19 +1562,25 @@ int lstm_lm_value_and_grad(
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16435,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(186,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+            /* its arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
     LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
     LSTM_LM_REAL *logits = scan_W_i + 444; /* T x 30 */
-    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T + 31)/32) x 32 */
-    LSTM_LM_REAL *mul_logits = scan_part_W_i + 32*((T + 31)/32); /* T x 30 */
+    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T - 1)/32 + 1) x 32 */
+    LSTM_LM_REAL *mul_logits = scan_part_W_i + 32*((T - 1)/32 + 1); /* T x 30 */
     LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
     LSTM_LM_REAL *softmax_axis_logits = mul_logits; /* T x 30, in mul_logits's memory */
     LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
     LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
     LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
     LSTM_LM_REAL *grad_logits = logits; /* T x 30, in logits's memory */
-    LSTM_LM_REAL *scan_vjp_W_i = colsum_logits + 1; /* 9374 x 1 */
+    LSTM_LM_REAL *scan_vjp_W_i = colsum_logits + 1; /* (160*((32) < (T) ? (32) : (T)) + 4254) x 1 */
 
     lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
             V, c, scan_W_i, logits, scan_part_W_i);
@@ -1625,6 +1653,10 @@ int lstm_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(4409, symbackprop_size_mul(156, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = T; shape[1] = 30; return 0; /* X */
     case 1: shape[0] = T; shape[1] = 30; return 0; /* Y */
@@ -1652,6 +1684,10 @@ int lstm_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     const int64_t T = dims[0];
     if (T < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(4409, symbackprop_size_mul(156, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1738,6 +1774,12 @@ int lstm_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16435,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(186,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+            /* as the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = T; shape[1] = 30; return 0; /* X */
     case 1: shape[0] = T; shape[1] = 30; return 0; /* Y */
@@ -1765,6 +1807,12 @@ int lstm_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sha
     const int64_t T = dims[0];
     if (T < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16435,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(186,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+            /* as the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

@@ -325,6 +325,9 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 483*n + 1 : 75*n + 1);
 }
 #endif
@@ -2023,6 +2026,10 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
     LSTM_SEQUENCE_REAL *mm_W_o = work; /* n x 8 */
@@ -2260,6 +2267,9 @@ size_t lstm_sequence_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(lstm_sequence_run_work_len(n, 0));
 }
 #endif
@@ -2299,6 +2309,10 @@ int lstm_sequence_forward(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
             U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL,
             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
@@ -2310,6 +2324,9 @@ size_t lstm_sequence_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(lstm_sequence_run_work_len(n, 1) + n*1);
 }
@@ -2362,6 +2379,10 @@ int lstm_sequence_value_and_grad(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
     }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
             U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1),
@@ -2429,6 +2450,10 @@ int lstm_sequence_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 1; return 0; /* x1_ */
     case 1: shape[0] = n; shape[1] = 1; return 0; /* x2_ */
@@ -2463,6 +2488,10 @@ int lstm_sequence_forward_shape_out(int64_t i, const int64_t *dims, int64_t shap
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -2555,6 +2584,10 @@ int lstm_sequence_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 1; return 0; /* x1_ */
     case 1: shape[0] = n; shape[1] = 1; return 0; /* x2_ */
@@ -2589,6 +2622,10 @@ int lstm_sequence_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

@@ -10,9 +10,11 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
+ *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of LSTM_SEQUENCE_REAL (0 when a
- * dimension is below 1: the function then returns 1 without touching it); it is
+ * dimension is below 1 or a size does not fit: the function then returns 1
+ * or 6 without touching it; every size is checked, none wraps around); it is
  * scratch memory owned by the caller, so one module can run in many threads
  * at once with one workspace each. Output arrays must not overlap inputs.
  *
@@ -33,7 +35,7 @@
  *       2: reals it reads and updates in place (a train step's parameters and state);
  *     F_shape_in(i, dims, shape), F_shape_out(i, dims, shape): set shape[0]
  *     and shape[1] to its rows and columns (arrays are dense, row-major)
- *     and return 0; or return 1 or 3 (see above) and set nothing;
+ *     and return 0; or return 1 or 3 or 6 (see above) and set nothing;
  *     F_call(dims, in, out, work): F with its arrays in arrays: in[i] the
  *     i-th input (LSTM_SEQUENCE_REAL or, an Index, int64_t; one of kind 2, which F
  *     updates, must be writable), out[i] the i-th output, work of
@@ -98,6 +100,7 @@ const char *lstm_sequence_name_dim(int64_t i);
  *   logit: output, n x 1
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
  */
 size_t lstm_sequence_forward_work_len(int64_t n);
 int lstm_sequence_forward(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL *x2_,
@@ -163,6 +166,7 @@ int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void 
  *   grad_c0: output, 1 x 1
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
  */
 size_t lstm_sequence_value_and_grad_work_len(int64_t n);
 int lstm_sequence_value_and_grad(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL

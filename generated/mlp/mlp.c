@@ -17,6 +17,9 @@ static size_t mlp_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 14*n + 3 : 14*n + 3);
 }
 
@@ -42,6 +45,10 @@ static int mlp_run(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -131,6 +138,9 @@ size_t mlp_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(mlp_run_work_len(n, 0));
 }
 
@@ -151,6 +161,10 @@ int mlp_forward(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, Y, NULL, NULL, NULL, NULL, work, 0);
 }
 
@@ -158,6 +172,9 @@ size_t mlp_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(mlp_run_work_len(n, 1) + n*2);
 }
@@ -181,6 +198,10 @@ int mlp_value_and_grad(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
     }
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1,
             grad_W2, grad_b2, work, 1);
@@ -243,6 +264,10 @@ int mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 3; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 2; return 0; /* T */
@@ -260,6 +285,10 @@ int mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -342,6 +371,10 @@ int mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 3; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 2; return 0; /* T */
@@ -359,6 +392,10 @@ int mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

@@ -102,6 +102,9 @@ size_t pinn_poisson_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(464, symbackprop_size_mul(230, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(114*n + 70);
 }
 #endif
@@ -125,6 +128,10 @@ int pinn_poisson_forward(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(464, symbackprop_size_mul(230, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -296,6 +303,9 @@ size_t pinn_poisson_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(2069, symbackprop_size_mul(839, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(419*n + 712);
 }
@@ -897,6 +907,10 @@ int pinn_poisson_value_and_grad(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(2069, symbackprop_size_mul(839, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
     PINN_POISSON_REAL *mm_W1 = work; /* 2 x 16 */
@@ -1035,6 +1049,10 @@ int pinn_poisson_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(464, symbackprop_size_mul(230, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 1; return 0; /* x */
     case 1: shape[0] = 2; shape[1] = 1; return 0; /* xb */
@@ -1054,6 +1072,10 @@ int pinn_poisson_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(464, symbackprop_size_mul(230, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1139,6 +1161,10 @@ int pinn_poisson_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(2069, symbackprop_size_mul(839, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 1; return 0; /* x */
     case 1: shape[0] = 2; shape[1] = 1; return 0; /* xb */
@@ -1158,6 +1184,10 @@ int pinn_poisson_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(2069, symbackprop_size_mul(839, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

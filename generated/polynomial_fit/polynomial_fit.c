@@ -17,6 +17,9 @@ static size_t polynomial_fit_run_work_len(int64_t N, int with_grads)
     if (N < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 1 : 1);
 }
 
@@ -35,6 +38,10 @@ static int polynomial_fit_run(
 {
     if (N < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -156,6 +163,9 @@ size_t polynomial_fit_forward_work_len(int64_t N)
     if (N < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(polynomial_fit_run_work_len(N, 0) + 1*6);
 }
 
@@ -172,6 +182,10 @@ int polynomial_fit_forward(
     if (N < 1) {
         return 1;
     }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
+    }
     return polynomial_fit_run(N, points, coeffs, loss, squared_error, work +
             polynomial_fit_run_work_len(N, 0), work, 0);
 }
@@ -180,6 +194,9 @@ size_t polynomial_fit_value_and_grad_work_len(int64_t N)
 {
     if (N < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(polynomial_fit_run_work_len(N, 1) + N*1);
 }
@@ -196,6 +213,10 @@ int polynomial_fit_value_and_grad(
 {
     if (N < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
     }
     return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1),
             grad_coeffs, work, 1);
@@ -259,6 +280,10 @@ int polynomial_fit_forward_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (N < 1) {
         return 1;
     }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = N; shape[1] = 2; return 0; /* points */
     case 1: shape[0] = 1; shape[1] = 6; return 0; /* coeffs */
@@ -272,6 +297,10 @@ int polynomial_fit_forward_shape_out(int64_t i, const int64_t *dims, int64_t sha
     const int64_t N = dims[0];
     if (N < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -353,6 +382,10 @@ int polynomial_fit_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64
     if (N < 1) {
         return 1;
     }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = N; shape[1] = 2; return 0; /* points */
     case 1: shape[0] = 1; shape[1] = 6; return 0; /* coeffs */
@@ -366,6 +399,10 @@ int polynomial_fit_value_and_grad_shape_out(int64_t i, const int64_t *dims, int6
     const int64_t N = dims[0];
     if (N < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

@@ -20,6 +20,7 @@ import sympy as sp
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
+from symbackprop.emit import sizes
 from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanitize
 from symbackprop.emit.cparts import Prelude, part_ranges, prelude
 from symbackprop.emit.cprint import IEEEPrinter
@@ -30,7 +31,7 @@ from symbackprop.emit.wrap import wrap_c_code, wrap_c_comments
 from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
 from symbackprop.ops.registry import helpers, record
-from symbackprop.run.abi import ARG_KINDS, STATUS_TEXT
+from symbackprop.run.abi import ARG_KINDS, SIZE_DOES_NOT_FIT, STATUS_TEXT
 from symbackprop.schedule.cse import MAX_PRODUCT_POWER
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes, loop_index
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
@@ -116,6 +117,20 @@ class IndexPrinter(C99CodePrinter):
             return "*".join([self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])] * int(exp))
         raise ModelError(f"dimension expression {expr} is not a product of dimensions")
 
+    def _print_Min(self, expr: sp.Min) -> str:
+        """An integer min (a checkpoint segment's rows: loops.graph), never fmin."""
+        return self._choose(expr.args, "<")
+
+    def _print_Max(self, expr: sp.Max) -> str:
+        return self._choose(expr.args, ">")
+
+    def _choose(self, args: Sequence[sp.Expr], test: str) -> str:
+        a = self._print(args[0])
+        if len(args) == 1:
+            return a
+        b = self._choose(args[1:], test)
+        return f"(({a}) {test} ({b}) ? ({a}) : ({b}))"
+
 
 # --- what the templates get -------------------------------------------------
 
@@ -173,6 +188,9 @@ class CFunction:
     call: str | None = None
     call_pointers: tuple[tuple[str, str, str], ...] = ()
     part_units: tuple[int, ...] = ()  # the unit of each part, where the module is split
+    # all its sizes (arrays and workspace) summed, as checked C (emit/sizes.py): above
+    # SYMBACKPROP_SIZE_MAX the function returns SIZE_DOES_NOT_FIT; None with no dimension
+    size_check: str | None = None
 
     def wide(self, start: int = 0, end: int | None = None) -> bool:
         """Whether its kernels (those from start to end) hold a wide
@@ -224,8 +242,9 @@ class CFunction:
 
 def statuses(dims: Sequence[str], checks: Sequence[object], divides: Sequence[object] = ()) -> tuple[int, ...]:
     """The statuses a function with these dimensions, index checks and
-    whole-step checks returns."""
-    return (0,) + ((1,) if dims else ()) + ((2,) if checks else ()) + ((5,) if divides else ())
+    whole-step checks returns (with dimensions, its sizes are checked too)."""
+    return (0,) + ((1,) if dims else ()) + ((2,) if checks else ()) + ((5,) if divides else ()) + \
+        ((SIZE_DOES_NOT_FIT,) if dims else ())
 
 
 def whole_steps(schedule: FunctionSchedule, emitter: FunctionEmitter) -> tuple[tuple[str, str], ...]:
@@ -275,6 +294,11 @@ class CModule:
     @property
     def describe_statuses(self) -> tuple[int, ...]:
         return SHAPE_STATUSES
+
+    @property
+    def size_status(self) -> int:
+        """What a function returns when its sizes do not fit (emit/sizes.py)."""
+        return SIZE_DOES_NOT_FIT
 
     @property
     def null_status(self) -> int:
@@ -429,7 +453,7 @@ def emit_wrapper(run: CFunction, name: str, summary: str, outputs: set[str], wit
     work_size = f"{run.name}_work_len({dims})" + "".join(f" + {size}" for size in extra)
     return CFunction(name=name, summary=summary, params=tuple(params), dims=run.dims, uses_work=True, kernels=(),
                      work_size=work_size, delegate=f"{run.name}({', '.join(call)})",
-                     checks=run.checks, statuses=run.statuses, divides=run.divides)
+                     checks=run.checks, statuses=run.statuses, divides=run.divides, size_check=run.size_check)
 
 
 def entry_checks(schedule: FunctionSchedule, emitter: FunctionEmitter) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
@@ -608,6 +632,7 @@ def emit_function(
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     checks = entry_checks(schedule, emitter)
     divides = whole_steps(schedule, emitter)
+    size_check = _size_check(schedule, emitter, [*inputs, *outputs], f"{prefix}_{sanitize(schedule.name)}")
     work_size = emitter.dim(schedule.work_size)
     if shared:  # its work_len takes the flag too: a forward-only call needs less
         work_size = f"with_grads ? {work_size} : {emitter.dim(schedule.head_work_size)}"
@@ -626,7 +651,21 @@ def emit_function(
         divides=divides,
         statuses=statuses(tuple(dims.values()), checks, divides),
         parts=part_ranges(len(kernels), schedule.split if shared else None, straight_kernels(kernels)),
+        size_check=size_check,
     )
+
+
+def _size_check(schedule: FunctionSchedule, emitter: FunctionEmitter, arrays: Sequence[tuple[str, tuple]],
+                what: str) -> str | None:
+    """All the function's sizes summed (its workspace, with and without the
+    gradient, and its arrays), as checked C; None when they are fixed (then
+    checked here: a ModelError above the limit)."""
+    size = sizes.total([schedule.work_size, schedule.head_work_size,
+                        *(sp.Mul(*[sp.sympify(d) for d in shape]) for _, shape in arrays)])
+    if not size.free_symbols:
+        sizes.fixed_size(size, what)
+        return None
+    return sizes.checked(size, emitter.dim)
 
 
 def work_offsets(schedule: FunctionSchedule) -> dict[str, int]:

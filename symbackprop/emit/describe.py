@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from symbackprop.emit.cnames import describing
-from symbackprop.run.abi import ARG_INDEX, ARG_REAL, ARG_UPDATED
+from symbackprop.run.abi import ARG_INDEX, ARG_REAL, ARG_UPDATED, SIZE_DOES_NOT_FIT
 
 
 class EpochNames(Protocol):
@@ -59,10 +59,13 @@ class EpochNames(Protocol):
     def params(self) -> tuple[tuple[str, str], ...]: ...
     @property
     def statuses(self) -> tuple[int, ...]: ...
+    @property
+    def size_check(self) -> str | None: ...
 
 # What the shape functions return (run.abi.STATUS_TEXT): success, a
-# dimension below 1, no argument of that number.
-SHAPE_STATUSES = (0, 1, 3)
+# dimension below 1, no argument of that number, a size that does not fit
+# (the function's: emit/sizes.py).
+SHAPE_STATUSES = (0, 1, 3, SIZE_DOES_NOT_FIT)
 # What F_call returns besides F's statuses: a pointer it needs is NULL.
 NULL_POINTER = 4
 LINE = 100  # F_call's arguments to F take lines of about this length
@@ -89,6 +92,7 @@ class CDescription:
     arguments: tuple[str, ...]  # what F_call passes to F: C expressions in dims, in, out and work
     statuses: tuple[int, ...]  # what F_call returns
     optional: int = 0  # how many first inputs F_call lets be NULL (train_epoch's order)
+    size_check: str | None = None  # F's sizes summed, checked C in `dims` (emit/sizes.py); None: fixed
 
     @property
     def argument_lines(self) -> tuple[str, ...]:
@@ -154,7 +158,8 @@ def describe(fn: Any, real: str) -> CDescription:
             (outputs if p.role == "output" else inputs).append(arg)
     dims = tuple(p.cname for p in fn.params if p.role == "dim")
     return CDescription(fn.name, describing(fn.name), dims, tuple(inputs), tuple(outputs),
-                        _arguments([p.role for p in fn.params], inputs, real), _statuses(fn.statuses))
+                        _arguments([p.role for p in fn.params], inputs, real), _statuses(fn.statuses),
+                        size_check=fn.size_check)
 
 
 def describe_epoch(step: CDescription, epoch: EpochNames, real: str) -> CDescription:
@@ -166,11 +171,12 @@ def describe_epoch(step: CDescription, epoch: EpochNames, real: str) -> CDescrip
     inputs = (CArgument(epoch.order, ARG_INDEX, (epoch.rows, "1")),) + tuple(
         CArgument(a.name, a.kind, (rows.sub(epoch.rows, a.shape[0]), rows.sub(epoch.rows, a.shape[1])))
         for a in step.inputs)
-    minibatches = f"({epoch.rows} + {epoch.batch} - 1)/{epoch.batch}"
+    minibatches = f"({epoch.rows} - 1)/{epoch.batch} + 1"  # rows + batch - 1 would overflow
     outputs = (CArgument(epoch.losses, ARG_REAL, (minibatches, "1")),)
     roles = [role for role, _ in epoch.params]
     return CDescription(epoch.name, describing(epoch.name), (epoch.rows, epoch.batch, *epoch.dims), inputs, outputs,
-                        _arguments(roles, inputs, real), _statuses(epoch.statuses), optional=1)
+                        _arguments(roles, inputs, real), _statuses(epoch.statuses), optional=1,
+                        size_check=epoch.size_check)
 
 
 __all__ = ["NULL_POINTER", "SHAPE_STATUSES", "CArgument", "CDescription", "describe", "describe_epoch"]

@@ -31,6 +31,7 @@ import sympy as sp
 
 from symbackprop.emit.cnames import describing
 from symbackprop.errors import ModelError
+from symbackprop.run.abi import SIZE_DOES_NOT_FIT
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.emit.cnames import CNamer
@@ -132,6 +133,9 @@ class CEpoch:
     checks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # the step's index checks for the whole epoch
     words: int = 1  # workspace entries an int64_t takes (gathered Index rows are aligned to it)
     statuses: tuple[int, ...] = (0, 1, 2)  # what it returns (run.abi.STATUS_TEXT): it checks its order too
+    # the step's sizes with every row one minibatch, checked C (emit/sizes.py): they bound the
+    # epoch's (its data, order and losses; a step's workspace and the gathered rows)
+    size_check: str | None = None
 
     @property
     def dim_params(self) -> str:
@@ -227,7 +231,9 @@ def epoch_c(plan: EpochPlan, step: CFunction, namer: CNamer, dims: dict[sp.Symbo
         step_dims=tuple(p.cname for p in step.params if p.role == "dim"),
         checks=epoch_checks(step, size, local("rows"), local("last")),
         words=words,
-        statuses=(0, 1, 2, 5) if step.divides else (0, 1, 2),  # 5: a minibatch that is not whole steps of a batched scan
+        statuses=(0, 1, 2) + ((5,) if step.divides else ()) + (SIZE_DOES_NOT_FIT,),  # 5: a minibatch that is not
+        # whole steps of a batched scan
+        size_check=re.sub(rf"\b{re.escape(size)}\b", local("rows"), step.size_check) if step.size_check else None,
     )
 
 

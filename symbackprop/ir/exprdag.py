@@ -64,8 +64,12 @@ def built(func: Callable, args: Sequence[sp.Basic]) -> sp.Basic:
 def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
     """expr.xreplace(rule), each distinct subexpression rebuilt once over
     the calls that share `done`; selects, relations, Abs and sign as they
-    stand (_AS_IT_STANDS), products and sums by built, the rest by SymPy's
-    constructors."""
+    stand (_AS_IT_STANDS), and so an applied function (tanh, exp, ...) whose
+    new arguments hold no number to fold; products and sums by built, the
+    rest by SymPy's constructors. (tanh's evaluation asks whether its
+    argument is finite, which expands the whole argument: a fused loop's
+    values, built by substituting each member into the next, took
+    quadratic time in a chain of tanh, 26 s for 1,000 links.)"""
     if expr in rule:
         return rule[expr]
     result = done.get(expr)
@@ -73,7 +77,8 @@ def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
         args = tuple(shared_xreplace(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
         changed = any(new is not old for new, old in zip(args, expr.args))
         result = done[expr] = (expr if not changed else expr.func(*args, evaluate=False)
-                               if isinstance(expr, _AS_IT_STANDS) else built(expr.func, args))
+                               if isinstance(expr, _AS_IT_STANDS) or (isinstance(expr, sp.Function) and not any(
+                                   isinstance(a, sp.Number) for a in args)) else built(expr.func, args))
     return result
 
 

@@ -28,7 +28,7 @@ class ceildiv(sp.Function):
 
     def _ccode(self, printer: Any, **kwargs: Any) -> str:
         n, k = self.args
-        return f"(({printer._print(n)} + {int(k) - 1})/{int(k)})"
+        return f"(({printer._print(n)} - 1)/{int(k)} + 1)"  # n >= 1; n + k - 1 could overflow
 
 
 class blocks(sp.Function):

@@ -64,6 +64,16 @@ class ScanStep:
         s, x = len(self.states), len(self.inputs)
         return tuple(args[:s]), tuple(args[s:s + x]), tuple(args[s + x:])
 
+    @property
+    def segment(self) -> sp.Expr:
+        """The rows of a checkpoint segment's buffers: `every`, or the steps
+        where there are fewer (a 5-step sequence with every=10**6 needs 5,
+        not a million); an integer min in the C for a symbolic length."""
+        length = sp.sympify(self.length)
+        if length.is_Integer:
+            return sp.Integer(min(self.every, int(length)))
+        return sp.Min(sp.Integer(self.every), length)
+
     def kept_rows(self) -> sp.Expr:
         return ceildiv(sp.sympify(self.length), self.every)
 
@@ -186,10 +196,10 @@ def backward_scratch(back: ScanBack, args: Sequence[Node]) -> sp.Expr:
     _, seqs, caps, gys, _ = back.split(args)
     total = 2 * step.width + reverse_scratch(back)
     if step.every > 1:  # a segment of states, and rows for the outputs recomputed with them
-        total += step.every * step.width + sum((entries(o.shape) for o in step.outputs), sp.Integer(0))
+        total += step.segment * step.width + sum((entries(o.shape) for o in step.outputs), sp.Integer(0))
         cached = cached_products(back)
         if cached:  # one more state row, and the segment's products
-            total += step.width + step.every * cached_width(cached)
+            total += step.width + step.segment * cached_width(cached)
     total += sum((_binding_size(a, True) for a in seqs + gys), sp.Integer(0))
     total += sum((_binding_size(a, False) for a in caps), sp.Integer(0))
     total += ALIGN  # the loop aligns its scratch first

@@ -156,12 +156,13 @@ class _Backward:
         roles = ["t", "cur", "nxt", "swap", "i", "j", "base"] + (["seg", "s", "t0", "len", "u"] if step.every > 1 else [])
         self.names = {role: inner.claim(role) for role in roles}
         self.scratch = inner.claim(out, outer=out)
-        width, every = step.width, step.every
+        width, segment = step.width, step.segment  # a segment's rows: sized by the steps too
         self.cached = cached_products(back)
-        cached_at = 2 * width + (every + 1) * width  # the products of the segment's steps, after its states
+        cached_at = 2 * width + (segment + 1) * width  # the products of the segment's steps, after its states
         self.cached_offsets = [cached_at + off for off in node_offsets(self.cached)]
         self.cw = cached_width(self.cached)
-        self.region = 2 * width + (every * width if every > 1 else 0) + (width + every * self.cw if self.cached else 0)
+        self.region = 2 * width + (segment * width if step.every > 1 else 0) + \
+            (width + segment * self.cw if self.cached else 0)
         binder = self.binder = Binder(sched, inner, self.scratch, self.region + reverse_scratch(back))
         self.state_names = [inner.claim(s.attrs[0], s) for s in step.states]
         self.kept_view = binder.outer(self.kept_arg)

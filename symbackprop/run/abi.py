@@ -236,7 +236,14 @@ STATUS_TEXT = {
     3: "no argument of that number (nothing written)",
     4: "a NULL pointer where an array is needed (nothing written)",
     5: "a batched scan's rows are not a multiple of its batch (nothing written)",
+    6: "a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)",
 }
+SIZE_DOES_NOT_FIT = 6
+# The most entries an array or a workspace of a generated function may hold
+# (2^59: its bytes, 8 an entry, fit an int64_t with room to spare). The C
+# computes every size of a call from the dimensions in checked arithmetic
+# (emit/sizes.py, symbackprop_runtime.h) and returns SIZE_DOES_NOT_FIT above it.
+SIZE_LIMIT = 2**59
 
 # What an input array of a generated function is: its <function>_kind_in(i)
 # in C returns the code (the header lists them from here).
@@ -253,5 +260,6 @@ def concrete(shape: Shape, bound: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(bound[d] if isinstance(d, str) else d for d in shape)
 
 
-__all__ = ["ARG_INDEX", "ARG_KINDS", "ARG_REAL", "ARG_UPDATED", "STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec",
+__all__ = ["ARG_INDEX", "ARG_KINDS", "ARG_REAL", "ARG_UPDATED", "SIZE_DOES_NOT_FIT", "SIZE_LIMIT", "STATUS_TEXT",
+           "ArgSpec", "FunctionSpec", "ModuleSpec",
            "ReturnSpec", "concrete", "show"]

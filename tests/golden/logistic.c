@@ -17,6 +17,9 @@ static size_t logistic_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 4*n + 1 : 4*n + 1);
 }
 
@@ -35,6 +38,10 @@ static int logistic_run(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -87,6 +94,9 @@ size_t logistic_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(logistic_run_work_len(n, 0));
 }
 
@@ -103,6 +113,10 @@ int logistic_forward(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
+    }
     return logistic_run(n, X, t, w, loss, NULL, work, 0);
 }
 
@@ -110,6 +124,9 @@ size_t logistic_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(logistic_run_work_len(n, 1));
 }
@@ -127,6 +144,10 @@ int logistic_value_and_grad(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
+            and workspace, summed */
+        return 6;
     }
     return logistic_run(n, X, t, w, loss, grad_w, work, 1);
 }
@@ -188,6 +209,10 @@ int logistic_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 2; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 1; return 0; /* t */
@@ -202,6 +227,10 @@ int logistic_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -283,6 +312,10 @@ int logistic_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t sha
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 2; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 1; return 0; /* t */
@@ -297,6 +330,10 @@ int logistic_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 1 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 2 objects
+/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 2 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 3 objects
  * link into the module. Functions one unit calls in another are then
  * SCAN_RNN_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -30,6 +30,9 @@ size_t scan_rnn_forward_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(153, symbackprop_size_mul(7, T)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(2*T + 62);
 }
 #endif
@@ -37,12 +40,12 @@ size_t scan_rnn_forward_work_len(int64_t T)
 /* scan_rnn_forward, part 1 of 3 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *mul_M
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *mul_M
@@ -278,6 +281,10 @@ int scan_rnn_forward(
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(153, symbackprop_size_mul(7, T)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
     SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
@@ -306,19 +313,24 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(3*T + 7*((T + 1)/2) + 174);
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353, symbackprop_size_mul(9,
+            T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))), symbackprop_size_mul(26,
+            symbackprop_size_min(2, T))) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
+    return (size_t)(3*T + 7*((T - 1)/2 + 1) + 13*((2) < (T) ? (2) : (T)) + 148);
 }
 #endif
 
 /* scan_rnn_value_and_grad, part 1 of 5 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *mul_M
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *mul_M
@@ -336,7 +348,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
 /* scan_rnn_value_and_grad, part 2 of 5 (kernels 2 to 2): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     int64_t T,
     const SCAN_RNN_REAL *XT_,
@@ -353,7 +365,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     SCAN_RNN_REAL *scan_part_h0_2,
     SCAN_RNN_REAL *scan_part_h0_3
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     int64_t T,
     const SCAN_RNN_REAL *XT_,
@@ -483,7 +495,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
 /* scan_rnn_value_and_grad, part 3 of 5 (kernels 3 to 12): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
@@ -498,7 +510,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     SCAN_RNN_REAL *colsum_h0,
     SCAN_RNN_REAL *rowsum_h0_2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
@@ -625,7 +637,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
                 (scan_vjp_W_cur + 3)[scan_vjp_W_i*2 + scan_vjp_W_j] = 1;
             }
         }
-        for (int64_t scan_vjp_W_s = ((T + 1)/2) - 1; scan_vjp_W_s >= 0; --scan_vjp_W_s) {
+        for (int64_t scan_vjp_W_s = ((T - 1)/2 + 1) - 1; scan_vjp_W_s >= 0; --scan_vjp_W_s) {
             const int64_t scan_vjp_W_t0 = scan_vjp_W_s*2;
             const int64_t scan_vjp_W_len = T - scan_vjp_W_t0 < 2 ? T - scan_vjp_W_t0 : 2;
             for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 7; ++scan_vjp_W_i) {
@@ -637,10 +649,13 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
                 const SCAN_RNN_REAL *scan_vjp_W_m = scan_vjp_W_seg + 7*scan_vjp_W_u - 4;
                 SCAN_RNN_REAL *scan_vjp_W_h_next = scan_vjp_W_seg + 7*scan_vjp_W_u;
                 SCAN_RNN_REAL *scan_vjp_W_m_next = scan_vjp_W_seg + 7*scan_vjp_W_u + 3;
-                SCAN_RNN_REAL *scan_vjp_W_out0_row = scan_vjp_W_base + 91;
-                SCAN_RNN_REAL *scan_vjp_W_mm_h_kept = scan_vjp_W_base + 6*scan_vjp_W_u + 29;
-                SCAN_RNN_REAL *scan_vjp_W_mm_x_kept = scan_vjp_W_base + 6*scan_vjp_W_u + 32;
-                SCAN_RNN_REAL *scan_vjp_W_x = scan_vjp_W_base + 89;
+                SCAN_RNN_REAL *scan_vjp_W_out0_row = scan_vjp_W_base + 13*((2) < (T) ? (2) : (T)) +
+                        65;
+                SCAN_RNN_REAL *scan_vjp_W_mm_h_kept = scan_vjp_W_base + 6*scan_vjp_W_u + 7*((2) <
+                        (T) ? (2) : (T)) + 15;
+                SCAN_RNN_REAL *scan_vjp_W_mm_x_kept = scan_vjp_W_base + 6*scan_vjp_W_u + 7*((2) <
+                        (T) ? (2) : (T)) + 18;
+                SCAN_RNN_REAL *scan_vjp_W_x = scan_vjp_W_base + 13*((2) < (T) ? (2) : (T)) + 63;
                 for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 2; ++scan_vjp_W_i) {
                     scan_vjp_W_x[scan_vjp_W_i] = XT_[scan_vjp_W_t + T*scan_vjp_W_i];
                 }
@@ -717,16 +732,21 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
                 const SCAN_RNN_REAL *scan_vjp_W_grad_m_next = scan_vjp_W_cur + 3;
                 SCAN_RNN_REAL *scan_vjp_W_grad_h = scan_vjp_W_nxt;
                 SCAN_RNN_REAL *scan_vjp_W_grad_m = scan_vjp_W_nxt + 3;
-                const SCAN_RNN_REAL *scan_vjp_W_mm_h_kept_2 = scan_vjp_W_base + 6*scan_vjp_W_u + 35;
-                const SCAN_RNN_REAL *scan_vjp_W_mm_x_kept_2 = scan_vjp_W_base + 6*scan_vjp_W_u + 38;
+                const SCAN_RNN_REAL *scan_vjp_W_mm_h_kept_2 = scan_vjp_W_base + 6*scan_vjp_W_u +
+                        7*((2) < (T) ? (2) : (T)) + 21;
+                const SCAN_RNN_REAL *scan_vjp_W_mm_x_kept_2 = scan_vjp_W_base + 6*scan_vjp_W_u +
+                        7*((2) < (T) ? (2) : (T)) + 24;
                 const SCAN_RNN_REAL *scan_vjp_W_grad_out0 = grad_add_Z + scan_vjp_W_t;
-                SCAN_RNN_REAL *scan_vjp_W_x = scan_vjp_W_base + 89;
+                SCAN_RNN_REAL *scan_vjp_W_x = scan_vjp_W_base + 13*((2) < (T) ? (2) : (T)) + 63;
                 for (int64_t scan_vjp_W_i = 0; scan_vjp_W_i < 2; ++scan_vjp_W_i) {
                     scan_vjp_W_x[scan_vjp_W_i] = XT_[scan_vjp_W_t + T*scan_vjp_W_i];
                 }
-                SCAN_RNN_REAL *scan_vjp_W_grad_tanh_b_part = scan_vjp_W_base + 47; /* 1 x 3 */
-                SCAN_RNN_REAL *scan_vjp_W_tanh_mm_h_kept_2 = scan_vjp_W_base + 50; /* 1 x 3 */
-                SCAN_RNN_REAL *scan_vjp_W_mul_grad_h_next = scan_vjp_W_base + 53; /* 1 x 3 */
+                SCAN_RNN_REAL *scan_vjp_W_grad_tanh_b_part = scan_vjp_W_base + 13*((2) < (T) ? (2) :
+                        (T)) + 21; /* 1 x 3 */
+                SCAN_RNN_REAL *scan_vjp_W_tanh_mm_h_kept_2 = scan_vjp_W_base + 13*((2) < (T) ? (2) :
+                        (T)) + 24; /* 1 x 3 */
+                SCAN_RNN_REAL *scan_vjp_W_mul_grad_h_next = scan_vjp_W_base + 13*((2) < (T) ? (2) :
+                        (T)) + 27; /* 1 x 3 */
                 /* grad_tanh_b_part = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
@@ -840,14 +860,14 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
 /* scan_rnn_value_and_grad, part 5 of 5 (kernels 14 to 22): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     SCAN_RNN_REAL *grad_M,
     SCAN_RNN_REAL *grad_M_part,
     SCAN_RNN_REAL *grad_mul_M,
     SCAN_RNN_REAL *grad_transpose_M
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     SCAN_RNN_REAL *grad_M,
     SCAN_RNN_REAL *grad_M_part,
@@ -910,13 +930,19 @@ int scan_rnn_value_and_grad(
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353, symbackprop_size_mul(9,
+            T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))), symbackprop_size_mul(26,
+            symbackprop_size_min(2, T))) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace,
+            summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
     SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
     SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
     SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
-    SCAN_RNN_REAL *scan_part_h0_4 = scan_part_h0 + T; /* ((T + 1)/2) x 7 */
-    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0_4 + 7*((T + 1)/2); /* 1 x 3 */
+    SCAN_RNN_REAL *scan_part_h0_4 = scan_part_h0 + T; /* ((T - 1)/2 + 1) x 7 */
+    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0_4 + 7*((T - 1)/2 + 1); /* 1 x 3 */
     SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
     SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
     SCAN_RNN_REAL *grad_add_Z = sq_Z + T; /* T x 1 */
@@ -924,10 +950,10 @@ int scan_rnn_value_and_grad(
     SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
     SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
     SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
-    SCAN_RNN_REAL *scan_vjp_W = rowsum_h0_2 + 1; /* 108 x 1 */
+    SCAN_RNN_REAL *scan_vjp_W = rowsum_h0_2 + 1; /* (13*((2) < (T) ? (2) : (T)) + 82) x 1 */
     SCAN_RNN_REAL *grad_M_part = mul_M; /* 2 x 2, in mul_M's memory */
     SCAN_RNN_REAL *grad_mul_M = scan_part_h0_3; /* 2 x 2, in scan_part_h0_3's memory */
-    SCAN_RNN_REAL *grad_transpose_M = scan_vjp_W + 108; /* 2 x 2 */
+    SCAN_RNN_REAL *grad_transpose_M = scan_vjp_W + 13*((2) < (T) ? (2) : (T)) + 82; /* 2 x 2 */
 
     scan_rnn_value_and_grad_part1(M, mul_M);
     scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0,
@@ -999,6 +1025,10 @@ int scan_rnn_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(153, symbackprop_size_mul(7, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = 2; shape[1] = T; return 0; /* XT_ */
     case 1: shape[0] = T; shape[1] = 1; return 0; /* Z */
@@ -1018,6 +1048,10 @@ int scan_rnn_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     const int64_t T = dims[0];
     if (T < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(153, symbackprop_size_mul(7, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1100,6 +1134,11 @@ int scan_rnn_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t sha
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353, symbackprop_size_mul(9,
+            T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))), symbackprop_size_mul(26,
+            symbackprop_size_min(2, T))) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = 2; shape[1] = T; return 0; /* XT_ */
     case 1: shape[0] = T; shape[1] = 1; return 0; /* Z */
@@ -1119,6 +1158,11 @@ int scan_rnn_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     const int64_t T = dims[0];
     if (T < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353, symbackprop_size_mul(9,
+            T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))), symbackprop_size_mul(26,
+            symbackprop_size_min(2, T))) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
