@@ -285,7 +285,8 @@ def test_jvp_matches_directional_difference(case):
     assert value == pytest.approx(numeric, rel=1e-6, abs=1e-7)
 
 
-@pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "softmax_axis1", "log_softmax_axis0", "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
+@pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "softmax_axis1", "log_softmax_axis0",
+                                  "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
                                   "shift_down_fill", "shift_left_axis1",
                                   "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm",
                                   "causal_attention", "layer_norm"])

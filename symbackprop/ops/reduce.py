@@ -101,7 +101,8 @@ def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
 
     def walk(view: View) -> tuple[str, str]:
         """A row's (column's) first entry and the stride along it, as C."""
-        outer_stride, inner_stride = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
+        strides = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
+        outer_stride, inner_stride = strides
         start = sp.expand(view.offset + (outer * outer_stride if looped else 0))
         pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
         return pointer, em.dim(sp.sympify(inner_stride)) if inner_len != 1 else "1"
@@ -255,7 +256,8 @@ def _log_softmax_kernel(sched, node: Node, out: str) -> LogSoftmaxKernel:
     index = "i" if axis == 0 else "j"
     term = rf"\left({latex_name(label)}\right)_{{ij}}"
     equation = Equation(out, f"log_softmax of {label} {what}: (its entries - their max) - log(sum(exp(that)))",
-                        rf"{latex_name(out)} = {term} - \log \sum_{{{index}'}} \exp \left({latex_name(label)}\right)_{{{index}'}}")
+                        rf"{latex_name(out)} = {term} - \log \sum_{{{index}'}} "
+                        rf"\exp \left({latex_name(label)}\right)_{{{index}'}}")
     return LogSoftmaxKernel(node.op, out, sched.view(src), sched.view(p), node.shape, axis, (equation,))
 
 
@@ -269,7 +271,8 @@ def _emit_log_softmax(em: FunctionEmitter, kernel: LogSoftmaxKernel) -> dict:
     looped = em.dim(outer_len) != "1"
 
     def walk(view: View) -> tuple[str, str]:
-        outer_stride, inner_stride = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
+        strides = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
+        outer_stride, inner_stride = strides
         start = sp.expand(view.offset + (outer * outer_stride if looped else 0))
         pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
         return pointer, em.index.doprint(sp.sympify(inner_stride)) if inner_len != 1 else "1"
