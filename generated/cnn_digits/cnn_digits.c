@@ -57,7 +57,7 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 5591*n + 85633 : 5207*n + 24577);
+    return (size_t)(with_grads ? 5609*n + 85643 : 5214*n + 24587);
 }
 #endif
 
@@ -95,12 +95,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *step_W1,
     CNN_DIGITS_REAL *mm_W2,
-    CNN_DIGITS_REAL *mul_logits,
-    CNN_DIGITS_REAL *rowsum_logits,
     CNN_DIGITS_REAL *softmax_axis_logits,
-    CNN_DIGITS_REAL *rowlse_logits,
-    CNN_DIGITS_REAL *add_logits,
-    CNN_DIGITS_REAL *colsum_logits
+    CNN_DIGITS_REAL *log_softmax_axis_logits,
+    CNN_DIGITS_REAL *mul_T,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *colsum_T,
+    CNN_DIGITS_REAL *rowsum_T
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
@@ -133,12 +133,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *step_W1,
     CNN_DIGITS_REAL *mm_W2,
-    CNN_DIGITS_REAL *mul_logits,
-    CNN_DIGITS_REAL *rowsum_logits,
     CNN_DIGITS_REAL *softmax_axis_logits,
-    CNN_DIGITS_REAL *rowlse_logits,
-    CNN_DIGITS_REAL *add_logits,
-    CNN_DIGITS_REAL *colsum_logits
+    CNN_DIGITS_REAL *log_softmax_axis_logits,
+    CNN_DIGITS_REAL *mul_T,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *colsum_T,
+    CNN_DIGITS_REAL *rowsum_T
 )
 {
     /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
@@ -297,46 +297,44 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
-    /* mul_logits = T*(b2 + mm_W2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = mm_W2[10*i + j] + b2[j];
-            logits[10*i + j] = x0;
-            mul_logits[10*i + j] = T[10*i + j]*x0;
+            logits[10*i + j] = mm_W2[10*i + j] + b2[j];
         }
-    }
-
-    /* rowsum_logits = sum of mul_logits along each row */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1, 1);
     }
 
-    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
+     * max) - log(sum(exp(that))) */
+    for (int64_t i = 0; i < n; ++i) {
+        symbackprop_f64_log_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1,
+                log_softmax_axis_logits + 10*i, 1);
+    }
+
+    /* mul_T = T*log_softmax_axis_logits */
+    /* grad_log_softmax_axis_logits = -T/n */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, softmax_axis_logits +
-                10*i, 1);
+        for (int64_t j = 0; j < 10; ++j) {
+            mul_T[10*i + j] = T[10*i + j]*log_softmax_axis_logits[10*i + j];
+            grad_log_softmax_axis_logits[10*i + j] = -T[10*i + j]/((CNN_DIGITS_REAL)n);
+        }
     }
 
-    /* add_logits = rowlse_logits - rowsum_logits */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
-    }
+    /* colsum_T = sum of mul_T down each column */
+    symbackprop_f64_sum_columns(mul_T, n, 10, 10, colsum_T);
 
-    /* colsum_logits = sum of add_logits down each column */
-    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
+    /* rowsum_T = sum of colsum_T along each row */
+    rowsum_T[0] = symbackprop_f64_sum(colsum_T, 10, 1);
 
-    /* loss = colsum_logits/n */
+    /* loss = -rowsum_T/n */
     {
-        loss[0] = colsum_logits[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = -rowsum_T[0]/((CNN_DIGITS_REAL)n);
     }
 }
 #endif
@@ -348,7 +346,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
     const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *W2,
@@ -362,6 +359,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *step_W1,
     CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *rowsum_T_2,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
     CNN_DIGITS_REAL *grad_maxpool_K2,
@@ -371,14 +370,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_relu_K1,
     CNN_DIGITS_REAL *grad_K1_cols,
     CNN_DIGITS_REAL *grad_bcast_c1,
-    CNN_DIGITS_REAL *grad_K2_cols,
-    CNN_DIGITS_REAL *grad_bcast_c2
+    CNN_DIGITS_REAL *grad_K2_cols
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
     const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *W2,
@@ -392,6 +389,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *step_W1,
     CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *rowsum_T_2,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
     CNN_DIGITS_REAL *grad_maxpool_K2,
@@ -401,16 +400,21 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_relu_K1,
     CNN_DIGITS_REAL *grad_K1_cols,
     CNN_DIGITS_REAL *grad_bcast_c1,
-    CNN_DIGITS_REAL *grad_K2_cols,
-    CNN_DIGITS_REAL *grad_bcast_c2
+    CNN_DIGITS_REAL *grad_K2_cols
 )
 {
-    /* grad_logits = -T/n + softmax_axis_logits/n */
+    /* rowsum_T_2 = sum of grad_log_softmax_axis_logits along each row */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        rowsum_T_2[i] = symbackprop_f64_sum(grad_log_softmax_axis_logits + 10*i, 10, 1);
+    }
+
+    /* grad_logits = grad_log_softmax_axis_logits - rowsum_T_2*softmax_axis_logits */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            grad_logits[10*i + j] = softmax_axis_logits[10*i + j]*x0 - T[10*i + j]*x0;
+            grad_logits[10*i + j] = grad_log_softmax_axis_logits[10*i + j] -
+                    softmax_axis_logits[10*i + j]*rowsum_T_2[i];
         }
     }
 
@@ -632,13 +636,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
         grad_K2[at] = acc;
     }
-
-    /* grad_bcast_c2 = sum of grad_relu_K2 down each column */
-    symbackprop_f64_sum_columns(grad_relu_K2, n, 512, 512, grad_bcast_c2);
 }
 #endif
 
-/* cnn_digits_run, part 3 of 3 (kernels 33 to 37): a long
+/* cnn_digits_run, part 3 of 3 (kernels 33 to 38): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
@@ -653,6 +654,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_bcast_c2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
@@ -667,9 +669,13 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_bcast_c2
 )
 {
+    /* grad_bcast_c2 = sum of grad_relu_K2 down each column */
+    symbackprop_f64_sum_columns(grad_relu_K2, n, 512, 512, grad_bcast_c2);
+
     /* grad_c2[i,ch] = sum_at grad_bcast_c2[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -745,25 +751,29 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
     CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
     CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
-    CNN_DIGITS_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     CNN_DIGITS_REAL *softmax_axis_logits = mm_W2; /* n x 10, in mm_W2's memory */
-    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
-    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
-    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    CNN_DIGITS_REAL *log_softmax_axis_logits = mm_W2 + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *mul_T = with_grads ? log_softmax_axis_logits + 10*n : softmax_axis_logits; /* n
+            x 10 */
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits = with_grads ? mul_T + 10*n :
+            log_softmax_axis_logits + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *colsum_T = grad_log_softmax_axis_logits + 10*n; /* 1 x 10 */
+    CNN_DIGITS_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
     cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, bcast_c2, bcast_c1,
             conv_K1, conv_K1_cols, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols, relu_K2,
-            step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, mul_logits, rowsum_logits,
-            softmax_axis_logits, rowlse_logits, add_logits, colsum_logits);
+            step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, softmax_axis_logits,
+            log_softmax_axis_logits, mul_T, grad_log_softmax_axis_logits, colsum_T, rowsum_T);
     if (!with_grads) {
         return 0;
     }
 
     /* the gradient's buffers in work */
-    CNN_DIGITS_REAL *grad_logits = mul_logits; /* n x 10, in mul_logits's memory */
+    CNN_DIGITS_REAL *rowsum_T_2 = rowsum_T + 1; /* n x 1 */
+    CNN_DIGITS_REAL *grad_logits = log_softmax_axis_logits; /* n x 10, in log_softmax_axis_logits's
+            memory */
     CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
-    CNN_DIGITS_REAL *grad_maxpool_K2 = colsum_logits + 1; /* n x 128 */
+    CNN_DIGITS_REAL *grad_maxpool_K2 = rowsum_T_2 + n; /* n x 128 */
     CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
     CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
     CNN_DIGITS_REAL *grad_maxpool_K1_cols = conv_K2_cols; /* 8 x 2304, in conv_K2_cols's memory */
@@ -773,12 +783,12 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
 
-    cnn_digits_run_part2(n, X, T, K2, W1, W2, grad_K1, grad_c1, grad_K2, relu_K1, step_K1,
-            maxpool_K1, relu_K2, step_K2, step_W1, softmax_axis_logits, grad_logits, grad_relu_W1,
-            grad_maxpool_K2, grad_relu_K2, grad_maxpool_K1, grad_maxpool_K1_cols, grad_relu_K1,
-            grad_K1_cols, grad_bcast_c1, grad_K2_cols, grad_bcast_c2);
+    cnn_digits_run_part2(n, X, K2, W1, W2, grad_K1, grad_c1, grad_K2, relu_K1, step_K1, maxpool_K1,
+            relu_K2, step_K2, step_W1, softmax_axis_logits, grad_log_softmax_axis_logits,
+            rowsum_T_2, grad_logits, grad_relu_W1, grad_maxpool_K2, grad_relu_K2, grad_maxpool_K1,
+            grad_maxpool_K1_cols, grad_relu_K1, grad_K1_cols, grad_bcast_c1, grad_K2_cols);
     cnn_digits_run_part3(n, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, maxpool_K2, relu_W1,
-            grad_logits, grad_relu_W1, grad_bcast_c2);
+            grad_logits, grad_relu_W1, grad_relu_K2, grad_bcast_c2);
     return 0;
 }
 #endif
