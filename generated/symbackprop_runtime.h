@@ -769,13 +769,16 @@ SYMBACKPROP_HELPER double symbackprop_f64_exp_store1(const double *SYMBACKPROP_R
 /* The softmax of n entries stride apart into out (out_stride apart):
  * exp(x - top) for each entry, once, stored and summed, then scaled by one
  * over the sum; the log-sum-exp below and the gradient read it. The largest
- * entry's is exactly 1/sum. */
-SYMBACKPROP_HELPER void symbackprop_f64_softmax_axis(const double *x, int64_t n, int64_t stride, double *out, int64_t out_stride)
+ * entry's is exactly 1/sum. Every entry -inf: NaN (exp(-inf - -inf)); a
+ * +inf: NaN throughout with nan_at_inf (as torch.softmax), else
+ * exp(x - top), 0 but NaN at the +inf (torch.logsumexp's gradient). */
+SYMBACKPROP_HELPER void symbackprop_f64_softmax_axis(const double *x, int64_t n, int64_t stride, double *out, int64_t out_stride,
+                                                 int nan_at_inf)
 {
     const double top = symbackprop_f64_lse_top(x, n, stride);
-    if (isinf(top)) { /* every entry -inf (NaN, as exp(x - lse)), or a +inf (0, NaN at +inf) */
+    if (isinf(top)) {
         for (int64_t k = 0; k < n; ++k) {
-            out[k * out_stride] = exp(x[k * stride] - top);
+            out[k * out_stride] = nan_at_inf ? (double)NAN : exp(x[k * stride] - top);
         }
         return;
     }
@@ -793,6 +796,23 @@ SYMBACKPROP_HELPER void symbackprop_f64_softmax_axis(const double *x, int64_t n,
     }
 }
 
+
+/* The log-softmax of n entries stride apart into out (out_stride apart),
+ * from their softmax p (p_stride apart): (x - top) + log(largest p), the
+ * largest p being 1/sum(exp(x - top)). The log of the sum is added to the
+ * small differences x - top, never subtracted from x (x - logsumexp(x) lost
+ * it against a large x: -1e9 in float32). NaN throughout where torch's is:
+ * a NaN in x (every p NaN: their largest, NaN skipped, is -inf, its log
+ * NaN), a +inf, or every entry -inf. No exp. */
+SYMBACKPROP_HELPER void symbackprop_f64_log_softmax_axis(const double *x, int64_t n, int64_t stride, const double *p, int64_t p_stride,
+                                                     double *out, int64_t out_stride)
+{
+    const double top = symbackprop_f64_lse_top(x, n, stride);
+    const double shift = isinf(top) ? (double)NAN : log(symbackprop_f64_lse_top(p, n, p_stride));
+    for (int64_t k = 0; k < n; ++k) {
+        out[k * out_stride] = (x[k * stride] - top) + shift;
+    }
+}
 
 /* log(sum(exp(x))) of n entries stride apart, from their softmax p (p_stride
  * apart): the largest x (NaN skipped) minus the log of the largest p, which
@@ -1700,13 +1720,16 @@ SYMBACKPROP_HELPER float symbackprop_f32_exp_store1(const float *SYMBACKPROP_RES
 /* The softmax of n entries stride apart into out (out_stride apart):
  * exp(x - top) for each entry, once, stored and summed, then scaled by one
  * over the sum; the log-sum-exp below and the gradient read it. The largest
- * entry's is exactly 1/sum. */
-SYMBACKPROP_HELPER void symbackprop_f32_softmax_axis(const float *x, int64_t n, int64_t stride, float *out, int64_t out_stride)
+ * entry's is exactly 1/sum. Every entry -inf: NaN (exp(-inf - -inf)); a
+ * +inf: NaN throughout with nan_at_inf (as torch.softmax), else
+ * exp(x - top), 0 but NaN at the +inf (torch.logsumexp's gradient). */
+SYMBACKPROP_HELPER void symbackprop_f32_softmax_axis(const float *x, int64_t n, int64_t stride, float *out, int64_t out_stride,
+                                                 int nan_at_inf)
 {
     const float top = symbackprop_f32_lse_top(x, n, stride);
-    if (isinf(top)) { /* every entry -inf (NaN, as exp(x - lse)), or a +inf (0, NaN at +inf) */
+    if (isinf(top)) {
         for (int64_t k = 0; k < n; ++k) {
-            out[k * out_stride] = expf(x[k * stride] - top);
+            out[k * out_stride] = nan_at_inf ? (float)NAN : expf(x[k * stride] - top);
         }
         return;
     }
@@ -1724,6 +1747,23 @@ SYMBACKPROP_HELPER void symbackprop_f32_softmax_axis(const float *x, int64_t n, 
     }
 }
 
+
+/* The log-softmax of n entries stride apart into out (out_stride apart),
+ * from their softmax p (p_stride apart): (x - top) + log(largest p), the
+ * largest p being 1/sum(exp(x - top)). The log of the sum is added to the
+ * small differences x - top, never subtracted from x (x - logsumexp(x) lost
+ * it against a large x: -1e9 in float32). NaN throughout where torch's is:
+ * a NaN in x (every p NaN: their largest, NaN skipped, is -inf, its log
+ * NaN), a +inf, or every entry -inf. No exp. */
+SYMBACKPROP_HELPER void symbackprop_f32_log_softmax_axis(const float *x, int64_t n, int64_t stride, const float *p, int64_t p_stride,
+                                                     float *out, int64_t out_stride)
+{
+    const float top = symbackprop_f32_lse_top(x, n, stride);
+    const float shift = isinf(top) ? (float)NAN : logf(symbackprop_f32_lse_top(p, n, p_stride));
+    for (int64_t k = 0; k < n; ++k) {
+        out[k * out_stride] = (x[k * stride] - top) + shift;
+    }
+}
 
 /* log(sum(exp(x))) of n entries stride apart, from their softmax p (p_stride
  * apart): the largest x (NaN skipped) minus the log of the largest p, which
@@ -2039,6 +2079,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_exp_store1 symbackprop_f32_exp_store1
 #define symbackprop_f64_gemm symbackprop_f32_gemm
 #define symbackprop_f64_lane_sums symbackprop_f32_lane_sums
+#define symbackprop_f64_log_softmax_axis symbackprop_f32_log_softmax_axis
 #define symbackprop_f64_logdet symbackprop_f32_logdet
 #define symbackprop_f64_logsumexp symbackprop_f32_logsumexp
 #define symbackprop_f64_lse_top symbackprop_f32_lse_top

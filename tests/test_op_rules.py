@@ -118,9 +118,14 @@ CASES = [
     Case("pack", lambda: _model("m16", _sum(sp.Matrix([[sp.sin(W[0, 0]), W[1, 1] ** 2]]) * V),
                                 params=(W, V), inputs=()),
          lambda d: (np.array([[np.sin(d["W"][0, 0]), d["W"][1, 1] ** 2]]) @ d["V"]).sum()),
+    Case("softmax_axis1", lambda: _model("m11s", _sum(nn.softmax(X * W).applyfunc(sp.sin))),
+         lambda d: np.sin(np.exp(d["X"] @ d["W"] - _lse(d["X"] @ d["W"], 1))).sum()),
+    Case("log_softmax_axis0", lambda: _model("m12s", _sum(nn.log_softmax(X * W, 0).applyfunc(sp.sin))),
+         lambda d: np.sin(d["X"] @ d["W"] - _lse(d["X"] @ d["W"], 0)).sum()),
     Case("softmax_ce", lambda: _model("m17", nn.softmax_cross_entropy(X * W, sp.MatrixSymbol("Y", n, 2)),
                                       inputs=(X, sp.MatrixSymbol("Y", n, 2))),
-         lambda d: (_lse(d["X"] @ d["W"], 1).sum() - (d["Y"] * (d["X"] @ d["W"])).sum()) / d["X"].shape[0]),
+         lambda d: ((_lse(d["X"] @ d["W"], 1) * d["Y"].sum(axis=1, keepdims=True)).sum()  # PyTorch's: -sum(Y * log_softmax)
+                    - (d["Y"] * (d["X"] @ d["W"])).sum()) / d["X"].shape[0]),
     Case("emap_rows", lambda: _model("m18", _sum(_row_map()), params=(W,), inputs=(X,)),
          lambda d: np.sum(np.sin(d["X"][:, 0] * d["W"][0, 0]) * d["X"][:, 2] + d["X"][:, 1] ** 2 * d["W"][2, 1])),
     Case("emap_gather", lambda: _model("m19", _sum(_gather_map()), params=(C,), inputs=(X, idx)),
@@ -280,7 +285,8 @@ def test_jvp_matches_directional_difference(case):
     assert value == pytest.approx(numeric, rel=1e-6, abs=1e-7)
 
 
-@pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
+@pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "softmax_axis1", "log_softmax_axis0",
+                                  "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
                                   "shift_down_fill", "shift_left_axis1",
                                   "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm",
                                   "causal_attention", "layer_norm"])

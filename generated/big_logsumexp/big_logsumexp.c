@@ -44,7 +44,7 @@ static int big_logsumexp_run(
     (void)work;
 
     /* grad_v = softmax of v down each column, its max subtracted first */
-    symbackprop_f64_softmax_axis(v, n, 1, grad_v, 1);
+    symbackprop_f64_softmax_axis(v, n, 1, grad_v, 1, 0);
 
     /* loss = log(sum(exp(v))) down each column, its max subtracted first */
     loss[0] = symbackprop_f64_logsumexp(v, n, 1, grad_v, 1);

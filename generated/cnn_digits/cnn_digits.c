@@ -57,10 +57,7 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
-    }
-    return (size_t)(with_grads ? 5591*n + 85633 : 5207*n + 24577);
+    return (size_t)(with_grads ? 5609*n + 85643 : 5214*n + 24587);
 }
 #endif
 
@@ -98,12 +95,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *step_W1,
     CNN_DIGITS_REAL *mm_W2,
-    CNN_DIGITS_REAL *mul_logits,
-    CNN_DIGITS_REAL *rowsum_logits,
     CNN_DIGITS_REAL *softmax_axis_logits,
-    CNN_DIGITS_REAL *rowlse_logits,
-    CNN_DIGITS_REAL *add_logits,
-    CNN_DIGITS_REAL *colsum_logits
+    CNN_DIGITS_REAL *log_softmax_axis_logits,
+    CNN_DIGITS_REAL *mul_T,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *colsum_T,
+    CNN_DIGITS_REAL *rowsum_T
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
@@ -136,12 +133,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *step_W1,
     CNN_DIGITS_REAL *mm_W2,
-    CNN_DIGITS_REAL *mul_logits,
-    CNN_DIGITS_REAL *rowsum_logits,
     CNN_DIGITS_REAL *softmax_axis_logits,
-    CNN_DIGITS_REAL *rowlse_logits,
-    CNN_DIGITS_REAL *add_logits,
-    CNN_DIGITS_REAL *colsum_logits
+    CNN_DIGITS_REAL *log_softmax_axis_logits,
+    CNN_DIGITS_REAL *mul_T,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *colsum_T,
+    CNN_DIGITS_REAL *rowsum_T
 )
 {
     /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
@@ -168,35 +165,17 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = conv_K1_cols + blk * 576;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 8; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
-                                    kx) * 64 + oy * 8;
-                            if (iy < 0 || iy >= 8) {
-                                for (int64_t ox = 0; ox < 8; ++ox) {
-                                    cols[ox] = 0;
-                                }
-                                continue;
-                            }
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = X + ((i * 1 + ic) *
-                                    8 + iy) * 8;
-                            for (int64_t ox = 0; ox < lo; ++ox) {
-                                cols[ox] = 0;
-                            }
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                cols[ox] = pixels[ox + kx - 1];
-                            }
-                            for (int64_t ox = hi; ox < 8; ++ox) {
-                                cols[ox] = 0;
+                            for (int64_t ox = 0; ox < 8; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy <
+                                        8 && ix >= 0 && ix < 8) ?
+                                        X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
                             }
                         }
                     }
@@ -246,35 +225,17 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = conv_K2_cols + blk * 2304;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
-                                    kx) * 16 + oy * 4;
-                            if (iy < 0 || iy >= 4) {
-                                for (int64_t ox = 0; ox < 4; ++ox) {
-                                    cols[ox] = 0;
-                                }
-                                continue;
-                            }
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = maxpool_K1 + ((i *
-                                    16 + ic) * 4 + iy) * 4;
-                            for (int64_t ox = 0; ox < lo; ++ox) {
-                                cols[ox] = 0;
-                            }
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                cols[ox] = pixels[ox + kx - 1];
-                            }
-                            for (int64_t ox = hi; ox < 4; ++ox) {
-                                cols[ox] = 0;
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy <
+                                        4 && ix >= 0 && ix < 4) ?
+                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
@@ -336,46 +297,44 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
-    /* mul_logits = T*(b2 + mm_W2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = mm_W2[10*i + j] + b2[j];
-            logits[10*i + j] = x0;
-            mul_logits[10*i + j] = T[10*i + j]*x0;
+            logits[10*i + j] = mm_W2[10*i + j] + b2[j];
         }
-    }
-
-    /* rowsum_logits = sum of mul_logits along each row */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1, 1);
     }
 
-    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
+     * max) - log(sum(exp(that))) */
+    for (int64_t i = 0; i < n; ++i) {
+        symbackprop_f64_log_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1,
+                log_softmax_axis_logits + 10*i, 1);
+    }
+
+    /* mul_T = T*log_softmax_axis_logits */
+    /* grad_log_softmax_axis_logits = -T/n */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, softmax_axis_logits +
-                10*i, 1);
+        for (int64_t j = 0; j < 10; ++j) {
+            mul_T[10*i + j] = T[10*i + j]*log_softmax_axis_logits[10*i + j];
+            grad_log_softmax_axis_logits[10*i + j] = -T[10*i + j]/((CNN_DIGITS_REAL)n);
+        }
     }
 
-    /* add_logits = rowlse_logits - rowsum_logits */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
-    }
+    /* colsum_T = sum of mul_T down each column */
+    symbackprop_f64_sum_columns(mul_T, n, 10, 10, colsum_T);
 
-    /* colsum_logits = sum of add_logits down each column */
-    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
+    /* rowsum_T = sum of colsum_T along each row */
+    rowsum_T[0] = symbackprop_f64_sum(colsum_T, 10, 1);
 
-    /* loss = colsum_logits/n */
+    /* loss = -rowsum_T/n */
     {
-        loss[0] = colsum_logits[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = -rowsum_T[0]/((CNN_DIGITS_REAL)n);
     }
 }
 #endif
@@ -387,7 +346,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
     const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *W2,
@@ -401,6 +359,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *step_W1,
     CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *rowsum_T_2,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
     CNN_DIGITS_REAL *grad_maxpool_K2,
@@ -410,14 +370,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_relu_K1,
     CNN_DIGITS_REAL *grad_K1_cols,
     CNN_DIGITS_REAL *grad_bcast_c1,
-    CNN_DIGITS_REAL *grad_K2_cols,
-    CNN_DIGITS_REAL *grad_bcast_c2
+    CNN_DIGITS_REAL *grad_K2_cols
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
     const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *W2,
@@ -431,6 +389,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *step_W1,
     CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *rowsum_T_2,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
     CNN_DIGITS_REAL *grad_maxpool_K2,
@@ -440,16 +400,21 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_relu_K1,
     CNN_DIGITS_REAL *grad_K1_cols,
     CNN_DIGITS_REAL *grad_bcast_c1,
-    CNN_DIGITS_REAL *grad_K2_cols,
-    CNN_DIGITS_REAL *grad_bcast_c2
+    CNN_DIGITS_REAL *grad_K2_cols
 )
 {
-    /* grad_logits = -T/n + softmax_axis_logits/n */
+    /* rowsum_T_2 = sum of grad_log_softmax_axis_logits along each row */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        rowsum_T_2[i] = symbackprop_f64_sum(grad_log_softmax_axis_logits + 10*i, 10, 1);
+    }
+
+    /* grad_logits = grad_log_softmax_axis_logits - rowsum_T_2*softmax_axis_logits */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            grad_logits[10*i + j] = softmax_axis_logits[10*i + j]*x0 - T[10*i + j]*x0;
+            grad_logits[10*i + j] = grad_log_softmax_axis_logits[10*i + j] -
+                    softmax_axis_logits[10*i + j]*rowsum_T_2[i];
         }
     }
 
@@ -471,28 +436,22 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
+        for (int64_t at = 0; at < 512; ++at) {
+            grad_relu_K2[i * 512 + at] = 0;
+        }
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
                 for (int64_t ox = 0; ox < 2; ++ox) {
                     int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
-                    CNN_DIGITS_REAL top = relu_K2[best];
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            const CNN_DIGITS_REAL value = relu_K2[at];
-                            best = value > top ? at : best; /* selects, not branches: 4x faster on
-                                    LeNet-5 */
-                            top = value > top ? value : top;
+                            if (relu_K2[at] > relu_K2[best]) {
+                                best = at;
+                            }
                         }
                     }
-                    /* the windows do not overlap: each entry of this one is written once */
-                    const CNN_DIGITS_REAL back = grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            grad_relu_K2[at] = at == best ? back : 0;
-                        }
-                    }
+                    grad_relu_K2[best] += grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
                 }
             }
         }
@@ -513,9 +472,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_maxpool_K1_cols + blk * 2304;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win[kk,at] = sum_oc K2[oc,kk] * grad_relu_K2[i,oc,at], kk = (ic,ky,kx), at =
              * (oy,ox) */
@@ -527,18 +483,13 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky)
-                                    * 3 + kx) * 16 + oy * 4;
-                            if (iy < 0 || iy >= 4) {
-                                continue;
-                            }
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = grad_maxpool_K1 + ((i *
-                                    16 + ic) * 4 + iy) * 4;
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                pixels[ox + kx - 1] += cols[ox];
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
+                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] +=
+                                            win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                }
                             }
                         }
                     }
@@ -551,28 +502,22 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
+        for (int64_t at = 0; at < 1024; ++at) {
+            grad_relu_K1[i * 1024 + at] = 0;
+        }
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
                 for (int64_t ox = 0; ox < 4; ++ox) {
                     int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
-                    CNN_DIGITS_REAL top = relu_K1[best];
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            const CNN_DIGITS_REAL value = relu_K1[at];
-                            best = value > top ? at : best; /* selects, not branches: 4x faster on
-                                    LeNet-5 */
-                            top = value > top ? value : top;
+                            if (relu_K1[at] > relu_K1[best]) {
+                                best = at;
+                            }
                         }
                     }
-                    /* the windows do not overlap: each entry of this one is written once */
-                    const CNN_DIGITS_REAL back = grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            grad_relu_K1[at] = at == best ? back : 0;
-                        }
-                    }
+                    grad_relu_K1[best] += grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
                 }
             }
         }
@@ -592,46 +537,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_K1_cols + blk * 720;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
         CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
         for (int64_t at = 0; at < 144; ++at) {
             wsum[at] = 0;
         }
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 8; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
-                                    kx) * 64 + oy * 8;
-                            if (iy < 0 || iy >= 8) {
-                                for (int64_t ox = 0; ox < 8; ++ox) {
-                                    cols[ox] = 0;
-                                }
-                                continue;
-                            }
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = X + ((i * 1 + ic) *
-                                    8 + iy) * 8;
-                            for (int64_t ox = 0; ox < lo; ++ox) {
-                                cols[ox] = 0;
-                            }
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                cols[ox] = pixels[ox + kx - 1];
-                            }
-                            for (int64_t ox = hi; ox < 8; ++ox) {
-                                cols[ox] = 0;
+                            for (int64_t ox = 0; ox < 8; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8
+                                        && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix]
+                                        : 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at grad_relu_K1[i,oc,at] * win[kk,at] */
-            symbackprop_f64_matmul_add(16, 9, 64, grad_relu_K1 + i * 1024, 64, 1, win, 1, 64, wsum);
+            /* wsum[oc,kk] += sum_at grad_relu_K1[i,oc,at] * win[at,kk] */
+            for (int64_t oc = 0; oc < 16; ++oc) {
+                for (int64_t at = 0; at < 64; ++at) {
+                    const CNN_DIGITS_REAL wv = grad_relu_K1[(i * 16 + oc) * 64 + at];
+                    for (int64_t kk = 0; kk < 9; ++kk) {
+                        wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
+                    }
+                }
+            }
         }
     }
     /* grad_K1[oc,kk] = the blocks' sums, added in block order */
@@ -663,47 +597,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_K2_cols + blk * 6912;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
         for (int64_t at = 0; at < 4608; ++at) {
             wsum[at] = 0;
         }
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
-                                    kx) * 16 + oy * 4;
-                            if (iy < 0 || iy >= 4) {
-                                for (int64_t ox = 0; ox < 4; ++ox) {
-                                    cols[ox] = 0;
-                                }
-                                continue;
-                            }
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = maxpool_K1 + ((i *
-                                    16 + ic) * 4 + iy) * 4;
-                            for (int64_t ox = 0; ox < lo; ++ox) {
-                                cols[ox] = 0;
-                            }
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                cols[ox] = pixels[ox + kx - 1];
-                            }
-                            for (int64_t ox = hi; ox < 4; ++ox) {
-                                cols[ox] = 0;
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy <
+                                        4 && ix >= 0 && ix < 4) ?
+                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[kk,at] */
-            symbackprop_f64_matmul_add(32, 144, 16, grad_relu_K2 + i * 512, 16, 1, win, 1, 16,
-                    wsum);
+            /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[at,kk] */
+            for (int64_t oc = 0; oc < 32; ++oc) {
+                for (int64_t at = 0; at < 16; ++at) {
+                    const CNN_DIGITS_REAL wv = grad_relu_K2[(i * 32 + oc) * 16 + at];
+                    for (int64_t kk = 0; kk < 144; ++kk) {
+                        wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
+                    }
+                }
+            }
         }
     }
     /* grad_K2[oc,kk] = the blocks' sums, added in block order */
@@ -714,16 +636,13 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
         grad_K2[at] = acc;
     }
-
-    /* grad_bcast_c2 = sum of grad_relu_K2 down each column */
-    symbackprop_f64_sum_columns(grad_relu_K2, n, 512, 512, grad_bcast_c2);
 }
 #endif
 
-/* cnn_digits_run, part 3 of 3 (kernels 33 to 37): a long
+/* cnn_digits_run, part 3 of 3 (kernels 33 to 38): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
@@ -735,9 +654,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_bcast_c2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
@@ -749,9 +669,13 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_bcast_c2
 )
 {
+    /* grad_bcast_c2 = sum of grad_relu_K2 down each column */
+    symbackprop_f64_sum_columns(grad_relu_K2, n, 512, 512, grad_bcast_c2);
+
     /* grad_c2[i,ch] = sum_at grad_bcast_c2[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -809,10 +733,6 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /*
-            its arrays and workspace, summed */
-        return 6;
-    }
 
     /* where each buffer lies in work */
     CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
@@ -831,25 +751,29 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
     CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
     CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
-    CNN_DIGITS_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     CNN_DIGITS_REAL *softmax_axis_logits = mm_W2; /* n x 10, in mm_W2's memory */
-    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
-    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
-    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    CNN_DIGITS_REAL *log_softmax_axis_logits = mm_W2 + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *mul_T = with_grads ? log_softmax_axis_logits + 10*n : softmax_axis_logits; /* n
+            x 10 */
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits = with_grads ? mul_T + 10*n :
+            log_softmax_axis_logits + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *colsum_T = grad_log_softmax_axis_logits + 10*n; /* 1 x 10 */
+    CNN_DIGITS_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
     cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, bcast_c2, bcast_c1,
             conv_K1, conv_K1_cols, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols, relu_K2,
-            step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, mul_logits, rowsum_logits,
-            softmax_axis_logits, rowlse_logits, add_logits, colsum_logits);
+            step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, softmax_axis_logits,
+            log_softmax_axis_logits, mul_T, grad_log_softmax_axis_logits, colsum_T, rowsum_T);
     if (!with_grads) {
         return 0;
     }
 
     /* the gradient's buffers in work */
-    CNN_DIGITS_REAL *grad_logits = mul_logits; /* n x 10, in mul_logits's memory */
+    CNN_DIGITS_REAL *rowsum_T_2 = rowsum_T + 1; /* n x 1 */
+    CNN_DIGITS_REAL *grad_logits = log_softmax_axis_logits; /* n x 10, in log_softmax_axis_logits's
+            memory */
     CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
-    CNN_DIGITS_REAL *grad_maxpool_K2 = colsum_logits + 1; /* n x 128 */
+    CNN_DIGITS_REAL *grad_maxpool_K2 = rowsum_T_2 + n; /* n x 128 */
     CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
     CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
     CNN_DIGITS_REAL *grad_maxpool_K1_cols = conv_K2_cols; /* 8 x 2304, in conv_K2_cols's memory */
@@ -859,12 +783,12 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
 
-    cnn_digits_run_part2(n, X, T, K2, W1, W2, grad_K1, grad_c1, grad_K2, relu_K1, step_K1,
-            maxpool_K1, relu_K2, step_K2, step_W1, softmax_axis_logits, grad_logits, grad_relu_W1,
-            grad_maxpool_K2, grad_relu_K2, grad_maxpool_K1, grad_maxpool_K1_cols, grad_relu_K1,
-            grad_K1_cols, grad_bcast_c1, grad_K2_cols, grad_bcast_c2);
+    cnn_digits_run_part2(n, X, K2, W1, W2, grad_K1, grad_c1, grad_K2, relu_K1, step_K1, maxpool_K1,
+            relu_K2, step_K2, step_W1, softmax_axis_logits, grad_log_softmax_axis_logits,
+            rowsum_T_2, grad_logits, grad_relu_W1, grad_maxpool_K2, grad_relu_K2, grad_maxpool_K1,
+            grad_maxpool_K1_cols, grad_relu_K1, grad_K1_cols, grad_bcast_c1, grad_K2_cols);
     cnn_digits_run_part3(n, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, maxpool_K2, relu_W1,
-            grad_logits, grad_relu_W1, grad_bcast_c2);
+            grad_logits, grad_relu_W1, grad_relu_K2, grad_bcast_c2);
     return 0;
 }
 #endif
@@ -874,9 +798,6 @@ size_t cnn_digits_forward_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
-    }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
     }
     return (size_t)(cnn_digits_run_work_len(n, 0));
 }
@@ -904,10 +825,6 @@ int cnn_digits_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /*
-            its arrays and workspace, summed */
-        return 6;
-    }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL,
             NULL, NULL, NULL, NULL, NULL, work, 0);
 }
@@ -918,9 +835,6 @@ size_t cnn_digits_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
-    }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
     }
     return (size_t)(cnn_digits_run_work_len(n, 1) + n*10);
 }
@@ -955,10 +869,6 @@ int cnn_digits_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /*
-            its arrays and workspace, summed */
-        return 6;
-    }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work +
             cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1,
             grad_W2, grad_b2, work, 1);
@@ -970,9 +880,6 @@ size_t cnn_digits_train_step_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
-    }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
     }
     return (size_t)(13708 + 16*9 + 1*16 + 32*144 + 1*32 + 128*64 + 1*64 + 64*10 + 1*10 +
             cnn_digits_value_and_grad_work_len(n));
@@ -1021,10 +928,6 @@ int cnn_digits_train_step(
 {
     if (n < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
     }
 
     /* where each buffer lies in work */
@@ -1375,9 +1278,6 @@ size_t cnn_digits_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the epoch returns 6 */
-    }
     if (batch > rows) {
         batch = rows;
     }
@@ -1389,7 +1289,7 @@ size_t cnn_digits_train_epoch_work_len(int64_t rows, int64_t batch)
  * batch does not divide rows), or with order not NULL the rows order[b*batch], ...
  * gathered into the workspace. Everything a step relies on is checked before
  * the first one (a failing epoch trains nothing): returns 1 when a dimension
- * is below 1, 6 when a size does not fit, 2 when order names a row outside 0 ... rows-1 or an Index
+ * is below 1, 2 when order names a row outside 0 ... rows-1 or an Index
  * a row outside an array it gathers from, else 0. */
 int cnn_digits_train_epoch(
     int64_t rows,
@@ -1433,10 +1333,6 @@ int cnn_digits_train_epoch(
 {
     if (rows < 1 || batch < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /*
-            its arrays and a step's workspace, every row one minibatch */
-        return 6;
     }
     if (order != NULL) {
         for (int64_t i = 0; i < rows; ++i) {
@@ -1570,10 +1466,6 @@ int cnn_digits_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1595,10 +1487,6 @@ int cnn_digits_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1685,10 +1573,6 @@ int cnn_digits_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1710,10 +1594,6 @@ int cnn_digits_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(137623, symbackprop_size_mul(10882, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1811,10 +1691,6 @@ int cnn_digits_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1858,10 +1734,6 @@ int cnn_digits_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1957,10 +1829,6 @@ int cnn_digits_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
     case 1: shape[0] = rows; shape[1] = 64; return 0; /* X */
@@ -2007,12 +1875,8 @@ int cnn_digits_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
-    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
+    case 0: shape[0] = (rows + batch - 1)/batch; shape[1] = 1; return 0; /* losses */
     default:
         return 3;
     }

@@ -17,10 +17,7 @@ static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
-    }
-    return (size_t)(with_grads ? 151*n + 1 : 151*n + 1);
+    return (size_t)(with_grads ? 169*n + 11 : 158*n + 11);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -46,21 +43,19 @@ static int digits_mlp_run(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
-    }
 
     /* where each buffer lies in work */
     DIGITS_MLP_REAL *mm_W1 = work; /* n x 64 */
     DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
     DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
-    DIGITS_MLP_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
-    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     DIGITS_MLP_REAL *softmax_axis_logits = mm_W2; /* n x 10, in mm_W2's memory */
-    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
-    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
-    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    DIGITS_MLP_REAL *log_softmax_axis_logits = mm_W2 + 10*n; /* n x 10 */
+    DIGITS_MLP_REAL *mul_T = with_grads ? log_softmax_axis_logits + 10*n : softmax_axis_logits; /* n
+            x 10 */
+    DIGITS_MLP_REAL *grad_log_softmax_axis_logits = with_grads ? mul_T + 10*n :
+            log_softmax_axis_logits + 10*n; /* n x 10 */
+    DIGITS_MLP_REAL *colsum_T = grad_log_softmax_axis_logits + 10*n; /* 1 x 10 */
+    DIGITS_MLP_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
     /* mm_W1 = X @ W1 */
     symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
@@ -77,46 +72,44 @@ static int digits_mlp_run(
     symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
-    /* mul_logits = T*(b2 + mm_W2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = mm_W2[10*i + j] + b2[j];
-            logits[10*i + j] = x0;
-            mul_logits[10*i + j] = T[10*i + j]*x0;
+            logits[10*i + j] = mm_W2[10*i + j] + b2[j];
         }
-    }
-
-    /* rowsum_logits = sum of mul_logits along each row */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1, 1);
     }
 
-    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
+     * max) - log(sum(exp(that))) */
+    for (int64_t i = 0; i < n; ++i) {
+        symbackprop_f64_log_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1,
+                log_softmax_axis_logits + 10*i, 1);
+    }
+
+    /* mul_T = T*log_softmax_axis_logits */
+    /* grad_log_softmax_axis_logits = -T/n */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, softmax_axis_logits +
-                10*i, 1);
+        for (int64_t j = 0; j < 10; ++j) {
+            mul_T[10*i + j] = T[10*i + j]*log_softmax_axis_logits[10*i + j];
+            grad_log_softmax_axis_logits[10*i + j] = -T[10*i + j]/((DIGITS_MLP_REAL)n);
+        }
     }
 
-    /* add_logits = rowlse_logits - rowsum_logits */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
-    }
+    /* colsum_T = sum of mul_T down each column */
+    symbackprop_f64_sum_columns(mul_T, n, 10, 10, colsum_T);
 
-    /* colsum_logits = sum of add_logits down each column */
-    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
+    /* rowsum_T = sum of colsum_T along each row */
+    rowsum_T[0] = symbackprop_f64_sum(colsum_T, 10, 1);
 
-    /* loss = colsum_logits/n */
+    /* loss = -rowsum_T/n */
     {
-        loss[0] = colsum_logits[0]/((DIGITS_MLP_REAL)n);
+        loss[0] = -rowsum_T[0]/((DIGITS_MLP_REAL)n);
     }
 
     if (!with_grads) {
@@ -124,15 +117,23 @@ static int digits_mlp_run(
     }
 
     /* the gradient's buffers in work */
-    DIGITS_MLP_REAL *grad_logits = mul_logits; /* n x 10, in mul_logits's memory */
+    DIGITS_MLP_REAL *rowsum_T_2 = rowsum_T + 1; /* n x 1 */
+    DIGITS_MLP_REAL *grad_logits = log_softmax_axis_logits; /* n x 10, in log_softmax_axis_logits's
+            memory */
     DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
 
-    /* grad_logits = -T/n + softmax_axis_logits/n */
+    /* rowsum_T_2 = sum of grad_log_softmax_axis_logits along each row */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        rowsum_T_2[i] = symbackprop_f64_sum(grad_log_softmax_axis_logits + 10*i, 10, 1);
+    }
+
+    /* grad_logits = grad_log_softmax_axis_logits - rowsum_T_2*softmax_axis_logits */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
-            grad_logits[10*i + j] = softmax_axis_logits[10*i + j]*x0 - T[10*i + j]*x0;
+            grad_logits[10*i + j] = grad_log_softmax_axis_logits[10*i + j] -
+                    softmax_axis_logits[10*i + j]*rowsum_T_2[i];
         }
     }
 
@@ -167,9 +168,6 @@ size_t digits_mlp_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
-    }
     return (size_t)(digits_mlp_run_work_len(n, 0));
 }
 
@@ -190,10 +188,6 @@ int digits_mlp_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
-    }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
 }
 
@@ -201,9 +195,6 @@ size_t digits_mlp_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
-    }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
     }
     return (size_t)(digits_mlp_run_work_len(n, 1) + n*10);
 }
@@ -228,10 +219,6 @@ int digits_mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
-    }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1),
             grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
@@ -240,9 +227,6 @@ size_t digits_mlp_train_step_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
-    }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
     }
     return (size_t)(4812 + 64*64 + 1*64 + 64*10 + 1*10 + digits_mlp_value_and_grad_work_len(n));
 }
@@ -276,10 +260,6 @@ int digits_mlp_train_step(
 {
     if (n < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
     }
 
     /* where each buffer lies in work */
@@ -479,9 +459,6 @@ size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the epoch returns 6 */
-    }
     if (batch > rows) {
         batch = rows;
     }
@@ -493,7 +470,7 @@ size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch)
  * batch does not divide rows), or with order not NULL the rows order[b*batch], ...
  * gathered into the workspace. Everything a step relies on is checked before
  * the first one (a failing epoch trains nothing): returns 1 when a dimension
- * is below 1, 6 when a size does not fit, 2 when order names a row outside 0 ... rows-1 or an Index
+ * is below 1, 2 when order names a row outside 0 ... rows-1 or an Index
  * a row outside an array it gathers from, else 0. */
 int digits_mlp_train_epoch(
     int64_t rows,
@@ -525,10 +502,6 @@ int digits_mlp_train_epoch(
 {
     if (rows < 1 || batch < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and a step's workspace, every row one minibatch */
-        return 6;
     }
     if (order != NULL) {
         for (int64_t i = 0; i < rows; ++i) {
@@ -650,10 +623,6 @@ int digits_mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -671,10 +640,6 @@ int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -758,10 +723,6 @@ int digits_mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -779,10 +740,6 @@ int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(9623, symbackprop_size_mul(386, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -871,10 +828,6 @@ int digits_mlp_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -906,10 +859,6 @@ int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1000,10 +949,6 @@ int digits_mlp_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
     case 1: shape[0] = rows; shape[1] = 64; return 0; /* X */
@@ -1038,12 +983,8 @@ int digits_mlp_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
-    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
+    case 0: shape[0] = (rows + batch - 1)/batch; shape[1] = 1; return 0; /* losses */
     default:
         return 3;
     }

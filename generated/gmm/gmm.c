@@ -87,7 +87,7 @@ static int gmm_run(
     GMM_REAL *rowsum_ql = with_grads ? sq_ql + 3*K : rowsum_qd + 1; /* 1 x 1 */
 
     /* softmax_axis_alpha = softmax of alpha down each column, its max subtracted first */
-    symbackprop_f64_softmax_axis(alpha, K, 1, softmax_axis_alpha, 1);
+    symbackprop_f64_softmax_axis(alpha, K, 1, softmax_axis_alpha, 1, 0);
 
     /* collse_alpha = log(sum(exp(alpha))) down each column, its max subtracted first */
     collse_alpha[0] = symbackprop_f64_logsumexp(alpha, K, 1, softmax_axis_alpha, 1);
@@ -131,7 +131,7 @@ static int gmm_run(
 
     /* softmax_axis_log_density = softmax of log_density along each row, its max subtracted first */
     for (int64_t i = 0; i < N; ++i) {
-        symbackprop_f64_softmax_axis(log_density + K*i, K, 1, softmax_axis_log_density + K*i, 1);
+        symbackprop_f64_softmax_axis(log_density + K*i, K, 1, softmax_axis_log_density + K*i, 1, 0);
     }
 
     /* rowlse_log_density = log(sum(exp(log_density))) along each row, its max subtracted first */

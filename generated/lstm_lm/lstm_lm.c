@@ -24,50 +24,13 @@
 #define LSTM_LM_SHARED static
 #endif
 
-/* Its 4 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
-LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_mul_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
-        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
-LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_add_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
-        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_add_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
-        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_mul_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
-        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j < 30; ++j) {
-            a0[30*i + j] = a1[30*i + j]*a2[30*i + j];
-        }
-    }
-}
-#endif
-
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_lm_forward_work_len(int64_t T)
 {
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(4409, symbackprop_size_mul(156, T)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
-    }
-    return (size_t)(33*T + 445);
+    return (size_t)(60*T + 475);
 }
 #endif
 
@@ -324,68 +287,65 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
 }
 #endif
 
-/* lstm_lm_forward, part 2 of 2 (kernels 2 to 9): a long
+/* lstm_lm_forward, part 2 of 2 (kernels 2 to 8): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *mul_logits,
-    LSTM_LM_REAL *rowsum_logits,
     LSTM_LM_REAL *softmax_axis_logits,
-    LSTM_LM_REAL *rowlse_logits,
-    LSTM_LM_REAL *add_logits,
-    LSTM_LM_REAL *colsum_logits
+    LSTM_LM_REAL *log_softmax_axis_logits,
+    LSTM_LM_REAL *mul_Y,
+    LSTM_LM_REAL *colsum_Y,
+    LSTM_LM_REAL *rowsum_Y
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *mul_logits,
-    LSTM_LM_REAL *rowsum_logits,
     LSTM_LM_REAL *softmax_axis_logits,
-    LSTM_LM_REAL *rowlse_logits,
-    LSTM_LM_REAL *add_logits,
-    LSTM_LM_REAL *colsum_logits
+    LSTM_LM_REAL *log_softmax_axis_logits,
+    LSTM_LM_REAL *mul_Y,
+    LSTM_LM_REAL *colsum_Y,
+    LSTM_LM_REAL *rowsum_Y
 )
 {
     /* logits: the output 0 of the loop of scan_W_i, written by it */
 
-    /* mul_logits = Y*logits */
-    lstm_lm_mul_loop(T, mul_logits, Y, logits);
-
-    /* rowsum_logits = sum of mul_logits along each row */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 30*i, 30, 1);
-    }
-
     /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < T; ++i) {
-        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1);
+        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1, 1);
     }
 
-    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
+     * max) - log(sum(exp(that))) */
+    for (int64_t i = 0; i < T; ++i) {
+        symbackprop_f64_log_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1,
+                log_softmax_axis_logits + 30*i, 1);
+    }
+
+    /* mul_Y = Y*log_softmax_axis_logits */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1, softmax_axis_logits +
-                30*i, 1);
+        for (int64_t j = 0; j < 30; ++j) {
+            mul_Y[30*i + j] = Y[30*i + j]*log_softmax_axis_logits[30*i + j];
+        }
     }
 
-    /* add_logits = rowlse_logits - rowsum_logits */
-    lstm_lm_add_loop(T, add_logits, rowsum_logits, rowlse_logits);
+    /* colsum_Y = sum of mul_Y down each column */
+    symbackprop_f64_sum_columns(mul_Y, T, 30, 30, colsum_Y);
 
-    /* colsum_logits = sum of add_logits down each column */
-    colsum_logits[0] = symbackprop_f64_sum(add_logits, T, 1);
+    /* rowsum_Y = sum of colsum_Y along each row */
+    rowsum_Y[0] = symbackprop_f64_sum(colsum_Y, 30, 1);
 
-    /* loss = colsum_logits/T */
+    /* loss = -rowsum_Y/T */
     {
-        loss[0] = colsum_logits[0]/((LSTM_LM_REAL)T);
+        loss[0] = -rowsum_Y[0]/((LSTM_LM_REAL)T);
     }
 }
 #endif
@@ -418,24 +378,19 @@ int lstm_lm_forward(
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(4409, symbackprop_size_mul(156, T)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
-    }
 
     /* where each buffer lies in work */
     LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
-    LSTM_LM_REAL *mul_logits = scan_W_i + 444; /* T x 30 */
-    LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
-    LSTM_LM_REAL *softmax_axis_logits = mul_logits; /* T x 30, in mul_logits's memory */
-    LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
-    LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
-    LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
+    LSTM_LM_REAL *softmax_axis_logits = scan_W_i + 444; /* T x 30 */
+    LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
+    LSTM_LM_REAL *mul_Y = softmax_axis_logits; /* T x 30, in softmax_axis_logits's memory */
+    LSTM_LM_REAL *colsum_Y = log_softmax_axis_logits + 30*T; /* 1 x 30 */
+    LSTM_LM_REAL *rowsum_Y = colsum_Y + 30; /* 1 x 1 */
 
     lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c,
             logits, scan_W_i);
-    lstm_lm_forward_part2(T, Y, loss, logits, mul_logits, rowsum_logits, softmax_axis_logits,
-            rowlse_logits, add_logits, colsum_logits);
+    lstm_lm_forward_part2(T, Y, loss, logits, softmax_axis_logits, log_softmax_axis_logits, mul_Y,
+            colsum_Y, rowsum_Y);
     return 0;
 }
 #endif
@@ -446,12 +401,7 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16435,
-            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(186,
-            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
-    }
-    return (size_t)(63*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4699);
+    return (size_t)(121*T + 32*((T + 31)/32) + 9849);
 }
 #endif
 
@@ -724,12 +674,13 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *mul_logits,
-    LSTM_LM_REAL *rowsum_logits,
     LSTM_LM_REAL *softmax_axis_logits,
-    LSTM_LM_REAL *rowlse_logits,
-    LSTM_LM_REAL *add_logits,
-    LSTM_LM_REAL *colsum_logits,
+    LSTM_LM_REAL *log_softmax_axis_logits,
+    LSTM_LM_REAL *mul_Y,
+    LSTM_LM_REAL *grad_log_softmax_axis_logits,
+    LSTM_LM_REAL *colsum_Y,
+    LSTM_LM_REAL *rowsum_Y,
+    LSTM_LM_REAL *rowsum_Y_2,
     LSTM_LM_REAL *grad_logits
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
@@ -738,57 +689,65 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *mul_logits,
-    LSTM_LM_REAL *rowsum_logits,
     LSTM_LM_REAL *softmax_axis_logits,
-    LSTM_LM_REAL *rowlse_logits,
-    LSTM_LM_REAL *add_logits,
-    LSTM_LM_REAL *colsum_logits,
+    LSTM_LM_REAL *log_softmax_axis_logits,
+    LSTM_LM_REAL *mul_Y,
+    LSTM_LM_REAL *grad_log_softmax_axis_logits,
+    LSTM_LM_REAL *colsum_Y,
+    LSTM_LM_REAL *rowsum_Y,
+    LSTM_LM_REAL *rowsum_Y_2,
     LSTM_LM_REAL *grad_logits
 )
 {
     /* logits: the output 0 of the loop of scan_W_i, written by it */
 
-    /* mul_logits = Y*logits */
-    lstm_lm_mul_loop(T, mul_logits, Y, logits);
-
-    /* rowsum_logits = sum of mul_logits along each row */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 30*i, 30, 1);
-    }
-
     /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < T; ++i) {
-        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1);
+        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1, 1);
     }
 
-    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
+     * max) - log(sum(exp(that))) */
+    for (int64_t i = 0; i < T; ++i) {
+        symbackprop_f64_log_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1,
+                log_softmax_axis_logits + 30*i, 1);
+    }
+
+    /* mul_Y = Y*log_softmax_axis_logits */
+    /* grad_log_softmax_axis_logits = -Y/T */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1, softmax_axis_logits +
-                30*i, 1);
+        for (int64_t j = 0; j < 30; ++j) {
+            mul_Y[30*i + j] = Y[30*i + j]*log_softmax_axis_logits[30*i + j];
+            grad_log_softmax_axis_logits[30*i + j] = -Y[30*i + j]/((LSTM_LM_REAL)T);
+        }
     }
 
-    /* add_logits = rowlse_logits - rowsum_logits */
-    lstm_lm_add_loop(T, add_logits, rowsum_logits, rowlse_logits);
+    /* colsum_Y = sum of mul_Y down each column */
+    symbackprop_f64_sum_columns(mul_Y, T, 30, 30, colsum_Y);
 
-    /* colsum_logits = sum of add_logits down each column */
-    colsum_logits[0] = symbackprop_f64_sum(add_logits, T, 1);
+    /* rowsum_Y = sum of colsum_Y along each row */
+    rowsum_Y[0] = symbackprop_f64_sum(colsum_Y, 30, 1);
 
-    /* loss = colsum_logits/T */
+    /* loss = -rowsum_Y/T */
     {
-        loss[0] = colsum_logits[0]/((LSTM_LM_REAL)T);
+        loss[0] = -rowsum_Y[0]/((LSTM_LM_REAL)T);
     }
 
     /* scan_part_W_i: the kept states of the loop of scan_W_i, written by it */
 
-    /* grad_logits = -Y/T + softmax_axis_logits/T */
+    /* rowsum_Y_2 = sum of grad_log_softmax_axis_logits along each row */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        rowsum_Y_2[i] = symbackprop_f64_sum(grad_log_softmax_axis_logits + 30*i, 30, 1);
+    }
+
+    /* grad_logits = grad_log_softmax_axis_logits - rowsum_Y_2*softmax_axis_logits */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
-            const LSTM_LM_REAL x0 = 1.0/((LSTM_LM_REAL)T);
-            grad_logits[30*i + j] = softmax_axis_logits[30*i + j]*x0 - Y[30*i + j]*x0;
+            grad_logits[30*i + j] = grad_log_softmax_axis_logits[30*i + j] -
+                    softmax_axis_logits[30*i + j]*rowsum_Y_2[i];
         }
     }
 }
@@ -927,7 +886,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
         for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
             (scan_vjp_W_i_cur + 16)[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t scan_vjp_W_i_s = ((T - 1)/32 + 1) - 1; scan_vjp_W_i_s >= 0; --scan_vjp_W_i_s) {
+        for (int64_t scan_vjp_W_i_s = ((T + 31)/32) - 1; scan_vjp_W_i_s >= 0; --scan_vjp_W_i_s) {
             const int64_t scan_vjp_W_i_t0 = scan_vjp_W_i_s*32;
             const int64_t scan_vjp_W_i_len = T - scan_vjp_W_i_t0 < 32 ? T - scan_vjp_W_i_t0 : 32;
             for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 32; ++scan_vjp_W_i_i) {
@@ -941,26 +900,23 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 const LSTM_LM_REAL *scan_vjp_W_i_cell = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u - 16;
                 LSTM_LM_REAL *scan_vjp_W_i_h_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u;
                 LSTM_LM_REAL *scan_vjp_W_i_cell_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u + 16;
-                LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 4208;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        32*((32) < (T) ? (32) : (T)) - 32;
+                LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 9328;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 992;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        32*((32) < (T) ? (32) : (T)) - 16;
+                        1008;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        32*((32) < (T) ? (32) : (T));
+                        1024;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        32*((32) < (T) ? (32) : (T)) + 16;
+                        1040;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        32*((32) < (T) ? (32) : (T)) + 32;
+                        1056;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        32*((32) < (T) ? (32) : (T)) + 48;
+                        1072;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        32*((32) < (T) ? (32) : (T)) + 64;
+                        1088;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        32*((32) < (T) ? (32) : (T)) + 80;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 160*((32) < (T) ? (32) : (T))
-                        + 96; /* 1 x 30 */
+                        1104;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 5216; /* 1 x 30 */
                 /* mm_h_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -1151,48 +1107,41 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *scan_vjp_W_i_grad_h = scan_vjp_W_i_nxt;
                 LSTM_LM_REAL *scan_vjp_W_i_grad_cell = scan_vjp_W_i_nxt + 16;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 96;
+                        128*scan_vjp_W_i_u + 1120;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 112;
+                        128*scan_vjp_W_i_u + 1136;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 128;
+                        128*scan_vjp_W_i_u + 1152;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 144;
+                        128*scan_vjp_W_i_u + 1168;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 160;
+                        128*scan_vjp_W_i_u + 1184;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 176;
+                        128*scan_vjp_W_i_u + 1200;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 192;
+                        128*scan_vjp_W_i_u + 1216;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 208;
+                        128*scan_vjp_W_i_u + 1232;
                 const LSTM_LM_REAL *scan_vjp_W_i_grad_out0 = grad_logits + 30*scan_vjp_W_i_t;
-                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 160*((32) < (T) ?
-                        (32) : (T)) + 96; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
-                        ? (32) : (T)) + 112; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 160*((32) <
-                        (T) ? (32) : (T)) + 128; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_3_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
-                        ? (32) : (T)) + 144; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 160; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 160*((32) < (T)
-                        ? (32) : (T)) + 176; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 160*((32) <
-                        (T) ? (32) : (T)) + 192; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 160*((32) < (T) ?
-                        (32) : (T)) + 208; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T) ?
-                        (32) : (T)) + 224; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 96; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 112; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 128; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 144; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 5216; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 5232; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 5248; /* 1 x
+                        16 */
+                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_3_kept_2 = scan_vjp_W_i_base + 5264; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 5280; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 5296; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 5312; /* 1 x
+                        16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 5328; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 5344; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 5232; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 5248; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 5264; /* 1 x 16 */
                 /* grad_mul_b_o_part = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -1482,11 +1431,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
 /* lstm_lm_value_and_grad, part 4 of 4 (kernels 13 to 26): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 0; called from unit 0. */
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 )
@@ -1562,30 +1511,26 @@ int lstm_lm_value_and_grad(
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16435,
-            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(186,
-            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
-            /* its arrays and workspace, summed */
-        return 6;
-    }
 
     /* where each buffer lies in work */
     LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
     LSTM_LM_REAL *logits = scan_W_i + 444; /* T x 30 */
-    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T - 1)/32 + 1) x 32 */
-    LSTM_LM_REAL *mul_logits = scan_part_W_i + 32*((T - 1)/32 + 1); /* T x 30 */
-    LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
-    LSTM_LM_REAL *softmax_axis_logits = mul_logits; /* T x 30, in mul_logits's memory */
-    LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
-    LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
-    LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
-    LSTM_LM_REAL *grad_logits = logits; /* T x 30, in logits's memory */
-    LSTM_LM_REAL *scan_vjp_W_i = colsum_logits + 1; /* (160*((32) < (T) ? (32) : (T)) + 4254) x 1 */
+    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T + 31)/32) x 32 */
+    LSTM_LM_REAL *softmax_axis_logits = scan_part_W_i + 32*((T + 31)/32); /* T x 30 */
+    LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
+    LSTM_LM_REAL *mul_Y = logits; /* T x 30, in logits's memory */
+    LSTM_LM_REAL *grad_log_softmax_axis_logits = log_softmax_axis_logits + 30*T; /* T x 30 */
+    LSTM_LM_REAL *colsum_Y = grad_log_softmax_axis_logits + 30*T; /* 1 x 30 */
+    LSTM_LM_REAL *rowsum_Y = colsum_Y + 30; /* 1 x 1 */
+    LSTM_LM_REAL *rowsum_Y_2 = rowsum_Y + 1; /* T x 1 */
+    LSTM_LM_REAL *grad_logits = log_softmax_axis_logits; /* T x 30, in log_softmax_axis_logits's
+            memory */
+    LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* 9374 x 1 */
 
     lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
             V, c, scan_W_i, logits, scan_part_W_i);
-    lstm_lm_value_and_grad_part2(T, Y, loss, logits, mul_logits, rowsum_logits, softmax_axis_logits,
-            rowlse_logits, add_logits, colsum_logits, grad_logits);
+    lstm_lm_value_and_grad_part2(T, Y, loss, logits, softmax_axis_logits, log_softmax_axis_logits,
+            mul_Y, grad_log_softmax_axis_logits, colsum_Y, rowsum_Y, rowsum_Y_2, grad_logits);
     lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
             V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o,
             grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, scan_part_W_i, grad_logits,
@@ -1653,10 +1598,6 @@ int lstm_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(4409, symbackprop_size_mul(156, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = T; shape[1] = 30; return 0; /* X */
     case 1: shape[0] = T; shape[1] = 30; return 0; /* Y */
@@ -1684,10 +1625,6 @@ int lstm_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     const int64_t T = dims[0];
     if (T < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(4409, symbackprop_size_mul(156, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1774,12 +1711,6 @@ int lstm_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16435,
-            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(186,
-            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
-            /* as the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = T; shape[1] = 30; return 0; /* X */
     case 1: shape[0] = T; shape[1] = 30; return 0; /* Y */
@@ -1807,12 +1738,6 @@ int lstm_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sha
     const int64_t T = dims[0];
     if (T < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16435,
-            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(186,
-            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
-            /* as the function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

@@ -14,7 +14,7 @@
 
 static size_t mnist_mlp_run_work_len(int with_grads)
 {
-    return (size_t)(with_grads ? 68481 : 68481);
+    return (size_t)(with_grads ? 70795 : 69387);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -41,12 +41,14 @@ static int mnist_mlp_run(
     MNIST_MLP_REAL *mm_W1 = work; /* 128 x 256 */
     MNIST_MLP_REAL *tanh_W1 = mm_W1 + 32768; /* 128 x 256 */
     MNIST_MLP_REAL *mm_W2 = tanh_W1 + 32768; /* 128 x 10 */
-    MNIST_MLP_REAL *mul_logits = mm_W2 + 1280; /* 128 x 10 */
-    MNIST_MLP_REAL *rowsum_logits = mul_logits + 1280; /* 128 x 1 */
     MNIST_MLP_REAL *softmax_axis_logits = mm_W2; /* 128 x 10, in mm_W2's memory */
-    MNIST_MLP_REAL *rowlse_logits = rowsum_logits + 128; /* 128 x 1 */
-    MNIST_MLP_REAL *add_logits = rowlse_logits + 128; /* 128 x 1 */
-    MNIST_MLP_REAL *colsum_logits = add_logits + 128; /* 1 x 1 */
+    MNIST_MLP_REAL *log_softmax_axis_logits = mm_W2 + 1280; /* 128 x 10 */
+    MNIST_MLP_REAL *mul_T = with_grads ? log_softmax_axis_logits + 1280 : softmax_axis_logits; /*
+            128 x 10 */
+    MNIST_MLP_REAL *grad_log_softmax_axis_logits = with_grads ? mul_T + 1280 :
+            log_softmax_axis_logits + 1280; /* 128 x 10 */
+    MNIST_MLP_REAL *colsum_T = grad_log_softmax_axis_logits + 1280; /* 1 x 10 */
+    MNIST_MLP_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
     /* mm_W1 = X @ W1 */
     symbackprop_f64_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, mm_W1);
@@ -63,46 +65,44 @@ static int mnist_mlp_run(
     symbackprop_f64_matmul(128, 10, 256, tanh_W1, 256, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
-    /* mul_logits = T*(b2 + mm_W2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const MNIST_MLP_REAL x0 = mm_W2[10*i + j] + b2[j];
-            logits[10*i + j] = x0;
-            mul_logits[10*i + j] = T[10*i + j]*x0;
+            logits[10*i + j] = mm_W2[10*i + j] + b2[j];
         }
-    }
-
-    /* rowsum_logits = sum of mul_logits along each row */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 128; ++i) {
-        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < 128; ++i) {
-        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1, 1);
     }
 
-    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
+     * max) - log(sum(exp(that))) */
+    for (int64_t i = 0; i < 128; ++i) {
+        symbackprop_f64_log_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1,
+                log_softmax_axis_logits + 10*i, 1);
+    }
+
+    /* mul_T = T*log_softmax_axis_logits */
+    /* grad_log_softmax_axis_logits = -T/128 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, softmax_axis_logits +
-                10*i, 1);
+        for (int64_t j = 0; j < 10; ++j) {
+            mul_T[10*i + j] = T[10*i + j]*log_softmax_axis_logits[10*i + j];
+            grad_log_softmax_axis_logits[10*i + j] = -1.0/128.0*T[10*i + j];
+        }
     }
 
-    /* add_logits = rowlse_logits - rowsum_logits */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 128; ++i) {
-        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
-    }
+    /* colsum_T = sum of mul_T down each column */
+    symbackprop_f64_sum_columns(mul_T, 128, 10, 10, colsum_T);
 
-    /* colsum_logits = sum of add_logits down each column */
-    colsum_logits[0] = symbackprop_f64_sum(add_logits, 128, 1);
+    /* rowsum_T = sum of colsum_T along each row */
+    rowsum_T[0] = symbackprop_f64_sum(colsum_T, 10, 1);
 
-    /* loss = colsum_logits/128 */
+    /* loss = -rowsum_T/128 */
     {
-        loss[0] = (1.0/128.0)*colsum_logits[0];
+        loss[0] = -1.0/128.0*rowsum_T[0];
     }
 
     if (!with_grads) {
@@ -110,15 +110,23 @@ static int mnist_mlp_run(
     }
 
     /* the gradient's buffers in work */
-    MNIST_MLP_REAL *grad_logits = mul_logits; /* 128 x 10, in mul_logits's memory */
+    MNIST_MLP_REAL *rowsum_T_2 = rowsum_T + 1; /* 128 x 1 */
+    MNIST_MLP_REAL *grad_logits = log_softmax_axis_logits; /* 128 x 10, in log_softmax_axis_logits's
+            memory */
     MNIST_MLP_REAL *grad_tanh_W1 = mm_W1; /* 128 x 256, in mm_W1's memory */
 
-    /* grad_logits = -T/128 + softmax_axis_logits/128 */
+    /* rowsum_T_2 = sum of grad_log_softmax_axis_logits along each row */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 128; ++i) {
+        rowsum_T_2[i] = symbackprop_f64_sum(grad_log_softmax_axis_logits + 10*i, 10, 1);
+    }
+
+    /* grad_logits = grad_log_softmax_axis_logits - rowsum_T_2*softmax_axis_logits */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = (1.0/128.0)*softmax_axis_logits[10*i + j] -
-                    1.0/128.0*T[10*i + j];
+            grad_logits[10*i + j] = grad_log_softmax_axis_logits[10*i + j] -
+                    softmax_axis_logits[10*i + j]*rowsum_T_2[i];
         }
     }
 

@@ -199,7 +199,37 @@ void transformer_lm_grad_mul_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RE
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_grad_add_Wo1_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
         TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_add_loop_2(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
+        }
+    }
+}
+#endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_add_loop_3(
     int64_t m,
@@ -233,31 +263,8 @@ void transformer_lm_grad_norm_loop(
         }
     }
 }
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_grad_add_Wo1_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
-        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a0[64*i + j];
-        }
-    }
-}
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
-        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
-        *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
-        }
-    }
-}
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_mul_loop(
     int64_t m,
@@ -279,24 +286,6 @@ void transformer_lm_mul_loop(
         }
     }
 }
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_add_loop_2(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
-        }
-    }
-}
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_grad_mul_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
         TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
@@ -305,6 +294,19 @@ void transformer_lm_grad_mul_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RE
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             a0[256*i + j] = a0[256*i + j]*a1[256*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_grad_add_Wo1_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a0[64*i + j];
         }
     }
 }
@@ -385,10 +387,7 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
-    }
-    return (size_t)(with_grads ? 4095*m + 9217 : 1151*m + 5121);
+    return (size_t)(with_grads ? 4155*m + 9217 : 1211*m + 5121);
 }
 #endif
 
@@ -1179,7 +1178,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 }
 #endif
 
-/* transformer_lm_run, part 3 of 8 (kernels 33 to 45): a long
+/* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 3; called from unit 0. */
@@ -1204,11 +1203,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *norm_W1down,
     TRANSFORMER_LM_REAL *add_bf,
     TRANSFORMER_LM_REAL *mm_Wout,
-    TRANSFORMER_LM_REAL *pick_targets,
     TRANSFORMER_LM_REAL *softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *rowlse_Wout,
-    TRANSFORMER_LM_REAL *add_Wout,
-    TRANSFORMER_LM_REAL *colsum_Wout
+    TRANSFORMER_LM_REAL *log_softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *colsum_targets
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
@@ -1232,11 +1230,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *norm_W1down,
     TRANSFORMER_LM_REAL *add_bf,
     TRANSFORMER_LM_REAL *mm_Wout,
-    TRANSFORMER_LM_REAL *pick_targets,
     TRANSFORMER_LM_REAL *softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *rowlse_Wout,
-    TRANSFORMER_LM_REAL *add_Wout,
-    TRANSFORMER_LM_REAL *colsum_Wout
+    TRANSFORMER_LM_REAL *log_softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *colsum_targets
 )
 {
     /* mm_W1up = add_b1m @ W1up */
@@ -1308,42 +1305,36 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     /* mm_Wout = add_bf @ Wout */
     transformer_lm_product3(m, add_bf, Wout, mm_Wout);
 
-    /* pick_targets[i] = mm_Wout[i, targets[i]] */
+    /* softmax_axis_Wout = softmax of mm_Wout along each row, its max subtracted first */
+    for (int64_t i = 0; i < m; ++i) {
+        symbackprop_f64_softmax_axis(mm_Wout + 62*i, 62, 1, softmax_axis_Wout + 62*i, 1, 1);
+    }
+
+    /* log_softmax_axis_Wout = log_softmax of mm_Wout along each row: (its entries - their
+     * max) - log(sum(exp(that))) */
+    for (int64_t i = 0; i < m; ++i) {
+        symbackprop_f64_log_softmax_axis(mm_Wout + 62*i, 62, 1, softmax_axis_Wout + 62*i, 1,
+                log_softmax_axis_Wout + 62*i, 1);
+    }
+
+    /* pick_targets[i] = log_softmax_axis_Wout[i, targets[i]] */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
-        pick_targets[i] = mm_Wout[62*i + column];
+        pick_targets[i] = log_softmax_axis_Wout[62*i + column];
     }
 
-    /* softmax_axis_Wout = softmax of mm_Wout along each row, its max subtracted first */
-    for (int64_t i = 0; i < m; ++i) {
-        symbackprop_f64_softmax_axis(mm_Wout + 62*i, 62, 1, softmax_axis_Wout + 62*i, 1);
-    }
+    /* colsum_targets = sum of pick_targets down each column */
+    colsum_targets[0] = symbackprop_f64_sum(pick_targets, m, 1);
 
-    /* rowlse_Wout = log(sum(exp(mm_Wout))) along each row, its max subtracted first */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        rowlse_Wout[i] = symbackprop_f64_logsumexp(mm_Wout + 62*i, 62, 1, softmax_axis_Wout + 62*i,
-                1);
-    }
-
-    /* add_Wout = -pick_targets + rowlse_Wout */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        add_Wout[i] = -pick_targets[i] + rowlse_Wout[i];
-    }
-
-    /* colsum_Wout = sum of add_Wout down each column */
-    colsum_Wout[0] = symbackprop_f64_sum(add_Wout, m, 1);
-
-    /* loss = colsum_Wout/m */
+    /* loss = -colsum_targets/m */
     {
-        loss[0] = colsum_Wout[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = -colsum_targets[0]/((TRANSFORMER_LM_REAL)m);
     }
 }
 #endif
 
-/* transformer_lm_run, part 4 of 8 (kernels 46 to 64): a long
+/* transformer_lm_run, part 4 of 8 (kernels 45 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 3; called from unit 0. */
@@ -1368,7 +1359,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *add_W1down,
     TRANSFORMER_LM_REAL *norm_W1down,
     TRANSFORMER_LM_REAL *softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *rowsum_targets,
     TRANSFORMER_LM_REAL *grad_add_bf,
     TRANSFORMER_LM_REAL *grad_norm_W1down,
     TRANSFORMER_LM_REAL *grad_add_W1down,
@@ -1407,7 +1399,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *add_W1down,
     TRANSFORMER_LM_REAL *norm_W1down,
     TRANSFORMER_LM_REAL *softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *rowsum_targets,
     TRANSFORMER_LM_REAL *grad_add_bf,
     TRANSFORMER_LM_REAL *grad_norm_W1down,
     TRANSFORMER_LM_REAL *grad_add_W1down,
@@ -1425,27 +1418,33 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mm_Wq1
 )
 {
-    /* grad_mm_Wout_part[i, j] = (-1/m) if j == targets[i], else 0 */
+    /* grad_log_softmax_axis_Wout[i, j] = (-1/m) if j == targets[i], else 0 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
         for (int64_t j = 0; j < 62; ++j) {
-            grad_mm_Wout_part[62*i + j] = 0;
+            grad_log_softmax_axis_Wout[62*i + j] = 0;
         }
-        grad_mm_Wout_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
+        grad_log_softmax_axis_Wout[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
     }
 
-    /* grad_mm_Wout_part = grad_mm_Wout_part + softmax_axis_Wout/m */
+    /* rowsum_targets = sum of grad_log_softmax_axis_Wout along each row */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        rowsum_targets[i] = symbackprop_f64_sum(grad_log_softmax_axis_Wout + 62*i, 62, 1);
+    }
+
+    /* grad_log_softmax_axis_Wout = grad_log_softmax_axis_Wout - rowsum_targets*softmax_axis_Wout */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
-            grad_mm_Wout_part[62*i + j] = softmax_axis_Wout[62*i + j]/((TRANSFORMER_LM_REAL)m) +
-                    grad_mm_Wout_part[62*i + j];
+            grad_log_softmax_axis_Wout[62*i + j] = grad_log_softmax_axis_Wout[62*i + j] -
+                    softmax_axis_Wout[62*i + j]*rowsum_targets[i];
         }
     }
 
-    /* grad_add_bf = grad_mm_Wout_part @ Wout^T */
-    transformer_lm_product4(m, grad_mm_Wout_part, Wout, grad_add_bf);
+    /* grad_add_bf = grad_log_softmax_axis_Wout @ Wout^T */
+    transformer_lm_product4(m, grad_log_softmax_axis_Wout, Wout, grad_add_bf);
 
     /* grad_norm_W1down = gf*grad_add_bf */
     /* norm_W1down = grad_add_bf*norm_W1down */
@@ -2563,7 +2562,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *mul_W1up,
     TRANSFORMER_LM_REAL *norm_W1down,
     TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout,
     TRANSFORMER_LM_REAL *grad_add_bf,
     TRANSFORMER_LM_REAL *grad_add_W1down,
     TRANSFORMER_LM_REAL *grad_mul_W1up,
@@ -2609,7 +2608,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *mul_W1up,
     TRANSFORMER_LM_REAL *norm_W1down,
     TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout,
     TRANSFORMER_LM_REAL *grad_add_bf,
     TRANSFORMER_LM_REAL *grad_add_W1down,
     TRANSFORMER_LM_REAL *grad_mul_W1up,
@@ -2686,8 +2685,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     /* grad_bf = sum of grad_add_bf down each column */
     symbackprop_f64_sum_columns(grad_add_bf, m, 64, 64, grad_bf);
 
-    /* grad_Wout = add_bf^T @ grad_mm_Wout_part */
-    transformer_lm_product12(m, add_bf, grad_mm_Wout_part, grad_Wout);
+    /* grad_Wout = add_bf^T @ grad_log_softmax_axis_Wout */
+    transformer_lm_product12(m, add_bf, grad_log_softmax_axis_Wout, grad_Wout);
 }
 #endif
 
@@ -2765,10 +2764,6 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
-    }
     for (int64_t i = 0; i < m; ++i) {
         if ((uint64_t)ids[i] >= (uint64_t)62) {
             return 2; /* a row number outside an array it gathers from */
@@ -2835,11 +2830,10 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
             memory */
     TRANSFORMER_LM_REAL *add_bf = with_grads ? add_W1down + 64*m : add_Wo1; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wout = with_grads ? add_bf + 64*m : add_W0up + 256*m; /* m x 62 */
-    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
-    TRANSFORMER_LM_REAL *softmax_axis_Wout = pick_targets + m; /* m x 62 */
-    TRANSFORMER_LM_REAL *rowlse_Wout = softmax_axis_Wout + 62*m; /* m x 1 */
-    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
-    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
+    TRANSFORMER_LM_REAL *softmax_axis_Wout = mm_Wout + 62*m; /* m x 62 */
+    TRANSFORMER_LM_REAL *log_softmax_axis_Wout = softmax_axis_Wout + 62*m; /* m x 62 */
+    TRANSFORMER_LM_REAL *pick_targets = log_softmax_axis_Wout + 62*m; /* m x 1 */
+    TRANSFORMER_LM_REAL *colsum_targets = pick_targets + m; /* 1 x 1 */
 
     transformer_lm_run_part1(m, ids, positions, E, P, emap_E, emap_P);
     transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down,
@@ -2850,14 +2844,15 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
             softmax_Wk1, mm_Wv1, mix_Wv1, mm_Wo1, add_Wo1, norm_Wo1, add_b1m);
     transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, add_Wo1,
             add_b1m, mm_W1up, mul_W1up, add_W1up, mm_W1down, add_W1down, norm_W1down, add_bf,
-            mm_Wout, pick_targets, softmax_axis_Wout, rowlse_Wout, add_Wout, colsum_Wout);
+            mm_Wout, softmax_axis_Wout, log_softmax_axis_Wout, pick_targets, colsum_targets);
     if (!with_grads) {
         return 0;
     }
 
     /* the gradient's buffers in work */
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part = mm_Wout; /* m x 62, in mm_Wout's memory */
-    TRANSFORMER_LM_REAL *grad_add_bf = colsum_Wout + 1; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout = mm_Wout; /* m x 62, in mm_Wout's memory */
+    TRANSFORMER_LM_REAL *rowsum_targets = pick_targets; /* m x 1, in pick_targets's memory */
+    TRANSFORMER_LM_REAL *grad_add_bf = colsum_targets + 1; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_add_W1down = grad_norm_W1down + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
@@ -2899,10 +2894,10 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
 
     transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, mm_Wq1, mm_Wk1,
             softmax_Wk1, mm_Wv1, add_Wo1, norm_Wo1, add_W1up, add_W1down, norm_W1down,
-            softmax_axis_Wout, grad_mm_Wout_part, grad_add_bf, grad_norm_W1down, grad_add_W1down,
-            grad_mul_W1up, grad_add_b1m, grad_norm_Wo1, grad_add_Wo1_part, grad_mix_Wv1,
-            grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1, grad_softmax_Wk1_block, grad_scores_Wk1,
-            grad_mm_Wk1, grad_mm_Wq1);
+            softmax_axis_Wout, grad_log_softmax_axis_Wout, rowsum_targets, grad_add_bf,
+            grad_norm_W1down, grad_add_W1down, grad_mul_W1up, grad_add_b1m, grad_norm_Wo1,
+            grad_add_Wo1_part, grad_mix_Wv1, grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1,
+            grad_softmax_Wk1_block, grad_scores_Wk1, grad_mm_Wk1, grad_mm_Wq1);
     transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, add_E, norm_E, mul_Wq0,
             mm_Wq0, mm_Wk0, softmax_Wk0, mm_Wv0, add_Wo0, norm_Wo0, add_W0up, add_W0down,
             norm_W0down, mul_Wq1, grad_add_Wo1_part, grad_add_b1a, grad_mm_Wq1, grad_norm_W0down,
@@ -2916,10 +2911,10 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     transformer_lm_run_part8(m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a,
             grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up,
             grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, add_b0m, mul_W0up, norm_W0down,
-            add_b1a, mix_Wv1, norm_Wo1, add_b1m, mul_W1up, norm_W1down, add_bf, grad_mm_Wout_part,
-            grad_add_bf, grad_add_W1down, grad_mul_W1up, grad_add_b1m, grad_add_Wo1_part,
-            grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1, grad_mm_Wq1, grad_add_W0down_part,
-            grad_mul_W0up, grad_mul_Wq1);
+            add_b1a, mix_Wv1, norm_Wo1, add_b1m, mul_W1up, norm_W1down, add_bf,
+            grad_log_softmax_axis_Wout, grad_add_bf, grad_add_W1down, grad_mul_W1up, grad_add_b1m,
+            grad_add_Wo1_part, grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1, grad_mm_Wq1,
+            grad_add_W0down_part, grad_mul_W0up, grad_mul_Wq1);
     return 0;
 }
 #endif
@@ -2929,9 +2924,6 @@ size_t transformer_lm_forward_work_len(int64_t m)
 {
     if (m < 1) {
         return 0; /* the function returns 1 */
-    }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
     }
     return (size_t)(transformer_lm_run_work_len(m, 0));
 }
@@ -2980,10 +2972,6 @@ int transformer_lm_forward(
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
-    }
     return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
             b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
             W1down, c1down, gf, bf, Wout, loss, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -2997,9 +2985,6 @@ size_t transformer_lm_value_and_grad_work_len(int64_t m)
 {
     if (m < 1) {
         return 0; /* the function returns 1 */
-    }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
     }
     return (size_t)(transformer_lm_run_work_len(m, 1));
 }
@@ -3077,10 +3062,6 @@ int transformer_lm_value_and_grad(
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
-    }
     return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
             b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
             W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0,
@@ -3096,9 +3077,6 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 {
     if (m < 1) {
         return 0; /* the function returns 1 */
-    }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
     }
     return (size_t)(111618 + 62*64 + 64*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 +
             1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 +
@@ -4320,10 +4298,6 @@ int transformer_lm_train_step(
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
-        return 6;
-    }
     for (int64_t i = 0; i < m; ++i) {
         if ((uint64_t)ids[i] >= (uint64_t)62) {
             return 2; /* a row number outside an array it gathers from */
@@ -4460,9 +4434,6 @@ size_t transformer_lm_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the epoch returns 6 */
-    }
     if (batch > rows) {
         batch = rows;
     }
@@ -4474,7 +4445,7 @@ size_t transformer_lm_train_epoch_work_len(int64_t rows, int64_t batch)
  * batch does not divide rows), or with order not NULL the rows order[b*batch], ...
  * gathered into the workspace. Everything a step relies on is checked before
  * the first one (a failing epoch trains nothing): returns 1 when a dimension
- * is below 1, 6 when a size does not fit, 2 when order names a row outside 0 ... rows-1 or an Index
+ * is below 1, 2 when order names a row outside 0 ... rows-1 or an Index
  * a row outside an array it gathers from, else 0. */
 int transformer_lm_train_epoch(
     int64_t rows,
@@ -4582,10 +4553,6 @@ int transformer_lm_train_epoch(
 {
     if (rows < 1 || batch < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and a step's workspace, every row one minibatch */
-        return 6;
     }
     if (order != NULL) {
         for (int64_t i = 0; i < rows; ++i) {
@@ -4810,10 +4777,6 @@ int transformer_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
     case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
@@ -4857,10 +4820,6 @@ int transformer_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t sha
     const int64_t m = dims[0];
     if (m < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -4957,10 +4916,6 @@ int transformer_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
     case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
@@ -5004,10 +4959,6 @@ int transformer_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int6
     const int64_t m = dims[0];
     if (m < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5249, m)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -5153,10 +5104,6 @@ int transformer_lm_train_step_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
     case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
@@ -5264,10 +5211,6 @@ int transformer_lm_train_step_shape_out(int64_t i, const int64_t *dims, int64_t 
     const int64_t m = dims[0];
     if (m < 1) {
         return 1;
-    }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
-        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -5387,10 +5330,6 @@ int transformer_lm_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t 
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
     case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
     case 1: shape[0] = rows; shape[1] = 1; return 0; /* ids */
@@ -5501,12 +5440,8 @@ int transformer_lm_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
-        return 6;
-    }
     switch (i) {
-    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
+    case 0: shape[0] = (rows + batch - 1)/batch; shape[1] = 1; return 0; /* losses */
     default:
         return 3;
     }

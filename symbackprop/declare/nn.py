@@ -38,7 +38,7 @@ from symbackprop.declare.conv import (  # noqa: F401  (the convolutional layers:
 )
 from symbackprop.declare.pick import pick
 from symbackprop.declare.standing import layered
-from symbackprop.declare.tensor import Gather, Index, Reduce, gather
+from symbackprop.declare.tensor import Gather, Index, Softmax, gather
 from symbackprop.errors import ModelError
 
 # What the elementwise helpers take and return: a scalar expression, a matrix
@@ -325,7 +325,8 @@ def softmax_cross_entropy(logits: sp.MatrixExpr, target: sp.MatrixExpr,
 
     Args:
         logits: (n, classes) unnormalised scores.
-        target: (n, classes) class probabilities, each row summing to 1,
+        target: (n, classes) class probabilities (rows not summing to 1
+            weigh the row's log-sum-exp by their sum, as PyTorch's),
             or an Index of n class numbers (the one-hot rows they gather:
             exactly -log_softmax(logits)[label], gradient softmax - one-hot).
         reduction: "mean" (the default: over the rows) or "sum", as PyTorch's.
@@ -341,9 +342,12 @@ def softmax_cross_entropy(logits: sp.MatrixExpr, target: sp.MatrixExpr,
     if logits.shape != target.shape:
         raise ModelError(f"softmax_cross_entropy of shapes {logits.shape} and {target.shape}")
     labels = _one_hot_labels(target)
-    # class numbers: the target's logit of each row is picked, not summed over one-hot rows
-    chosen = pick(logits, labels) if labels is not None else row_sums(sp.HadamardProduct(target, logits))
-    return _reduced(logsumexp_rows(logits) - chosen, reduction)
+    # -sum(target * log_softmax), the log_softmax max-subtracted: lse - sum(target * logits)
+    # lost the log of the sum against large logits (and assumed rows summing to 1); class
+    # numbers: the target's entry of each row is picked, not summed over one-hot rows
+    log_p = log_softmax(logits)
+    chosen = pick(log_p, labels) if labels is not None else row_sums(sp.HadamardProduct(target, log_p))
+    return _reduced(-chosen, reduction)
 
 
 def _one_hot_labels(target: sp.MatrixExpr) -> Index | None:
@@ -374,13 +378,10 @@ def l2_penalty(*weights: sp.MatrixExpr) -> sp.MatrixExpr:
     return sp.MatAdd(*terms) if len(terms) > 1 else terms[0]
 
 
-def _broadcast_column(column: sp.MatrixExpr, cols: int | sp.Expr) -> sp.MatrixExpr:
-    """A (rows x 1) column repeated in `cols` columns."""
-    return column * ones(1, cols)
-
-
 def log_softmax(z: sp.MatrixExpr, axis: int = 1) -> sp.MatrixExpr:
-    """z minus its log-sum-exp along `axis` (computed with the max subtracted).
+    """(z - max) - log(sum(exp(z - max))) along `axis`, as PyTorch's: never
+    z - logsumexp(z), where a large z loses the log of the sum. Its
+    gradient is g - softmax(z) * sum(g).
 
     Args:
         z: a matrix expression, one row per example.
@@ -392,15 +393,13 @@ def log_softmax(z: sp.MatrixExpr, axis: int = 1) -> sp.MatrixExpr:
     Raises:
         ModelError: axis is neither 0 nor 1.
     """
-    if axis == 1:
-        return z - _broadcast_column(logsumexp_rows(z), z.shape[1])
-    if axis == 0:
-        return z - ones(z.shape[0], 1) * Reduce("logsumexp", z, 0)
-    raise ModelError(f"log_softmax along axis 0 or 1; got {axis!r}")
+    return Softmax(z, axis, log=True)
 
 
 def softmax(z: sp.MatrixExpr, axis: int = 1) -> sp.MatrixExpr:
-    """exp(log_softmax(z, axis)): rows (axis 1) or columns (axis 0) summing to 1.
+    """exp(z - max) / sum(exp(z - max)) along `axis`: rows (axis 1) or
+    columns (axis 0) summing to 1, as PyTorch's (a row with +inf or NaN is
+    NaN throughout).
 
     Args:
         z: a matrix expression, one row per example.
@@ -412,7 +411,7 @@ def softmax(z: sp.MatrixExpr, axis: int = 1) -> sp.MatrixExpr:
     Raises:
         ModelError: axis is neither 0 nor 1.
     """
-    return log_softmax(z, axis).applyfunc(sp.exp)
+    return Softmax(z, axis)
 
 
 LEAKY_SLOPE = sp.Rational(1, 100)  # PyTorch's default negative slope

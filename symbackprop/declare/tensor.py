@@ -416,6 +416,56 @@ class Cumsum(Standing, sp.MatrixExpr):
         return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
 
 
+class Softmax(Standing, sp.MatrixExpr):
+    """softmax (or log_softmax, `log`) of a matrix along an axis: each row
+    (axis 1) or column (axis 0) with its maximum subtracted before exp, as
+    PyTorch's. One op, not exp(z - logsumexp(z)): there the log of the sum
+    is lost against a large z (a row masked with -1e9 in float32 came out
+    as 1 at every entry). See `nn.softmax`, `nn.log_softmax`.
+    """
+
+    def __new__(cls, x: sp.MatrixExpr, axis: int, log: bool = False) -> Softmax:
+        """Build the Softmax.
+
+        Args:
+            x: a matrix expression.
+            axis: 0 (down each column) or 1 (along each row).
+            log: log_softmax instead.
+
+        Raises:
+            ModelError: an unknown axis, or x is not a matrix.
+        """
+        what = "log_softmax" if log else "softmax"
+        if axis not in (0, 1):
+            raise ModelError(f"{what} along axis 0 or 1; got {axis!r}")
+        if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
+            raise ModelError(f"{what} of a matrix; got {x!r}")
+        return super().__new__(cls, sp.sympify(x), sp.Integer(axis), sp.Integer(int(bool(log))))
+
+    @property
+    def arg(self) -> sp.MatrixExpr:
+        """The matrix normalized."""
+        return self.args[0]
+
+    @property
+    def axis(self) -> int:
+        """0: down each column; 1: along each row."""
+        return int(self.args[1])
+
+    @property
+    def log(self) -> bool:
+        """Whether it is the log_softmax."""
+        return bool(self.args[2])
+
+    @property
+    def shape(self) -> tuple:
+        """The shape of the matrix normalized."""
+        return self.arg.shape
+
+    def _entry(self, i, j, **kwargs):
+        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
 class Shift(Standing, sp.MatrixExpr):
     """A matrix moved `k` entries along an axis, `fill` where nothing moves
     in. See `shift`."""

@@ -140,6 +140,18 @@ class IEEEPrinter(OrderedTerms, C99CodePrinter):
             return record.c(self, expr)
         return super()._print(expr, **kwargs)
 
+    def _print_Pow(self, expr: sp.Pow) -> str:
+        """x**(1/3) through pow, never C's cbrt: the value and its derivative
+        come from one definition of the power, NaN for x < 0 (as torch.pow
+        and numpy's). cbrt was finite there while the derivative, x**(-2/3)/3,
+        printed as pow and was NaN; x**(2/3) was NaN with a finite derivative,
+        x**(-1/3), printed as 1/cbrt. (SymPy's cbrt(x) is this same power;
+        the real cube root is real_root(x, 3).)"""
+        if expr.exp == sp.Rational(1, 3):
+            suffix = self._get_func_suffix(sp.codegen.ast.real)
+            return f"{self._ns}pow{suffix}({self._print(expr.base)}, {self._print(expr.exp)})"
+        return super()._print_Pow(expr)
+
     def _print_Mul(self, expr: sp.Mul, **kwargs: Any) -> str:
         text = self._product_text(expr)
         return text if text is not None else super()._print_Mul(expr, **kwargs)

@@ -16,6 +16,7 @@ driver. The ops:
     transpose  A^T (a view: no copy is made)
     sum        sum over one axis (kept as size 1)       attrs: (axis,)
     logsumexp  stable log(sum(exp)) over one axis       attrs: (axis,); args: (a, its softmax_axis)
+    softmax_axis, log_softmax_axis  max-subtracted along one axis (ops/reduce.py)
     element    A[i, j] as a 1x1 (a view)                attrs: (i, j)
     pack       a matrix from 1x1 values, zero elsewhere attrs: (positions,)
     max, min   the extreme over one axis (kept as size 1) attrs: (axis,)
@@ -156,7 +157,23 @@ def logsumexp(a: Node, axis: int) -> Node:
     that axis (the node's second argument, ops/reduce.py): each exp is
     computed once, in the softmax, which the gradient reuses."""
     shape = reduced_shape(a.shape, axis)
-    return op_node("logsumexp", (a, op_node("softmax_axis", (a,), a.shape, (axis, False))), shape, (axis,))
+    return op_node("logsumexp", (a, softmax(a, axis, nan_at_inf=False)), shape, (axis,))
+
+
+def softmax(a: Node, axis: int, nan_at_inf: bool = True) -> Node:
+    """exp(a - max) / sum(exp(a - max)) along `axis` (ops/reduce.py).
+    nan_at_inf: a line with a +inf is NaN throughout, as torch.softmax;
+    else exp(a - max) there (NaN at the +inf, 0 elsewhere), the gradient
+    of torch.logsumexp, which logsumexp's node reads."""
+    return op_node("softmax_axis", (a,), a.shape, (axis, False, int(nan_at_inf)))
+
+
+def log_softmax(a: Node, axis: int) -> Node:
+    """(a - max) - log(sum(exp(a - max))) along `axis`, from a and its
+    softmax (the node's second argument, which its gradient reads): the
+    log of the sum is added to the small differences a - max, never
+    subtracted from a."""
+    return op_node("log_softmax_axis", (a, softmax(a, axis)), a.shape, (axis,))
 
 
 def reduce_extreme(op: str, a: Node, axis: int) -> Node:

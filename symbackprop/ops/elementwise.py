@@ -379,12 +379,24 @@ def _mse(node: Node) -> Node | None:
 
 
 def _softmax_cross_entropy(node: Node) -> Node | None:
-    """The logits under mean(logsumexp(Z) - sum(T * Z)), if node is one."""
-    inner = _strip_mean(node)
-    if inner is node or inner.op != "map" or inner.attrs[0] != A0 + A1:
+    """The logits under -mean(sum(T * log_softmax(Z))) or -mean(pick(log_softmax(Z), y))
+    (or their sums), if node is one."""
+    inner, sign = node, 1
+    while True:
+        if inner.op == "sum":
+            inner = inner.args[0]
+        elif inner.op == "map" and len(inner.args) == 1 and _is_scaling(inner.attrs[0]):
+            sign *= -1 if sp.simplify(inner.attrs[0] / A0).is_negative else 1
+            inner = inner.args[0]
+        else:
+            break
+    if inner is node or sign > 0:
         return None
-    lse = [a for a in inner.args if a.op == "logsumexp"]
-    return lse[0].args[0] if len(lse) == 1 else None
+    if inner.op == "map" and inner.attrs[0] == A0 * A1:
+        inner = next((a for a in inner.args if a.op == "log_softmax_axis"), inner)
+    elif inner.op == "pick":
+        inner = inner.args[0]
+    return inner.args[0] if inner.op == "log_softmax_axis" else None
 
 
 def _mean(node: Node) -> Node | None:

@@ -1,4 +1,5 @@
-"""Reductions over one axis (kept as size 1): sum, logsumexp, max, min, prod.
+"""Reductions over one axis (kept as size 1): sum, logsumexp, max, min, prod;
+and softmax and log_softmax along an axis (nn.softmax, nn.log_softmax), max-subtracted.
 
 Each is one call of `reduction(...)` below, which registers its record and
 how it lowers from `sbp.reduce(name, x, axis)`; the C helper each kernel
@@ -15,11 +16,11 @@ from typing import NoReturn
 import numpy as np
 import sympy as sp
 
-from symbackprop.declare.tensor import Reduce, reduced_shape
+from symbackprop.declare.tensor import Reduce, Softmax, reduced_shape
 from symbackprop.emit.codegen import FunctionEmitter, worth_threads
 from symbackprop.errors import ModelError
-from symbackprop.ir.construct import broadcast, const, is_const, logsumexp, map_, reduce_extreme, reduce_sum
-from symbackprop.ir.node import Node, op_node, placeholder
+from symbackprop.ir.construct import broadcast, const, is_const, log_softmax, logsumexp, map_, reduce_extreme, reduce_sum, softmax
+from symbackprop.ir.node import Node, Shape, op_node, placeholder
 from symbackprop.ops.cumulative import axis_op
 from symbackprop.ops.registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
@@ -187,12 +188,103 @@ def _softmax_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     return None if tangents[0] is None else _softmax_times(node, tangents[0])
 
 
-def _softmax_value(x: np.ndarray, axis: int, reverse: bool = False) -> np.ndarray:
-    top = x.max(axis=axis, keepdims=True)
-    safe = np.where(np.isfinite(top), top, 0.0)
+def _softmax_value(x: np.ndarray, axis: int, reverse: bool = False, nan_at_inf: int = 1) -> np.ndarray:
+    """The C helper's values: exp(x - max) / sum, max taken with NaN skipped;
+    a line whose max is infinite exp(x - max) (nan_at_inf: NaN throughout
+    where it is +inf, as torch.softmax)."""
     with np.errstate(all="ignore"):
-        e = np.exp(x - safe)
-        return e / e.sum(axis=axis, keepdims=True)
+        top = np.fmax.reduce(x, axis=axis, keepdims=True)
+        e = np.exp(x - top)
+        p = e / e.sum(axis=axis, keepdims=True)
+        return np.where(np.isinf(top), np.where(top > 0, np.nan, e) if nan_at_inf else e, p)
+
+
+def _log_softmax_value(x: np.ndarray, axis: int) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        top = np.fmax.reduce(x, axis=axis, keepdims=True)
+        shifted = x - top
+        return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def _log_softmax_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    # d log_softmax_k / d z_l = [k == l] - p_l: the adjoint g - p * sum(g) (the softmax
+    # argument is z's function: the rule is z's whole derivative, no adjoint reaches it)
+    z, p = node.args
+    return (map_(A0 - A1 * A2, [g, p, reduce_sum(g, node.attrs[0])], z.shape), None)
+
+
+def _log_softmax_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    (z, p), tz = node.args, tangents[0]
+    if tz is None:
+        return None
+    return map_(A0 - A1, [tz, reduce_sum(map_(A0 * A1, [p, tz], z.shape), node.attrs[0])], z.shape)
+
+
+@dataclass(frozen=True)
+class LogSoftmaxKernel:
+    """log_softmax of `src` along `axis` from its softmax, into the
+    contiguous `out` of the same shape: one helper call a row (column)."""
+
+    kind: str
+    out: str
+    src: View
+    softmax: View
+    shape: Shape
+    axis: int
+    equations: tuple[Equation, ...]
+
+    def reads(self) -> list[str]:
+        return [self.src.buffer, self.softmax.buffer]
+
+    def writes(self) -> list[str]:
+        return [self.out]
+
+    @property
+    def title(self) -> str:
+        return "log-softmax"
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations): two an entry (the largest of it and of its softmax)."""
+        return sp.Integer(0), 2 * sp.sympify(self.shape[0]) * self.shape[1]
+
+
+def _log_softmax_kernel(sched, node: Node, out: str) -> LogSoftmaxKernel:
+    src, p = node.args
+    axis = node.attrs[0]
+    label = sched.label(src)
+    what = "down each column" if axis == 0 else "along each row"
+    index = "i" if axis == 0 else "j"
+    term = rf"\left({latex_name(label)}\right)_{{ij}}"
+    equation = Equation(out, f"log_softmax of {label} {what}: (its entries - their max) - log(sum(exp(that)))",
+                        rf"{latex_name(out)} = {term} - \log \sum_{{{index}'}} "
+                        rf"\exp \left({latex_name(label)}\right)_{{{index}'}}")
+    return LogSoftmaxKernel(node.op, out, sched.view(src), sched.view(p), node.shape, axis, (equation,))
+
+
+def _emit_log_softmax(em: FunctionEmitter, kernel: LogSoftmaxKernel) -> dict:
+    """One helper call per row (column): the entries, their softmax and the output, each a first entry and a stride."""
+    rows, cols = kernel.shape
+    out = View(kernel.out, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0),
+               sp.Integer(1) if cols != 1 else sp.Integer(0))
+    outer_len, inner_len = (cols, rows) if kernel.axis == 0 else (rows, cols)
+    outer = LOOP_J if kernel.axis == 0 else LOOP_I
+    looped = em.dim(outer_len) != "1"
+
+    def walk(view: View) -> tuple[str, str]:
+        strides = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
+        outer_stride, inner_stride = strides
+        start = sp.expand(view.offset + (outer * outer_stride if looped else 0))
+        pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
+        return pointer, em.index.doprint(sp.sympify(inner_stride)) if inner_len != 1 else "1"
+
+    (x, x_step), (p, p_step), (y, y_step) = (walk(v) for v in (kernel.src, kernel.softmax, out))
+    return {"loop": (str(outer), em.dim(outer_len)) if looped else None,
+            "args": f"{x}, {em.dim(inner_len)}, {x_step}, {p}, {p_step}, {y}, {y_step}"}
+
+
+def _lower_softmax(lowerer, expr: Softmax) -> Node:
+    arg = lowerer.lower(expr.arg)
+    return log_softmax(arg, expr.axis) if expr.log else softmax(arg, expr.axis)
 
 
 def _logsumexp_value(x: np.ndarray, axis: int) -> np.ndarray:
@@ -284,7 +376,14 @@ reduction("min", _extreme_vjp, _extreme_jvp, lambda x, axis: x.min(axis=axis, ke
 reduction("prod", _prod_vjp, _prod_jvp, lambda x, axis: x.prod(axis=axis, keepdims=True), reduce_prod,
           "product of {arg} {what}", r"\prod_{{{index}}} {term}", "Prod")
 axis_op("softmax_axis", _softmax_vjp, _softmax_jvp, _softmax_value, "softmax of {arg} {what}, its max subtracted first",
-        r"\exp {term} / \sum_{{{index}'}} \exp \left({arg}\right)_{{{index}'}}", plain_grad_fn("Softmax"))
+        r"\exp {term} / \sum_{{{index}'}} \exp \left({arg}\right)_{{{index}'}}", plain_grad_fn("Softmax"),
+        lowering=((Softmax, _lower_softmax),), shapes=((Softmax, lambda e, of: of(e.arg)),))
+register(OpRecord(
+    "log_softmax_axis", vjp=_log_softmax_vjp, jvp=_log_softmax_jvp,
+    evaluate=lambda node, args, context: _log_softmax_value(args[0], node.attrs[0]),
+    kernel=_log_softmax_kernel, emit=_emit_log_softmax, template="axis_kernel",
+    grad_fn=lambda node: ("LogSoftmax", [node.args[0]]), helper=True,
+))
 axis_op("prod_others", _second_order, _second_order, _others_value, "product of the other entries of {arg} {what}",
         r"\prod_{{{index}' \ne {index}}} {term}", plain_grad_fn("ProdOthers"))
 # sbp.reduce(name, ...) lowers through the reduction of its name ("mean": a scaled sum)

@@ -14,7 +14,7 @@
 
 static size_t softmax_ce_run_work_len(int with_grads)
 {
-    return (size_t)(with_grads ? 25 : 25);
+    return (size_t)(with_grads ? 56 : 40);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -30,56 +30,63 @@ static int softmax_ce_run(
 {
 
     /* where each buffer lies in work */
-    SOFTMAX_CE_REAL *mul_Z = work; /* 4 x 3 */
-    SOFTMAX_CE_REAL *rowsum_Z = mul_Z + 12; /* 4 x 1 */
-    SOFTMAX_CE_REAL *softmax_axis_Z = mul_Z; /* 4 x 3, in mul_Z's memory */
-    SOFTMAX_CE_REAL *rowlse_Z = rowsum_Z + 4; /* 4 x 1 */
-    SOFTMAX_CE_REAL *add_Z = rowlse_Z + 4; /* 4 x 1 */
-    SOFTMAX_CE_REAL *colsum_Z = add_Z + 4; /* 1 x 1 */
-
-    /* mul_Z = T*Z */
-    for (int64_t i = 0; i < 4; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            mul_Z[3*i + j] = T[3*i + j]*Z[3*i + j];
-        }
-    }
-
-    /* rowsum_Z = sum of mul_Z along each row */
-    for (int64_t i = 0; i < 4; ++i) {
-        rowsum_Z[i] = symbackprop_f64_sum(mul_Z + 3*i, 3, 1);
-    }
+    SOFTMAX_CE_REAL *softmax_axis_Z = work; /* 4 x 3 */
+    SOFTMAX_CE_REAL *log_softmax_axis_Z = softmax_axis_Z + 12; /* 4 x 3 */
+    SOFTMAX_CE_REAL *mul_T = with_grads ? log_softmax_axis_Z + 12 : softmax_axis_Z; /* 4 x 3 */
+    SOFTMAX_CE_REAL *grad_log_softmax_axis_Z = with_grads ? mul_T + 12 : log_softmax_axis_Z + 12; /*
+            4 x 3 */
+    SOFTMAX_CE_REAL *colsum_T = grad_log_softmax_axis_Z + 12; /* 1 x 3 */
+    SOFTMAX_CE_REAL *rowsum_T = colsum_T + 3; /* 1 x 1 */
 
     /* softmax_axis_Z = softmax of Z along each row, its max subtracted first */
     for (int64_t i = 0; i < 4; ++i) {
-        symbackprop_f64_softmax_axis(Z + 3*i, 3, 1, softmax_axis_Z + 3*i, 1);
+        symbackprop_f64_softmax_axis(Z + 3*i, 3, 1, softmax_axis_Z + 3*i, 1, 1);
     }
 
-    /* rowlse_Z = log(sum(exp(Z))) along each row, its max subtracted first */
+    /* log_softmax_axis_Z = log_softmax of Z along each row: (its entries - their max) -
+     * log(sum(exp(that))) */
     for (int64_t i = 0; i < 4; ++i) {
-        rowlse_Z[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1, softmax_axis_Z + 3*i, 1);
+        symbackprop_f64_log_softmax_axis(Z + 3*i, 3, 1, softmax_axis_Z + 3*i, 1, log_softmax_axis_Z
+                + 3*i, 1);
     }
 
-    /* add_Z = rowlse_Z - rowsum_Z */
+    /* mul_T = T*log_softmax_axis_Z */
+    /* grad_log_softmax_axis_Z = -T/4 */
     for (int64_t i = 0; i < 4; ++i) {
-        add_Z[i] = -rowsum_Z[i] + rowlse_Z[i];
+        for (int64_t j = 0; j < 3; ++j) {
+            mul_T[3*i + j] = T[3*i + j]*log_softmax_axis_Z[3*i + j];
+            grad_log_softmax_axis_Z[3*i + j] = -1.0/4.0*T[3*i + j];
+        }
     }
 
-    /* colsum_Z = sum of add_Z down each column */
-    colsum_Z[0] = symbackprop_f64_sum(add_Z, 4, 1);
+    /* colsum_T = sum of mul_T down each column */
+    symbackprop_f64_sum_columns(mul_T, 4, 3, 3, colsum_T);
 
-    /* loss = colsum_Z/4 */
+    /* rowsum_T = sum of colsum_T along each row */
+    rowsum_T[0] = symbackprop_f64_sum(colsum_T, 3, 1);
+
+    /* loss = -rowsum_T/4 */
     {
-        loss[0] = (1.0/4.0)*colsum_Z[0];
+        loss[0] = -1.0/4.0*rowsum_T[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_Z = -T/4 + softmax_axis_Z/4 */
+    /* the gradient's buffers in work */
+    SOFTMAX_CE_REAL *rowsum_T_2 = rowsum_T + 1; /* 4 x 1 */
+
+    /* rowsum_T_2 = sum of grad_log_softmax_axis_Z along each row */
+    for (int64_t i = 0; i < 4; ++i) {
+        rowsum_T_2[i] = symbackprop_f64_sum(grad_log_softmax_axis_Z + 3*i, 3, 1);
+    }
+
+    /* grad_Z = grad_log_softmax_axis_Z - rowsum_T_2*softmax_axis_Z */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            grad_Z[3*i + j] = (1.0/4.0)*softmax_axis_Z[3*i + j] - 1.0/4.0*T[3*i + j];
+            grad_Z[3*i + j] = grad_log_softmax_axis_Z[3*i + j] -
+                    softmax_axis_Z[3*i + j]*rowsum_T_2[i];
         }
     }
     return 0;
