@@ -57,6 +57,9 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 5609*n + 85643 : 5214*n + 24587);
 }
 #endif
@@ -165,17 +168,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = conv_K1_cols + blk * 576;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 8; ++oy) {
-                            for (int64_t ox = 0; ox < 8; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy <
-                                        8 && ix >= 0 && ix < 8) ?
-                                        X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 64 + oy * 8;
+                            if (iy < 0 || iy >= 8) {
+                                for (int64_t ox = 0; ox < 8; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = X + ((i * 1 + ic) *
+                                    8 + iy) * 8;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 8; ++ox) {
+                                cols[ox] = 0;
                             }
                         }
                     }
@@ -225,17 +246,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = conv_K2_cols + blk * 2304;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy <
-                                        4 && ix >= 0 && ix < 4) ?
-                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 16 + oy * 4;
+                            if (iy < 0 || iy >= 4) {
+                                for (int64_t ox = 0; ox < 4; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = maxpool_K1 + ((i *
+                                    16 + ic) * 4 + iy) * 4;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 4; ++ox) {
+                                cols[ox] = 0;
                             }
                         }
                     }
@@ -436,22 +475,28 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t at = 0; at < 512; ++at) {
-            grad_relu_K2[i * 512 + at] = 0;
-        }
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
                 for (int64_t ox = 0; ox < 2; ++ox) {
                     int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
+                    CNN_DIGITS_REAL top = relu_K2[best];
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (relu_K2[at] > relu_K2[best]) {
-                                best = at;
-                            }
+                            const CNN_DIGITS_REAL value = relu_K2[at];
+                            best = value > top ? at : best; /* selects, not branches: 4x faster on
+                                    LeNet-5 */
+                            top = value > top ? value : top;
                         }
                     }
-                    grad_relu_K2[best] += grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    /* the windows do not overlap: each entry of this one is written once */
+                    const CNN_DIGITS_REAL back = grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
+                            grad_relu_K2[at] = at == best ? back : 0;
+                        }
+                    }
                 }
             }
         }
@@ -472,6 +517,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_maxpool_K1_cols + blk * 2304;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win[kk,at] = sum_oc K2[oc,kk] * grad_relu_K2[i,oc,at], kk = (ic,ky,kx), at =
              * (oy,ox) */
@@ -483,13 +531,18 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] +=
-                                            win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
-                                }
+                            const int64_t iy = oy + ky - 1;
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky)
+                                    * 3 + kx) * 16 + oy * 4;
+                            if (iy < 0 || iy >= 4) {
+                                continue;
+                            }
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = grad_maxpool_K1 + ((i *
+                                    16 + ic) * 4 + iy) * 4;
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                pixels[ox + kx - 1] += cols[ox];
                             }
                         }
                     }
@@ -502,22 +555,28 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t at = 0; at < 1024; ++at) {
-            grad_relu_K1[i * 1024 + at] = 0;
-        }
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
                 for (int64_t ox = 0; ox < 4; ++ox) {
                     int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
+                    CNN_DIGITS_REAL top = relu_K1[best];
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (relu_K1[at] > relu_K1[best]) {
-                                best = at;
-                            }
+                            const CNN_DIGITS_REAL value = relu_K1[at];
+                            best = value > top ? at : best; /* selects, not branches: 4x faster on
+                                    LeNet-5 */
+                            top = value > top ? value : top;
                         }
                     }
-                    grad_relu_K1[best] += grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    /* the windows do not overlap: each entry of this one is written once */
+                    const CNN_DIGITS_REAL back = grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
+                            grad_relu_K1[at] = at == best ? back : 0;
+                        }
+                    }
                 }
             }
         }
@@ -537,35 +596,46 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_K1_cols + blk * 720;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
         CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
         for (int64_t at = 0; at < 144; ++at) {
             wsum[at] = 0;
         }
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 8; ++oy) {
-                            for (int64_t ox = 0; ox < 8; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8
-                                        && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix]
-                                        : 0;
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 64 + oy * 8;
+                            if (iy < 0 || iy >= 8) {
+                                for (int64_t ox = 0; ox < 8; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = X + ((i * 1 + ic) *
+                                    8 + iy) * 8;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 8; ++ox) {
+                                cols[ox] = 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at grad_relu_K1[i,oc,at] * win[at,kk] */
-            for (int64_t oc = 0; oc < 16; ++oc) {
-                for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = grad_relu_K1[(i * 16 + oc) * 64 + at];
-                    for (int64_t kk = 0; kk < 9; ++kk) {
-                        wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
-                    }
-                }
-            }
+            /* wsum[oc,kk] += sum_at grad_relu_K1[i,oc,at] * win[kk,at] */
+            symbackprop_f64_matmul_add(16, 9, 64, grad_relu_K1 + i * 1024, 64, 1, win, 1, 64, wsum);
         }
     }
     /* grad_K1[oc,kk] = the blocks' sums, added in block order */
@@ -597,35 +667,47 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_K2_cols + blk * 6912;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
         CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
         for (int64_t at = 0; at < 4608; ++at) {
             wsum[at] = 0;
         }
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
                 for (int64_t ky = 0; ky < 3; ++ky) {
                     for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
                         for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy <
-                                        4 && ix >= 0 && ix < 4) ?
-                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 16 + oy * 4;
+                            if (iy < 0 || iy >= 4) {
+                                for (int64_t ox = 0; ox < 4; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = maxpool_K1 + ((i *
+                                    16 + ic) * 4 + iy) * 4;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 4; ++ox) {
+                                cols[ox] = 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[at,kk] */
-            for (int64_t oc = 0; oc < 32; ++oc) {
-                for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = grad_relu_K2[(i * 32 + oc) * 16 + at];
-                    for (int64_t kk = 0; kk < 144; ++kk) {
-                        wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
-                    }
-                }
-            }
+            /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[kk,at] */
+            symbackprop_f64_matmul_add(32, 144, 16, grad_relu_K2 + i * 512, 16, 1, win, 1, 16,
+                    wsum);
         }
     }
     /* grad_K2[oc,kk] = the blocks' sums, added in block order */
@@ -642,7 +724,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 /* cnn_digits_run, part 3 of 3 (kernels 33 to 38): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 0; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
@@ -657,7 +739,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_bcast_c2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
@@ -733,6 +815,10 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /*
+            its arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
     CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
@@ -799,6 +885,9 @@ size_t cnn_digits_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(cnn_digits_run_work_len(n, 0));
 }
 #endif
@@ -825,6 +914,10 @@ int cnn_digits_forward(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /*
+            its arrays and workspace, summed */
+        return 6;
+    }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL,
             NULL, NULL, NULL, NULL, NULL, work, 0);
 }
@@ -835,6 +928,9 @@ size_t cnn_digits_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(cnn_digits_run_work_len(n, 1) + n*10);
 }
@@ -869,6 +965,10 @@ int cnn_digits_value_and_grad(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /*
+            its arrays and workspace, summed */
+        return 6;
+    }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work +
             cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1,
             grad_W2, grad_b2, work, 1);
@@ -880,6 +980,9 @@ size_t cnn_digits_train_step_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(13708 + 16*9 + 1*16 + 32*144 + 1*32 + 128*64 + 1*64 + 64*10 + 1*10 +
             cnn_digits_value_and_grad_work_len(n));
@@ -928,6 +1031,10 @@ int cnn_digits_train_step(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -1278,6 +1385,9 @@ size_t cnn_digits_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the epoch returns 6 */
+    }
     if (batch > rows) {
         batch = rows;
     }
@@ -1289,7 +1399,7 @@ size_t cnn_digits_train_epoch_work_len(int64_t rows, int64_t batch)
  * batch does not divide rows), or with order not NULL the rows order[b*batch], ...
  * gathered into the workspace. Everything a step relies on is checked before
  * the first one (a failing epoch trains nothing): returns 1 when a dimension
- * is below 1, 2 when order names a row outside 0 ... rows-1 or an Index
+ * is below 1, 6 when a size does not fit, 2 when order names a row outside 0 ... rows-1 or an Index
  * a row outside an array it gathers from, else 0. */
 int cnn_digits_train_epoch(
     int64_t rows,
@@ -1333,6 +1443,10 @@ int cnn_digits_train_epoch(
 {
     if (rows < 1 || batch < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /*
+            its arrays and a step's workspace, every row one minibatch */
+        return 6;
     }
     if (order != NULL) {
         for (int64_t i = 0; i < rows; ++i) {
@@ -1466,6 +1580,10 @@ int cnn_digits_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1487,6 +1605,10 @@ int cnn_digits_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1573,6 +1695,10 @@ int cnn_digits_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1594,6 +1720,10 @@ int cnn_digits_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1691,6 +1821,10 @@ int cnn_digits_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -1734,6 +1868,10 @@ int cnn_digits_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1829,6 +1967,10 @@ int cnn_digits_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (rows < 1 || batch < 1) {
         return 1;
     }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
     case 1: shape[0] = rows; shape[1] = 64; return 0; /* X */
@@ -1875,8 +2017,12 @@ int cnn_digits_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (rows < 1 || batch < 1) {
         return 1;
     }
+    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
-    case 0: shape[0] = (rows + batch - 1)/batch; shape[1] = 1; return 0; /* losses */
+    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
     default:
         return 3;
     }

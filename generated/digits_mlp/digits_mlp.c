@@ -17,6 +17,9 @@ static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 169*n + 11 : 158*n + 11);
 }
 
@@ -42,6 +45,10 @@ static int digits_mlp_run(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -168,6 +175,9 @@ size_t digits_mlp_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(digits_mlp_run_work_len(n, 0));
 }
 
@@ -188,6 +198,10 @@ int digits_mlp_forward(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
 }
 
@@ -195,6 +209,9 @@ size_t digits_mlp_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(digits_mlp_run_work_len(n, 1) + n*10);
 }
@@ -219,6 +236,10 @@ int digits_mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1),
             grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
@@ -227,6 +248,9 @@ size_t digits_mlp_train_step_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(4812 + 64*64 + 1*64 + 64*10 + 1*10 + digits_mlp_value_and_grad_work_len(n));
 }
@@ -260,6 +284,10 @@ int digits_mlp_train_step(
 {
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
     }
 
     /* where each buffer lies in work */
@@ -459,6 +487,9 @@ size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
+    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the epoch returns 6 */
+    }
     if (batch > rows) {
         batch = rows;
     }
@@ -470,7 +501,7 @@ size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch)
  * batch does not divide rows), or with order not NULL the rows order[b*batch], ...
  * gathered into the workspace. Everything a step relies on is checked before
  * the first one (a failing epoch trains nothing): returns 1 when a dimension
- * is below 1, 2 when order names a row outside 0 ... rows-1 or an Index
+ * is below 1, 6 when a size does not fit, 2 when order names a row outside 0 ... rows-1 or an Index
  * a row outside an array it gathers from, else 0. */
 int digits_mlp_train_epoch(
     int64_t rows,
@@ -502,6 +533,10 @@ int digits_mlp_train_epoch(
 {
     if (rows < 1 || batch < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and a step's workspace, every row one minibatch */
+        return 6;
     }
     if (order != NULL) {
         for (int64_t i = 0; i < rows; ++i) {
@@ -623,6 +658,10 @@ int digits_mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -640,6 +679,10 @@ int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -723,6 +766,10 @@ int digits_mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -740,6 +787,10 @@ int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -828,6 +879,10 @@ int digits_mlp_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
+    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
     case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
@@ -859,6 +914,10 @@ int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     const int64_t n = dims[0];
     if (n < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -949,6 +1008,10 @@ int digits_mlp_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (rows < 1 || batch < 1) {
         return 1;
     }
+    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
     case 1: shape[0] = rows; shape[1] = 64; return 0; /* X */
@@ -983,8 +1046,12 @@ int digits_mlp_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (rows < 1 || batch < 1) {
         return 1;
     }
+    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
-    case 0: shape[0] = (rows + batch - 1)/batch; shape[1] = 1; return 0; /* losses */
+    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
     default:
         return 3;
     }

@@ -30,7 +30,10 @@ size_t lstm_lm_forward_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(60*T + 475);
+    if (symbackprop_size_add(4501, symbackprop_size_mul(210, T)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
+    return (size_t)(60*T + 491);
 }
 #endif
 
@@ -101,12 +104,14 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
             LSTM_LM_REAL *scan_W_i_cell_next = scan_W_i_nxt + 16;
             LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 160; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_sigmoid_b_o = scan_W_i_base + 96; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 64; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 112; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 128; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 144; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mul_b_o = scan_W_i_base + 176; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 192; /* 1 x 30 */
             /* mm_h = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
@@ -140,7 +145,16 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
                     }
                 }
             }
-            /* mm_h_2 = h @ U_i */
+            /* sigmoid_b_o = sigmoid(b_o + mm_h + mm_x) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+            for (int64_t j = 0; j < 16; ++j) {
+                scan_W_i_sigmoid_b_o[j] = (((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0 ?
+                        1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
+            }
+            /* mm_h_2 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_2[16*i + j] = 0;
@@ -152,11 +166,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_2[16*i + j] += acc * U_i[16*k + j];
+                        scan_W_i_mm_h_2[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* mm_x_2 = x @ W_i */
+            /* mm_x_2 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_2[16*i + j] = 0;
@@ -168,11 +182,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_2[16*i + j] += acc * W_i[16*k + j];
+                        scan_W_i_mm_x_2[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* mm_h_3 = h @ U_g */
+            /* mm_h_3 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_3[16*i + j] = 0;
@@ -184,11 +198,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_3[16*i + j] += acc * U_g[16*k + j];
+                        scan_W_i_mm_h_3[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* mm_x_3 = x @ W_g */
+            /* mm_x_3 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_3[16*i + j] = 0;
@@ -200,7 +214,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_3[16*i + j] += acc * W_g[16*k + j];
+                        scan_W_i_mm_x_3[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
@@ -236,10 +250,12 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_3 +
-             * mm_x_3)*sigmoid(b_i + mm_h_2 + mm_x_2) */
-            /* h_next = tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_3 +
-             * mm_x_3)*sigmoid(b_i + mm_h_2 + mm_x_2))*sigmoid(b_o + mm_h + mm_x) */
+            /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_2 +
+             * mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3) */
+            /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
+             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
+            /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
+             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
@@ -247,22 +263,22 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
                 const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j]
                         + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
                         b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
-                        b_f[j])))) + tanh(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
-                        b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 :
-                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 +
-                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
+                        b_f[j])))) + tanh(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] +
+                        b_g[j])*(((scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]) >= 0 ? 1.0 :
+                        exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))));
+                const LSTM_LM_REAL x1 = scan_W_i_sigmoid_b_o[j]*tanh(x0);
                 scan_W_i_cell_next[j] = x0;
-                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0
-                        ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
-                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
+                scan_W_i_h_next[j] = x1;
+                scan_W_i_mul_b_o[j] = x1;
             }
-            /* mm_V = h_next @ V */
+            /* mm_V = mul_b_o @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
                     scan_W_i_mm_V[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = scan_W_i_h_next[k];
+                    const LSTM_LM_REAL acc = scan_W_i_mul_b_o[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -378,10 +394,14 @@ int lstm_lm_forward(
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(4501, symbackprop_size_mul(210, T)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
-    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
-    LSTM_LM_REAL *softmax_axis_logits = scan_W_i + 444; /* T x 30 */
+    LSTM_LM_REAL *scan_W_i = work; /* 460 x 1 */
+    LSTM_LM_REAL *softmax_axis_logits = scan_W_i + 460; /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = softmax_axis_logits; /* T x 30, in softmax_axis_logits's memory */
     LSTM_LM_REAL *colsum_Y = log_softmax_axis_logits + 30*T; /* 1 x 30 */
@@ -401,7 +421,12 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(121*T + 32*((T + 31)/32) + 9849);
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
+    return (size_t)(121*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4793);
 }
 #endif
 
@@ -479,12 +504,14 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
             LSTM_LM_REAL *scan_W_i_cell_next = scan_W_i_nxt + 16;
             LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 160; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_sigmoid_b_o = scan_W_i_base + 96; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 64; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 112; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 128; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 144; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mul_b_o = scan_W_i_base + 176; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 192; /* 1 x 30 */
             /* mm_h = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
@@ -518,7 +545,16 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
                     }
                 }
             }
-            /* mm_h_2 = h @ U_i */
+            /* sigmoid_b_o = sigmoid(b_o + mm_h + mm_x) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+            for (int64_t j = 0; j < 16; ++j) {
+                scan_W_i_sigmoid_b_o[j] = (((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0 ?
+                        1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
+            }
+            /* mm_h_2 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_2[16*i + j] = 0;
@@ -530,11 +566,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_2[16*i + j] += acc * U_i[16*k + j];
+                        scan_W_i_mm_h_2[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* mm_x_2 = x @ W_i */
+            /* mm_x_2 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_2[16*i + j] = 0;
@@ -546,11 +582,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_2[16*i + j] += acc * W_i[16*k + j];
+                        scan_W_i_mm_x_2[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* mm_h_3 = h @ U_g */
+            /* mm_h_3 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_3[16*i + j] = 0;
@@ -562,11 +598,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_3[16*i + j] += acc * U_g[16*k + j];
+                        scan_W_i_mm_h_3[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* mm_x_3 = x @ W_g */
+            /* mm_x_3 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_3[16*i + j] = 0;
@@ -578,7 +614,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_3[16*i + j] += acc * W_g[16*k + j];
+                        scan_W_i_mm_x_3[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
@@ -614,10 +650,12 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_3 +
-             * mm_x_3)*sigmoid(b_i + mm_h_2 + mm_x_2) */
-            /* h_next = tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_3 +
-             * mm_x_3)*sigmoid(b_i + mm_h_2 + mm_x_2))*sigmoid(b_o + mm_h + mm_x) */
+            /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_2 +
+             * mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3) */
+            /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
+             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
+            /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
+             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
@@ -625,22 +663,22 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
                 const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j]
                         + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
                         b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
-                        b_f[j])))) + tanh(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
-                        b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 :
-                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 +
-                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
+                        b_f[j])))) + tanh(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] +
+                        b_g[j])*(((scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]) >= 0 ? 1.0 :
+                        exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))));
+                const LSTM_LM_REAL x1 = scan_W_i_sigmoid_b_o[j]*tanh(x0);
                 scan_W_i_cell_next[j] = x0;
-                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0
-                        ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
-                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
+                scan_W_i_h_next[j] = x1;
+                scan_W_i_mul_b_o[j] = x1;
             }
-            /* mm_V = h_next @ V */
+            /* mm_V = mul_b_o @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
                     scan_W_i_mm_V[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = scan_W_i_h_next[k];
+                    const LSTM_LM_REAL acc = scan_W_i_mul_b_o[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -886,7 +924,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
         for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 16; ++scan_vjp_W_i_i) {
             (scan_vjp_W_i_cur + 16)[scan_vjp_W_i_i] = 0;
         }
-        for (int64_t scan_vjp_W_i_s = ((T + 31)/32) - 1; scan_vjp_W_i_s >= 0; --scan_vjp_W_i_s) {
+        for (int64_t scan_vjp_W_i_s = ((T - 1)/32 + 1) - 1; scan_vjp_W_i_s >= 0; --scan_vjp_W_i_s) {
             const int64_t scan_vjp_W_i_t0 = scan_vjp_W_i_s*32;
             const int64_t scan_vjp_W_i_len = T - scan_vjp_W_i_t0 < 32 ? T - scan_vjp_W_i_t0 : 32;
             for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 32; ++scan_vjp_W_i_i) {
@@ -900,23 +938,30 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 const LSTM_LM_REAL *scan_vjp_W_i_cell = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u - 16;
                 LSTM_LM_REAL *scan_vjp_W_i_h_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u;
                 LSTM_LM_REAL *scan_vjp_W_i_cell_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u + 16;
-                LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 9328;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 992;
+                LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 4256;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        32*((32) < (T) ? (32) : (T)) - 32;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1008;
+                        32*((32) < (T) ? (32) : (T)) - 16;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1024;
+                        32*((32) < (T) ? (32) : (T));
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1040;
+                        32*((32) < (T) ? (32) : (T)) + 16;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1056;
+                        32*((32) < (T) ? (32) : (T)) + 32;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1072;
+                        32*((32) < (T) ? (32) : (T)) + 48;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1088;
+                        32*((32) < (T) ? (32) : (T)) + 64;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
-                        1104;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 5216; /* 1 x 30 */
+                        32*((32) < (T) ? (32) : (T)) + 80;
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32)
+                        : (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 112; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 160*((32) < (T) ? (32) : (T))
+                        + 128; /* 1 x 30 */
                 /* mm_h_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -949,7 +994,18 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         }
                     }
                 }
-                /* mm_h_2_kept = h @ U_i */
+                /* sigmoid_b_o = sigmoid(b_o + mm_h_kept + mm_x_kept) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+                for (int64_t j = 0; j < 16; ++j) {
+                    scan_vjp_W_i_sigmoid_b_o[j] = (((scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] +
+                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]))));
+                }
+                /* mm_h_2_kept = h @ U_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_h_2_kept[16*i + j] = 0;
@@ -961,11 +1017,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_h_2_kept[16*i + j] += acc * U_i[16*k + j];
+                            scan_vjp_W_i_mm_h_2_kept[16*i + j] += acc * U_g[16*k + j];
                         }
                     }
                 }
-                /* mm_x_2_kept = x @ W_i */
+                /* mm_x_2_kept = x @ W_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_x_2_kept[16*i + j] = 0;
@@ -977,11 +1033,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_x_2_kept[16*i + j] += acc * W_i[16*k + j];
+                            scan_vjp_W_i_mm_x_2_kept[16*i + j] += acc * W_g[16*k + j];
                         }
                     }
                 }
-                /* mm_h_3_kept = h @ U_g */
+                /* mm_h_3_kept = h @ U_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_h_3_kept[16*i + j] = 0;
@@ -993,11 +1049,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_h_3_kept[16*i + j] += acc * U_g[16*k + j];
+                            scan_vjp_W_i_mm_h_3_kept[16*i + j] += acc * U_i[16*k + j];
                         }
                     }
                 }
-                /* mm_x_3_kept = x @ W_g */
+                /* mm_x_3_kept = x @ W_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_x_3_kept[16*i + j] = 0;
@@ -1009,7 +1065,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_x_3_kept[16*i + j] += acc * W_g[16*k + j];
+                            scan_vjp_W_i_mm_x_3_kept[16*i + j] += acc * W_i[16*k + j];
                         }
                     }
                 }
@@ -1046,10 +1102,13 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                     }
                 }
                 /* cell_next = cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) + tanh(b_g +
-                 * mm_h_3_kept + mm_x_3_kept)*sigmoid(b_i + mm_h_2_kept + mm_x_2_kept) */
-                /* h_next = tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) + tanh(b_g +
-                 * mm_h_3_kept + mm_x_3_kept)*sigmoid(b_i + mm_h_2_kept +
-                 * mm_x_2_kept))*sigmoid(b_o + mm_h_kept + mm_x_kept) */
+                 * mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept + mm_x_3_kept) */
+                /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) +
+                 * tanh(b_g + mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept +
+                 * mm_x_3_kept)) */
+                /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) +
+                 * tanh(b_g + mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept +
+                 * mm_x_3_kept)) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
@@ -1059,26 +1118,24 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                             exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] + scan_vjp_W_i_mm_x_4_kept[j] +
                             b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] +
                             scan_vjp_W_i_mm_x_4_kept[j] + b_f[j])))) +
-                            tanh(scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
-                            b_g[j])*(((scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
-                            b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] +
-                            scan_vjp_W_i_mm_x_2_kept[j] + b_i[j]))) / (1.0 +
-                            exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
+                            tanh(scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
+                            b_g[j])*(((scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
+                            b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_3_kept[j] +
+                            scan_vjp_W_i_mm_x_3_kept[j] + b_i[j]))) / (1.0 +
+                            exp(-fabs(scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
                             b_i[j]))));
+                    const LSTM_LM_REAL x1 = scan_vjp_W_i_sigmoid_b_o[j]*tanh(x0);
                     scan_vjp_W_i_cell_next[j] = x0;
-                    scan_vjp_W_i_h_next[j] = tanh(x0)*(((scan_vjp_W_i_mm_h_kept[j] +
-                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]) >= 0 ? 1.0 :
-                            exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] +
-                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept[j] +
-                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]))));
+                    scan_vjp_W_i_h_next[j] = x1;
+                    scan_vjp_W_i_mul_b_o[j] = x1;
                 }
-                /* mm_V = h_next @ V */
+                /* mm_V = mul_b_o @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 30; ++j) {
                         scan_vjp_W_i_mm_V[30*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = scan_vjp_W_i_h_next[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_mul_b_o[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -1107,58 +1164,57 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *scan_vjp_W_i_grad_h = scan_vjp_W_i_nxt;
                 LSTM_LM_REAL *scan_vjp_W_i_grad_cell = scan_vjp_W_i_nxt + 16;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1120;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 96;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1136;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 112;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1152;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 128;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1168;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 144;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1184;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 160;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1200;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 176;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1216;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 192;
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept_2 = scan_vjp_W_i_base +
-                        128*scan_vjp_W_i_u + 1232;
+                        128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 208;
                 const LSTM_LM_REAL *scan_vjp_W_i_grad_out0 = grad_logits + 30*scan_vjp_W_i_t;
-                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 5216; /* 1 x 16
-                        */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 5232; /* 1 x 16
-                        */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 5248; /* 1 x
-                        16 */
-                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_3_kept_2 = scan_vjp_W_i_base + 5264; /* 1 x 16
-                        */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 5280; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 5296; /* 1 x 16
-                        */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 5312; /* 1 x
-                        16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 5328; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 5344; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 5248; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 5264; /* 1 x 16 */
-                /* grad_mul_b_o_part = grad_out0 @ V^T */
+                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32)
+                        : (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 112; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_2_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 128; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_3_kept_2 = scan_vjp_W_i_base + 160*((32) <
+                        (T) ? (32) : (T)) + 144; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 160; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 176; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 160*((32) <
+                        (T) ? (32) : (T)) + 192; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 160*((32) < (T) ?
+                        (32) : (T)) + 208; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T) ?
+                        (32) : (T)) + 224; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 112; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 128; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 144; /* 1 x 16 */
+                /* grad_mul_b_o = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 30; ++k) {
                             acc += scan_vjp_W_i_grad_out0[k] * V[k + 30*j];
                         }
-                        scan_vjp_W_i_grad_mul_b_o_part[16*i + j] = acc;
+                        scan_vjp_W_i_grad_mul_b_o[16*i + j] = acc;
                     }
-                }
-                /* grad_mul_b_o_part = grad_h_next + grad_mul_b_o_part */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_grad_mul_b_o_part[j] = scan_vjp_W_i_grad_h_next[j] +
-                            scan_vjp_W_i_grad_mul_b_o_part[j];
                 }
                 /* sigmoid_mm_h_kept_2 = sigmoid(b_o + mm_h_kept_2 + mm_x_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1171,67 +1227,74 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                             b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] +
                             scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]))));
                 }
-                /* sigmoid_mm_h_2_kept_2 = sigmoid(b_i + mm_h_2_kept_2 + mm_x_2_kept_2) */
+                /* tanh_mm_h_2_kept_2 = tanh(b_g + mm_h_2_kept_2 + mm_x_2_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j] = (((scan_vjp_W_i_mm_h_2_kept_2[j] +
-                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]) >= 0 ? 1.0 :
-                            exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] + scan_vjp_W_i_mm_x_2_kept_2[j]
-                            + b_i[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] +
-                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]))));
+                    scan_vjp_W_i_tanh_mm_h_2_kept_2[j] = tanh(scan_vjp_W_i_mm_h_2_kept_2[j] +
+                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_g[j]);
                 }
-                /* tanh_mm_h_3_kept_2 = tanh(b_g + mm_h_3_kept_2 + mm_x_3_kept_2) */
+                /* sigmoid_mm_h_3_kept_2 = sigmoid(b_i + mm_h_3_kept_2 + mm_x_3_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_tanh_mm_h_3_kept_2[j] = tanh(scan_vjp_W_i_mm_h_3_kept_2[j] +
-                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_g[j]);
+                    scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j] = (((scan_vjp_W_i_mm_h_3_kept_2[j] +
+                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_i[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_3_kept_2[j] + scan_vjp_W_i_mm_x_3_kept_2[j]
+                            + b_i[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_3_kept_2[j] +
+                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_i[j]))));
                 }
                 /* mul_cell = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2))*(grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1
-                 * - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
-                 * + mm_x_4_kept_2) */
-                /* mul_grad_cell_next = sigmoid_mm_h_2_kept_2*(1 -
-                 * tanh_mm_h_3_kept_2**2)*(grad_cell_next +
-                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
+                 * mm_x_4_kept_2))*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2)) */
-                /* mul_grad_cell_next_2 = sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2*(1 -
-                 * sigmoid_mm_h_2_kept_2)*(grad_cell_next +
-                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) */
+                /* mul_grad_cell_next = sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2*(1 -
+                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2)) */
-                /* mul_grad_h_next = grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
-                 * sigmoid_mm_h_kept_2)*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2) + sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2) */
-                /* grad_cell = (grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
-                 * tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
-                 * + mm_x_4_kept_2) */
-                /* grad_b_i = grad_b_i + sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2*(1 -
-                 * sigmoid_mm_h_2_kept_2)*(grad_cell_next +
-                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                /* mul_grad_cell_next_2 = sigmoid_mm_h_3_kept_2*(1 -
+                 * tanh_mm_h_2_kept_2**2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2)) */
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                /* mul_grad_h_next = sigmoid_mm_h_kept_2*(1 -
+                 * sigmoid_mm_h_kept_2)*(grad_h_next*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) +
+                 * grad_mul_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)) */
+                /* grad_cell = (grad_cell_next + (1 - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) */
+                /* grad_b_i = grad_b_i + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2*(1 -
+                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
                 /* grad_b_f = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2))*(grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1
-                 * - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
-                 * + mm_x_4_kept_2) + grad_b_f */
-                /* grad_b_g = grad_b_g + sigmoid_mm_h_2_kept_2*(1 -
-                 * tanh_mm_h_3_kept_2**2)*(grad_cell_next +
-                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
+                 * mm_x_4_kept_2))*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2)**2)) */
-                /* grad_b_o = grad_b_o + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
-                 * sigmoid_mm_h_kept_2)*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2) + sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2) */
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) + grad_b_f */
+                /* grad_b_g = grad_b_g + sigmoid_mm_h_3_kept_2*(1 -
+                 * tanh_mm_h_2_kept_2**2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                /* grad_b_o = grad_b_o + sigmoid_mm_h_kept_2*(1 -
+                 * sigmoid_mm_h_kept_2)*(grad_h_next*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) +
+                 * grad_mul_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)) */
                 /* mul_mm_h_kept_2 = sigmoid_mm_h_kept_2*tanh(cell*sigmoid(b_f +
-                 * mm_h_4_kept_2 + mm_x_4_kept_2) + sigmoid_mm_h_2_kept_2*tanh_mm_h_3_kept_2) */
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
@@ -1241,29 +1304,32 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                             exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] + scan_vjp_W_i_mm_x_4_kept_2[j]
                             + b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] +
                             scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]))));
-                    const LSTM_LM_REAL x1 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*
-                            scan_vjp_W_i_tanh_mm_h_3_kept_2[j];
+                    const LSTM_LM_REAL x1 = scan_vjp_W_i_tanh_mm_h_2_kept_2[j]*
+                            scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j];
                     const LSTM_LM_REAL x2 = scan_vjp_W_i_cell[j]*x0;
                     const LSTM_LM_REAL x3 = tanh(x1 + x2);
-                    const LSTM_LM_REAL x4 =
-                            scan_vjp_W_i_grad_mul_b_o_part[j]*scan_vjp_W_i_sigmoid_mm_h_kept_2[j];
-                    const LSTM_LM_REAL x5 = scan_vjp_W_i_grad_cell_next[j] + x4*(1 - (x3*x3));
-                    const LSTM_LM_REAL x6 = x2*x5*(1 - x0);
-                    const LSTM_LM_REAL x7 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*x5*(1 -
-                            (scan_vjp_W_i_tanh_mm_h_3_kept_2[j]*
-                            scan_vjp_W_i_tanh_mm_h_3_kept_2[j]));
-                    const LSTM_LM_REAL x8 = x1*x5*(1 - scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]);
-                    const LSTM_LM_REAL x9 = x3*x4*(1 - scan_vjp_W_i_sigmoid_mm_h_kept_2[j]);
-                    scan_vjp_W_i_mul_cell[j] = x6;
-                    scan_vjp_W_i_mul_grad_cell_next[j] = x7;
-                    scan_vjp_W_i_mul_grad_cell_next_2[j] = x8;
-                    scan_vjp_W_i_mul_grad_h_next[j] = x9;
-                    scan_vjp_W_i_grad_cell[j] = x0*x5;
+                    const LSTM_LM_REAL x4 = scan_vjp_W_i_grad_cell_next[j] + (1 -
+                            (x3*x3))*(scan_vjp_W_i_grad_mul_b_o[j]*
+                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j] +
+                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*scan_vjp_W_i_grad_h_next[j]);
+                    const LSTM_LM_REAL x5 = x2*x4*(1 - x0);
+                    const LSTM_LM_REAL x6 = x1*x4*(1 - scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]);
+                    const LSTM_LM_REAL x7 = scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]*x4*(1 -
+                            (scan_vjp_W_i_tanh_mm_h_2_kept_2[j]*
+                            scan_vjp_W_i_tanh_mm_h_2_kept_2[j]));
+                    const LSTM_LM_REAL x8 = scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*(1 -
+                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j])*(scan_vjp_W_i_grad_mul_b_o[j]*x3 +
+                            scan_vjp_W_i_grad_h_next[j]*x3);
+                    scan_vjp_W_i_mul_cell[j] = x5;
+                    scan_vjp_W_i_mul_grad_cell_next[j] = x6;
+                    scan_vjp_W_i_mul_grad_cell_next_2[j] = x7;
+                    scan_vjp_W_i_mul_grad_h_next[j] = x8;
+                    scan_vjp_W_i_grad_cell[j] = x0*x4;
                     scan_vjp_W_i_mul_mm_h_kept_2[j] = scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*x3;
-                    grad_b_i[j] = grad_b_i[j] + x8;
-                    grad_b_f[j] = grad_b_f[j] + x6;
+                    grad_b_i[j] = grad_b_i[j] + x6;
+                    grad_b_f[j] = grad_b_f[j] + x5;
                     grad_b_g[j] = grad_b_g[j] + x7;
-                    grad_b_o[j] = grad_b_o[j] + x9;
+                    grad_b_o[j] = grad_b_o[j] + x8;
                 }
                 /* mm_U_f = mul_cell @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -1275,24 +1341,24 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         scan_vjp_W_i_mm_U_f[16*i + j] = acc;
                     }
                 }
-                /* mm_U_g = mul_grad_cell_next @ U_g^T */
+                /* mm_U_i = mul_grad_cell_next @ U_i^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += scan_vjp_W_i_mul_grad_cell_next[k] * U_g[k + 16*j];
-                        }
-                        scan_vjp_W_i_mm_U_g[16*i + j] = acc;
-                    }
-                }
-                /* mm_U_i = mul_grad_cell_next_2 @ U_i^T */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        LSTM_LM_REAL acc = 0;
-                        for (int64_t k = 0; k < 16; ++k) {
-                            acc += scan_vjp_W_i_mul_grad_cell_next_2[k] * U_i[k + 16*j];
+                            acc += scan_vjp_W_i_mul_grad_cell_next[k] * U_i[k + 16*j];
                         }
                         scan_vjp_W_i_mm_U_i[16*i + j] = acc;
+                    }
+                }
+                /* mm_U_g = mul_grad_cell_next_2 @ U_g^T */
+                for (int64_t i = 0; i < 1; ++i) {
+                    for (int64_t j = 0; j < 16; ++j) {
+                        LSTM_LM_REAL acc = 0;
+                        for (int64_t k = 0; k < 16; ++k) {
+                            acc += scan_vjp_W_i_mul_grad_cell_next_2[k] * U_g[k + 16*j];
+                        }
+                        scan_vjp_W_i_mm_U_g[16*i + j] = acc;
                     }
                 }
                 /* mm_U_o = mul_grad_h_next @ U_o^T */
@@ -1310,10 +1376,10 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_grad_h[j] = scan_vjp_W_i_mm_U_f[j] + scan_vjp_W_i_mm_U_g[j] +
-                            scan_vjp_W_i_mm_U_i[j] + scan_vjp_W_i_mm_U_o[j];
+                    scan_vjp_W_i_grad_h[j] = scan_vjp_W_i_mm_U_f[j] + scan_vjp_W_i_mm_U_i[j] +
+                            scan_vjp_W_i_mm_U_g[j] + scan_vjp_W_i_mm_U_o[j];
                 }
-                /* grad_W_i += x^T @ mul_grad_cell_next_2 */
+                /* grad_W_i += x^T @ mul_grad_cell_next */
                 for (int64_t i = 0; i < 30; ++i) {
                     const LSTM_LM_REAL acc = scan_vjp_W_i_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1321,7 +1387,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_i[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next_2[j];
+                        grad_W_i[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next[j];
                     }
                 }
                 /* grad_W_f += x^T @ mul_cell */
@@ -1335,7 +1401,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         grad_W_f[16*i + j] += acc * scan_vjp_W_i_mul_cell[j];
                     }
                 }
-                /* grad_W_g += x^T @ mul_grad_cell_next */
+                /* grad_W_g += x^T @ mul_grad_cell_next_2 */
                 for (int64_t i = 0; i < 30; ++i) {
                     const LSTM_LM_REAL acc = scan_vjp_W_i_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1343,7 +1409,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_g[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next[j];
+                        grad_W_g[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next_2[j];
                     }
                 }
                 /* grad_W_o += x^T @ mul_grad_h_next */
@@ -1357,7 +1423,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         grad_W_o[16*i + j] += acc * scan_vjp_W_i_mul_grad_h_next[j];
                     }
                 }
-                /* grad_U_i += h^T @ mul_grad_cell_next_2 */
+                /* grad_U_i += h^T @ mul_grad_cell_next */
                 for (int64_t i = 0; i < 16; ++i) {
                     const LSTM_LM_REAL acc = scan_vjp_W_i_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1365,7 +1431,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_i[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next_2[j];
+                        grad_U_i[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next[j];
                     }
                 }
                 /* grad_U_f += h^T @ mul_cell */
@@ -1379,7 +1445,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         grad_U_f[16*i + j] += acc * scan_vjp_W_i_mul_cell[j];
                     }
                 }
-                /* grad_U_g += h^T @ mul_grad_cell_next */
+                /* grad_U_g += h^T @ mul_grad_cell_next_2 */
                 for (int64_t i = 0; i < 16; ++i) {
                     const LSTM_LM_REAL acc = scan_vjp_W_i_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1387,7 +1453,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_g[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next[j];
+                        grad_U_g[16*i + j] += acc * scan_vjp_W_i_mul_grad_cell_next_2[j];
                     }
                 }
                 /* grad_U_o += h^T @ mul_grad_h_next */
@@ -1511,12 +1577,18 @@ int lstm_lm_value_and_grad(
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+            /* its arrays and workspace, summed */
+        return 6;
+    }
 
     /* where each buffer lies in work */
-    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
-    LSTM_LM_REAL *logits = scan_W_i + 444; /* T x 30 */
-    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T + 31)/32) x 32 */
-    LSTM_LM_REAL *softmax_axis_logits = scan_part_W_i + 32*((T + 31)/32); /* T x 30 */
+    LSTM_LM_REAL *scan_W_i = work; /* 460 x 1 */
+    LSTM_LM_REAL *logits = scan_W_i + 460; /* T x 30 */
+    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T - 1)/32 + 1) x 32 */
+    LSTM_LM_REAL *softmax_axis_logits = scan_part_W_i + 32*((T - 1)/32 + 1); /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = logits; /* T x 30, in logits's memory */
     LSTM_LM_REAL *grad_log_softmax_axis_logits = log_softmax_axis_logits + 30*T; /* T x 30 */
@@ -1525,7 +1597,7 @@ int lstm_lm_value_and_grad(
     LSTM_LM_REAL *rowsum_Y_2 = rowsum_Y + 1; /* T x 1 */
     LSTM_LM_REAL *grad_logits = log_softmax_axis_logits; /* T x 30, in log_softmax_axis_logits's
             memory */
-    LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* 9374 x 1 */
+    LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* (160*((32) < (T) ? (32) : (T)) + 4302) x 1 */
 
     lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
             V, c, scan_W_i, logits, scan_part_W_i);
@@ -1598,6 +1670,10 @@ int lstm_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(4501, symbackprop_size_mul(210, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = T; shape[1] = 30; return 0; /* X */
     case 1: shape[0] = T; shape[1] = 30; return 0; /* Y */
@@ -1625,6 +1701,10 @@ int lstm_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     const int64_t T = dims[0];
     if (T < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(4501, symbackprop_size_mul(210, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -1711,6 +1791,12 @@ int lstm_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (T < 1) {
         return 1;
     }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+            /* as the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = T; shape[1] = 30; return 0; /* X */
     case 1: shape[0] = T; shape[1] = 30; return 0; /* Y */
@@ -1738,6 +1824,12 @@ int lstm_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sha
     const int64_t T = dims[0];
     if (T < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+            /* as the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */

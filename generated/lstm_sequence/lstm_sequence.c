@@ -82,26 +82,6 @@ void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_
     symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
         LSTM_SEQUENCE_REAL *c)
 {
@@ -118,6 +98,26 @@ void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_
         LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
@@ -209,7 +209,7 @@ void lstm_sequence_sigmoid_U_loop(
     }
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_sigmoid_W_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
         LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
@@ -365,25 +365,25 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *mul_W_o,
     LSTM_SEQUENCE_REAL *mm_U_o,
     LSTM_SEQUENCE_REAL *sigmoid_U_o,
-    LSTM_SEQUENCE_REAL *mm_U_i,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *mm_U_g,
     LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *mm_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *mm_U_f,
     LSTM_SEQUENCE_REAL *sigmoid_U_f,
-    LSTM_SEQUENCE_REAL *add_U_i,
-    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *add_U_g,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
     LSTM_SEQUENCE_REAL *mul_U_o,
     LSTM_SEQUENCE_REAL *mm_U_o_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_g_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
     LSTM_SEQUENCE_REAL *mm_U_i_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
-    LSTM_SEQUENCE_REAL *mm_U_g_2,
-    LSTM_SEQUENCE_REAL *tanh_U_g_2,
     LSTM_SEQUENCE_REAL *mm_U_f_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
-    LSTM_SEQUENCE_REAL *add_U_i_2,
-    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *add_U_g_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
     LSTM_SEQUENCE_REAL *mul_U_o_2,
     LSTM_SEQUENCE_REAL *mm_U_o_3
 );
@@ -417,25 +417,25 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *mul_W_o,
     LSTM_SEQUENCE_REAL *mm_U_o,
     LSTM_SEQUENCE_REAL *sigmoid_U_o,
-    LSTM_SEQUENCE_REAL *mm_U_i,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *mm_U_g,
     LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *mm_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *mm_U_f,
     LSTM_SEQUENCE_REAL *sigmoid_U_f,
-    LSTM_SEQUENCE_REAL *add_U_i,
-    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *add_U_g,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
     LSTM_SEQUENCE_REAL *mul_U_o,
     LSTM_SEQUENCE_REAL *mm_U_o_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_g_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
     LSTM_SEQUENCE_REAL *mm_U_i_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
-    LSTM_SEQUENCE_REAL *mm_U_g_2,
-    LSTM_SEQUENCE_REAL *tanh_U_g_2,
     LSTM_SEQUENCE_REAL *mm_U_f_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
-    LSTM_SEQUENCE_REAL *add_U_i_2,
-    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *add_U_g_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
     LSTM_SEQUENCE_REAL *mul_U_o_2,
     LSTM_SEQUENCE_REAL *mm_U_o_3
 )
@@ -481,15 +481,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* sigmoid_U_o = sigmoid(b_o + mm_U_o) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o, mm_U_o, b_o);
 
-    /* mm_U_i = mul_W_o @ U_i, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_W_o, U_i, mm_U_i);
-
-    /* mm_U_i += x2 @ W_i */
-    lstm_sequence_product2(n, x2_, W_i, mm_U_i);
-
-    /* sigmoid_U_i = sigmoid(b_i + mm_U_i) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i, mm_U_i, b_i);
-
     /* mm_U_g = mul_W_o @ U_g, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_W_o, U_g, mm_U_g);
 
@@ -499,6 +490,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* tanh_U_g = tanh(b_g + mm_U_g) */
     lstm_sequence_tanh_U_loop(n, tanh_U_g, mm_U_g, b_g);
 
+    /* mm_U_i = mul_W_o @ U_i, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_W_o, U_i, mm_U_i);
+
+    /* mm_U_i += x2 @ W_i */
+    lstm_sequence_product2(n, x2_, W_i, mm_U_i);
+
+    /* sigmoid_U_i = sigmoid(b_i + mm_U_i) */
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i, mm_U_i, b_i);
+
     /* mm_U_f = mul_W_o @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_W_o, U_f, mm_U_f);
 
@@ -506,11 +506,11 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product2(n, x2_, W_f, mm_U_f);
 
     /* sigmoid_U_f = sigmoid(b_f + mm_U_f) */
-    /* add_U_i = mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
-    /* tanh_U_i = tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
+    /* add_U_g = mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
+    /* tanh_U_g_2 = tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
     /* mul_U_o = sigmoid_U_o*tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, sigmoid_U_o, mm_U_f,
-            b_f, sigmoid_U_i, tanh_U_g, mul_W_i);
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f, add_U_g, tanh_U_g_2, mul_U_o, sigmoid_U_o, mm_U_f,
+            b_f, tanh_U_g, sigmoid_U_i, mul_W_i);
 
     /* mm_U_o_2 = mul_U_o @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o, U_o, mm_U_o_2);
@@ -521,6 +521,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* sigmoid_U_o_2 = sigmoid(b_o + mm_U_o_2) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_2, mm_U_o_2, b_o);
 
+    /* mm_U_g_2 = mul_U_o @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o, U_g, mm_U_g_2);
+
+    /* mm_U_g_2 += x3 @ W_g */
+    lstm_sequence_product2(n, x3_, W_g, mm_U_g_2);
+
+    /* tanh_U_g_3 = tanh(b_g + mm_U_g_2) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_3, mm_U_g_2, b_g);
+
     /* mm_U_i_2 = mul_U_o @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o, U_i, mm_U_i_2);
 
@@ -530,15 +539,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* sigmoid_U_i_2 = sigmoid(b_i + mm_U_i_2) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_2, mm_U_i_2, b_i);
 
-    /* mm_U_g_2 = mul_U_o @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o, U_g, mm_U_g_2);
-
-    /* mm_U_g_2 += x3 @ W_g */
-    lstm_sequence_product2(n, x3_, W_g, mm_U_g_2);
-
-    /* tanh_U_g_2 = tanh(b_g + mm_U_g_2) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_2, mm_U_g_2, b_g);
-
     /* mm_U_f_2 = mul_U_o @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o, U_f, mm_U_f_2);
 
@@ -546,11 +546,11 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product2(n, x3_, W_f, mm_U_f_2);
 
     /* sigmoid_U_f_2 = sigmoid(b_f + mm_U_f_2) */
-    /* add_U_i_2 = add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2 */
-    /* tanh_U_i_2 = tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
-    /* mul_U_o_2 = sigmoid_U_o_2*tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, sigmoid_U_o_2,
-            mm_U_f_2, b_f, sigmoid_U_i_2, tanh_U_g_2, add_U_i);
+    /* add_U_g_2 = add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3 */
+    /* tanh_U_g_4 = tanh(add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3) */
+    /* mul_U_o_2 = sigmoid_U_o_2*tanh(add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_2, add_U_g_2, tanh_U_g_4, mul_U_o_2, sigmoid_U_o_2,
+            mm_U_f_2, b_f, tanh_U_g_3, sigmoid_U_i_2, add_U_g);
 
     /* mm_U_o_3 = mul_U_o_2 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_2, U_o, mm_U_o_3);
@@ -581,36 +581,36 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *mul_U_o_2,
     LSTM_SEQUENCE_REAL *mm_U_o_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_g_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *mm_U_i_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
-    LSTM_SEQUENCE_REAL *mm_U_g_3,
-    LSTM_SEQUENCE_REAL *tanh_U_g_3,
     LSTM_SEQUENCE_REAL *mm_U_f_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
-    LSTM_SEQUENCE_REAL *add_U_i_3,
-    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *add_U_g_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
     LSTM_SEQUENCE_REAL *mul_U_o_3,
     LSTM_SEQUENCE_REAL *mm_U_o_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *mm_U_i_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
-    LSTM_SEQUENCE_REAL *mm_U_g_4,
-    LSTM_SEQUENCE_REAL *tanh_U_g_4,
     LSTM_SEQUENCE_REAL *mm_U_f_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
-    LSTM_SEQUENCE_REAL *add_U_i_4,
-    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *add_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_8,
     LSTM_SEQUENCE_REAL *mul_U_o_4,
     LSTM_SEQUENCE_REAL *mm_U_o_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_9,
     LSTM_SEQUENCE_REAL *mm_U_i_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
-    LSTM_SEQUENCE_REAL *mm_U_g_5,
-    LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *mm_U_f_5
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
@@ -631,41 +631,50 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *mul_U_o_2,
     LSTM_SEQUENCE_REAL *mm_U_o_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_g_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *mm_U_i_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
-    LSTM_SEQUENCE_REAL *mm_U_g_3,
-    LSTM_SEQUENCE_REAL *tanh_U_g_3,
     LSTM_SEQUENCE_REAL *mm_U_f_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
-    LSTM_SEQUENCE_REAL *add_U_i_3,
-    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *add_U_g_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
     LSTM_SEQUENCE_REAL *mul_U_o_3,
     LSTM_SEQUENCE_REAL *mm_U_o_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *mm_U_i_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
-    LSTM_SEQUENCE_REAL *mm_U_g_4,
-    LSTM_SEQUENCE_REAL *tanh_U_g_4,
     LSTM_SEQUENCE_REAL *mm_U_f_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
-    LSTM_SEQUENCE_REAL *add_U_i_4,
-    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *add_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_8,
     LSTM_SEQUENCE_REAL *mul_U_o_4,
     LSTM_SEQUENCE_REAL *mm_U_o_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_9,
     LSTM_SEQUENCE_REAL *mm_U_i_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
-    LSTM_SEQUENCE_REAL *mm_U_g_5,
-    LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *mm_U_f_5
 )
 {
     /* sigmoid_U_o_3 = sigmoid(b_o + mm_U_o_3) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_3, mm_U_o_3, b_o);
+
+    /* mm_U_g_3 = mul_U_o_2 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_2, U_g, mm_U_g_3);
+
+    /* mm_U_g_3 += x4 @ W_g */
+    lstm_sequence_product2(n, x4_, W_g, mm_U_g_3);
+
+    /* tanh_U_g_5 = tanh(b_g + mm_U_g_3) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_5, mm_U_g_3, b_g);
 
     /* mm_U_i_3 = mul_U_o_2 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_2, U_i, mm_U_i_3);
@@ -676,15 +685,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* sigmoid_U_i_3 = sigmoid(b_i + mm_U_i_3) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_3, mm_U_i_3, b_i);
 
-    /* mm_U_g_3 = mul_U_o_2 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_2, U_g, mm_U_g_3);
-
-    /* mm_U_g_3 += x4 @ W_g */
-    lstm_sequence_product2(n, x4_, W_g, mm_U_g_3);
-
-    /* tanh_U_g_3 = tanh(b_g + mm_U_g_3) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_3, mm_U_g_3, b_g);
-
     /* mm_U_f_3 = mul_U_o_2 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_2, U_f, mm_U_f_3);
 
@@ -692,12 +692,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x4_, W_f, mm_U_f_3);
 
     /* sigmoid_U_f_3 = sigmoid(b_f + mm_U_f_3) */
-    /* add_U_i_3 = add_U_i_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_3 */
-    /* tanh_U_i_3 = tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_3) */
-    /* mul_U_o_3 = sigmoid_U_o_3*tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) +
-     * sigmoid_U_i_3*tanh_U_g_3) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, sigmoid_U_o_3,
-            mm_U_f_3, b_f, sigmoid_U_i_3, tanh_U_g_3, add_U_i_2);
+    /* add_U_g_3 = add_U_g_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_5 */
+    /* tanh_U_g_6 = tanh(add_U_g_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_5) */
+    /* mul_U_o_3 = sigmoid_U_o_3*tanh(add_U_g_2*sigmoid(b_f + mm_U_f_3) +
+     * sigmoid_U_i_3*tanh_U_g_5) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_3, add_U_g_3, tanh_U_g_6, mul_U_o_3, sigmoid_U_o_3,
+            mm_U_f_3, b_f, tanh_U_g_5, sigmoid_U_i_3, add_U_g_2);
 
     /* mm_U_o_4 = mul_U_o_3 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_3, U_o, mm_U_o_4);
@@ -708,6 +708,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* sigmoid_U_o_4 = sigmoid(b_o + mm_U_o_4) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_4, mm_U_o_4, b_o);
 
+    /* mm_U_g_4 = mul_U_o_3 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_3, U_g, mm_U_g_4);
+
+    /* mm_U_g_4 += x5 @ W_g */
+    lstm_sequence_product2(n, x5_, W_g, mm_U_g_4);
+
+    /* tanh_U_g_7 = tanh(b_g + mm_U_g_4) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_7, mm_U_g_4, b_g);
+
     /* mm_U_i_4 = mul_U_o_3 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_3, U_i, mm_U_i_4);
 
@@ -717,15 +726,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* sigmoid_U_i_4 = sigmoid(b_i + mm_U_i_4) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_4, mm_U_i_4, b_i);
 
-    /* mm_U_g_4 = mul_U_o_3 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_3, U_g, mm_U_g_4);
-
-    /* mm_U_g_4 += x5 @ W_g */
-    lstm_sequence_product2(n, x5_, W_g, mm_U_g_4);
-
-    /* tanh_U_g_4 = tanh(b_g + mm_U_g_4) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_4, mm_U_g_4, b_g);
-
     /* mm_U_f_4 = mul_U_o_3 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_3, U_f, mm_U_f_4);
 
@@ -733,12 +733,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x5_, W_f, mm_U_f_4);
 
     /* sigmoid_U_f_4 = sigmoid(b_f + mm_U_f_4) */
-    /* add_U_i_4 = add_U_i_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_4 */
-    /* tanh_U_i_4 = tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_4) */
-    /* mul_U_o_4 = sigmoid_U_o_4*tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) +
-     * sigmoid_U_i_4*tanh_U_g_4) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, sigmoid_U_o_4,
-            mm_U_f_4, b_f, sigmoid_U_i_4, tanh_U_g_4, add_U_i_3);
+    /* add_U_g_4 = add_U_g_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_7 */
+    /* tanh_U_g_8 = tanh(add_U_g_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_7) */
+    /* mul_U_o_4 = sigmoid_U_o_4*tanh(add_U_g_3*sigmoid(b_f + mm_U_f_4) +
+     * sigmoid_U_i_4*tanh_U_g_7) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_4, add_U_g_4, tanh_U_g_8, mul_U_o_4, sigmoid_U_o_4,
+            mm_U_f_4, b_f, tanh_U_g_7, sigmoid_U_i_4, add_U_g_3);
 
     /* mm_U_o_5 = mul_U_o_4 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_4, U_o, mm_U_o_5);
@@ -749,6 +749,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* sigmoid_U_o_5 = sigmoid(b_o + mm_U_o_5) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_5, mm_U_o_5, b_o);
 
+    /* mm_U_g_5 = mul_U_o_4 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_4, U_g, mm_U_g_5);
+
+    /* mm_U_g_5 += x6 @ W_g */
+    lstm_sequence_product2(n, x6_, W_g, mm_U_g_5);
+
+    /* tanh_U_g_9 = tanh(b_g + mm_U_g_5) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_9, mm_U_g_5, b_g);
+
     /* mm_U_i_5 = mul_U_o_4 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_4, U_i, mm_U_i_5);
 
@@ -757,15 +766,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* sigmoid_U_i_5 = sigmoid(b_i + mm_U_i_5) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_5, mm_U_i_5, b_i);
-
-    /* mm_U_g_5 = mul_U_o_4 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_4, U_g, mm_U_g_5);
-
-    /* mm_U_g_5 += x6 @ W_g */
-    lstm_sequence_product2(n, x6_, W_g, mm_U_g_5);
-
-    /* tanh_U_g_5 = tanh(b_g + mm_U_g_5) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_5, mm_U_g_5, b_g);
 
     /* mm_U_f_5 = mul_U_o_4 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_4, U_f, mm_U_f_5);
@@ -798,35 +798,35 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
-    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *add_U_g_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_9,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
-    LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *mm_U_f_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
-    LSTM_SEQUENCE_REAL *add_U_i_5,
-    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *add_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_10,
     LSTM_SEQUENCE_REAL *mul_U_o_5,
     LSTM_SEQUENCE_REAL *mm_U_o_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_g_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_11,
     LSTM_SEQUENCE_REAL *mm_U_i_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
-    LSTM_SEQUENCE_REAL *mm_U_g_6,
-    LSTM_SEQUENCE_REAL *tanh_U_g_6,
     LSTM_SEQUENCE_REAL *mm_U_f_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
-    LSTM_SEQUENCE_REAL *add_U_i_6,
-    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *add_U_g_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_12,
     LSTM_SEQUENCE_REAL *mul_U_o_6,
     LSTM_SEQUENCE_REAL *mm_U_o_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_U_g_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_13,
     LSTM_SEQUENCE_REAL *mm_U_i_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
-    LSTM_SEQUENCE_REAL *mm_U_g_7,
-    LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *mm_U_f_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
-    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_14,
     LSTM_SEQUENCE_REAL *mul_U_o_7,
     LSTM_SEQUENCE_REAL *mm_V,
     LSTM_SEQUENCE_REAL *add_logit,
@@ -856,35 +856,35 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
-    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *add_U_g_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_9,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
-    LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *mm_U_f_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
-    LSTM_SEQUENCE_REAL *add_U_i_5,
-    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *add_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_10,
     LSTM_SEQUENCE_REAL *mul_U_o_5,
     LSTM_SEQUENCE_REAL *mm_U_o_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_g_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_11,
     LSTM_SEQUENCE_REAL *mm_U_i_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
-    LSTM_SEQUENCE_REAL *mm_U_g_6,
-    LSTM_SEQUENCE_REAL *tanh_U_g_6,
     LSTM_SEQUENCE_REAL *mm_U_f_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
-    LSTM_SEQUENCE_REAL *add_U_i_6,
-    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *add_U_g_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_12,
     LSTM_SEQUENCE_REAL *mul_U_o_6,
     LSTM_SEQUENCE_REAL *mm_U_o_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_U_g_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_13,
     LSTM_SEQUENCE_REAL *mm_U_i_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
-    LSTM_SEQUENCE_REAL *mm_U_g_7,
-    LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *mm_U_f_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
-    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_14,
     LSTM_SEQUENCE_REAL *mul_U_o_7,
     LSTM_SEQUENCE_REAL *mm_V,
     LSTM_SEQUENCE_REAL *add_logit,
@@ -896,12 +896,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x6_, W_f, mm_U_f_5);
 
     /* sigmoid_U_f_5 = sigmoid(b_f + mm_U_f_5) */
-    /* add_U_i_5 = add_U_i_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_5 */
-    /* tanh_U_i_5 = tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_5) */
-    /* mul_U_o_5 = sigmoid_U_o_5*tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) +
-     * sigmoid_U_i_5*tanh_U_g_5) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, sigmoid_U_o_5,
-            mm_U_f_5, b_f, sigmoid_U_i_5, tanh_U_g_5, add_U_i_4);
+    /* add_U_g_5 = add_U_g_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_9 */
+    /* tanh_U_g_10 = tanh(add_U_g_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_9) */
+    /* mul_U_o_5 = sigmoid_U_o_5*tanh(add_U_g_4*sigmoid(b_f + mm_U_f_5) +
+     * sigmoid_U_i_5*tanh_U_g_9) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_5, add_U_g_5, tanh_U_g_10, mul_U_o_5, sigmoid_U_o_5,
+            mm_U_f_5, b_f, tanh_U_g_9, sigmoid_U_i_5, add_U_g_4);
 
     /* mm_U_o_6 = mul_U_o_5 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_5, U_o, mm_U_o_6);
@@ -912,6 +912,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* sigmoid_U_o_6 = sigmoid(b_o + mm_U_o_6) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_6, mm_U_o_6, b_o);
 
+    /* mm_U_g_6 = mul_U_o_5 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_5, U_g, mm_U_g_6);
+
+    /* mm_U_g_6 += x7 @ W_g */
+    lstm_sequence_product2(n, x7_, W_g, mm_U_g_6);
+
+    /* tanh_U_g_11 = tanh(b_g + mm_U_g_6) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_11, mm_U_g_6, b_g);
+
     /* mm_U_i_6 = mul_U_o_5 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_5, U_i, mm_U_i_6);
 
@@ -921,15 +930,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* sigmoid_U_i_6 = sigmoid(b_i + mm_U_i_6) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_6, mm_U_i_6, b_i);
 
-    /* mm_U_g_6 = mul_U_o_5 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_5, U_g, mm_U_g_6);
-
-    /* mm_U_g_6 += x7 @ W_g */
-    lstm_sequence_product2(n, x7_, W_g, mm_U_g_6);
-
-    /* tanh_U_g_6 = tanh(b_g + mm_U_g_6) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_6, mm_U_g_6, b_g);
-
     /* mm_U_f_6 = mul_U_o_5 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_5, U_f, mm_U_f_6);
 
@@ -937,12 +937,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x7_, W_f, mm_U_f_6);
 
     /* sigmoid_U_f_6 = sigmoid(b_f + mm_U_f_6) */
-    /* add_U_i_6 = add_U_i_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_6 */
-    /* tanh_U_i_6 = tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_6) */
-    /* mul_U_o_6 = sigmoid_U_o_6*tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) +
-     * sigmoid_U_i_6*tanh_U_g_6) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, sigmoid_U_o_6,
-            mm_U_f_6, b_f, sigmoid_U_i_6, tanh_U_g_6, add_U_i_5);
+    /* add_U_g_6 = add_U_g_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_11 */
+    /* tanh_U_g_12 = tanh(add_U_g_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_11) */
+    /* mul_U_o_6 = sigmoid_U_o_6*tanh(add_U_g_5*sigmoid(b_f + mm_U_f_6) +
+     * sigmoid_U_i_6*tanh_U_g_11) */
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_6, add_U_g_6, tanh_U_g_12, mul_U_o_6, sigmoid_U_o_6,
+            mm_U_f_6, b_f, tanh_U_g_11, sigmoid_U_i_6, add_U_g_5);
 
     /* mm_U_o_7 = mul_U_o_6 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_6, U_o, mm_U_o_7);
@@ -953,6 +953,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* sigmoid_U_o_7 = sigmoid(b_o + mm_U_o_7) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_7, mm_U_o_7, b_o);
 
+    /* mm_U_g_7 = mul_U_o_6 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product1(n, mul_U_o_6, U_g, mm_U_g_7);
+
+    /* mm_U_g_7 += x8 @ W_g */
+    lstm_sequence_product2(n, x8_, W_g, mm_U_g_7);
+
+    /* tanh_U_g_13 = tanh(b_g + mm_U_g_7) */
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_13, mm_U_g_7, b_g);
+
     /* mm_U_i_7 = mul_U_o_6 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_6, U_i, mm_U_i_7);
 
@@ -962,15 +971,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* sigmoid_U_i_7 = sigmoid(b_i + mm_U_i_7) */
     lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_7, mm_U_i_7, b_i);
 
-    /* mm_U_g_7 = mul_U_o_6 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_6, U_g, mm_U_g_7);
-
-    /* mm_U_g_7 += x8 @ W_g */
-    lstm_sequence_product2(n, x8_, W_g, mm_U_g_7);
-
-    /* tanh_U_g_7 = tanh(b_g + mm_U_g_7) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_7, mm_U_g_7, b_g);
-
     /* mm_U_f_7 = mul_U_o_6 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_6, U_f, mm_U_f_7);
 
@@ -978,19 +978,19 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x8_, W_f, mm_U_f_7);
 
     /* sigmoid_U_f_7 = sigmoid(b_f + mm_U_f_7) */
-    /* tanh_U_i_7 = tanh(add_U_i_6*sigmoid(b_f + mm_U_f_7) + sigmoid_U_i_7*tanh_U_g_7) */
-    /* mul_U_o_7 = sigmoid_U_o_7*tanh(add_U_i_6*sigmoid(b_f + mm_U_f_7) +
-     * sigmoid_U_i_7*tanh_U_g_7) */
+    /* tanh_U_g_14 = tanh(add_U_g_6*sigmoid(b_f + mm_U_f_7) + sigmoid_U_i_7*tanh_U_g_13) */
+    /* mul_U_o_7 = sigmoid_U_o_7*tanh(add_U_g_6*sigmoid(b_f + mm_U_f_7) +
+     * sigmoid_U_i_7*tanh_U_g_13) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = (((mm_U_f_7[8*i + j] + b_f[j]) >= 0 ? 1.0 :
                     exp(-fabs(mm_U_f_7[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(mm_U_f_7[8*i + j] +
                     b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = tanh(sigmoid_U_i_7[8*i + j]*tanh_U_g_7[8*i + j] +
-                    add_U_i_6[8*i + j]*x0);
+            const LSTM_SEQUENCE_REAL x1 = tanh(tanh_U_g_13[8*i + j]*sigmoid_U_i_7[8*i + j] +
+                    add_U_g_6[8*i + j]*x0);
             sigmoid_U_f_7[8*i + j] = x0;
-            tanh_U_i_7[8*i + j] = x1;
+            tanh_U_g_14[8*i + j] = x1;
             mul_U_o_7[8*i + j] = sigmoid_U_o_7[8*i + j]*x1;
         }
     }
@@ -1031,62 +1031,62 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
-    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *add_U_g_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_13,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
-    LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
-    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_14,
     LSTM_SEQUENCE_REAL *grad_logit,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
     LSTM_SEQUENCE_REAL *grad_add_U_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
-    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *add_U_g_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_13,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
-    LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
-    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_14,
     LSTM_SEQUENCE_REAL *grad_logit,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
     LSTM_SEQUENCE_REAL *grad_add_U_o
 )
 {
     /* grad_mul_U_o_7 = grad_logit @ V^T */
     lstm_sequence_product0(n, grad_logit, V, grad_mul_U_o_7);
 
-    /* grad_add_U_i = grad_mul_U_o_7*sigmoid_U_o_7*(1 - tanh_U_i_7**2) */
-    /* grad_add_U_i_2 = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*tanh_U_g_7*(1 -
-     * sigmoid_U_i_7)*(1 - tanh_U_i_7**2) */
-    /* grad_add_U_f = add_U_i_6*grad_mul_U_o_7*sigmoid_U_f_7*sigmoid_U_o_7*(1 -
-     * sigmoid_U_f_7)*(1 - tanh_U_i_7**2) */
-    /* grad_add_U_g = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*(1 - tanh_U_g_7**2)*(1 -
-     * tanh_U_i_7**2) */
-    /* grad_add_U_o = grad_mul_U_o_7*sigmoid_U_o_7*tanh_U_i_7*(1 - sigmoid_U_o_7) */
+    /* grad_add_U_g = grad_mul_U_o_7*sigmoid_U_o_7*(1 - tanh_U_g_14**2) */
+    /* grad_add_U_i = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*tanh_U_g_13*(1 -
+     * sigmoid_U_i_7)*(1 - tanh_U_g_14**2) */
+    /* grad_add_U_f = add_U_g_6*grad_mul_U_o_7*sigmoid_U_f_7*sigmoid_U_o_7*(1 -
+     * sigmoid_U_f_7)*(1 - tanh_U_g_14**2) */
+    /* grad_add_U_g_2 = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*(1 - tanh_U_g_13**2)*(1 -
+     * tanh_U_g_14**2) */
+    /* grad_add_U_o = grad_mul_U_o_7*sigmoid_U_o_7*tanh_U_g_14*(1 - sigmoid_U_o_7) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = grad_mul_U_o_7[8*i + j]*sigmoid_U_o_7[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (tanh_U_i_7[8*i + j]*tanh_U_i_7[8*i + j]));
+            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (tanh_U_g_14[8*i + j]*tanh_U_g_14[8*i + j]));
             const LSTM_SEQUENCE_REAL x2 = sigmoid_U_i_7[8*i + j]*x1;
-            grad_add_U_i[8*i + j] = x1;
-            grad_add_U_i_2[8*i + j] = tanh_U_g_7[8*i + j]*x2*(1 - sigmoid_U_i_7[8*i + j]);
-            grad_add_U_f[8*i + j] = add_U_i_6[8*i + j]*sigmoid_U_f_7[8*i + j]*x1*(1 -
+            grad_add_U_g[8*i + j] = x1;
+            grad_add_U_i[8*i + j] = tanh_U_g_13[8*i + j]*x2*(1 - sigmoid_U_i_7[8*i + j]);
+            grad_add_U_f[8*i + j] = add_U_g_6[8*i + j]*sigmoid_U_f_7[8*i + j]*x1*(1 -
                     sigmoid_U_f_7[8*i + j]);
-            grad_add_U_g[8*i + j] = x2*(1 - (tanh_U_g_7[8*i + j]*tanh_U_g_7[8*i + j]));
-            grad_add_U_o[8*i + j] = tanh_U_i_7[8*i + j]*x0*(1 - sigmoid_U_o_7[8*i + j]);
+            grad_add_U_g_2[8*i + j] = x2*(1 - (tanh_U_g_13[8*i + j]*tanh_U_g_13[8*i + j]));
+            grad_add_U_o[8*i + j] = tanh_U_g_14[8*i + j]*x0*(1 - sigmoid_U_o_7[8*i + j]);
         }
     }
 }
@@ -1109,71 +1109,71 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
     LSTM_SEQUENCE_REAL *grad_W_i,
-    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *add_U_g,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
-    LSTM_SEQUENCE_REAL *tanh_U_g_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
-    LSTM_SEQUENCE_REAL *add_U_i_2,
-    LSTM_SEQUENCE_REAL *tanh_U_i_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_3,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
-    LSTM_SEQUENCE_REAL *add_U_i_3,
-    LSTM_SEQUENCE_REAL *tanh_U_i_3,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
-    LSTM_SEQUENCE_REAL *add_U_i_4,
-    LSTM_SEQUENCE_REAL *tanh_U_i_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
-    LSTM_SEQUENCE_REAL *add_U_i_5,
-    LSTM_SEQUENCE_REAL *tanh_U_i_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_g_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_8,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_9,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_10,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_11,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
-    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_12,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
     LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
     LSTM_SEQUENCE_REAL *grad_add_U_f_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
     LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
     LSTM_SEQUENCE_REAL *grad_add_U_f_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
     LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
     LSTM_SEQUENCE_REAL *grad_add_U_f_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
     LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_8,
     LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_9,
     LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_mul_U_o
 );
@@ -1191,227 +1191,227 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
     LSTM_SEQUENCE_REAL *grad_W_i,
-    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *add_U_g,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
-    LSTM_SEQUENCE_REAL *tanh_U_g_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
-    LSTM_SEQUENCE_REAL *add_U_i_2,
-    LSTM_SEQUENCE_REAL *tanh_U_i_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_3,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
-    LSTM_SEQUENCE_REAL *add_U_i_3,
-    LSTM_SEQUENCE_REAL *tanh_U_i_3,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
-    LSTM_SEQUENCE_REAL *add_U_i_4,
-    LSTM_SEQUENCE_REAL *tanh_U_i_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
-    LSTM_SEQUENCE_REAL *add_U_i_5,
-    LSTM_SEQUENCE_REAL *tanh_U_i_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_g_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_8,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_9,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_10,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_11,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
-    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_12,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
     LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
     LSTM_SEQUENCE_REAL *grad_add_U_f_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
     LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
     LSTM_SEQUENCE_REAL *grad_add_U_f_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
     LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
     LSTM_SEQUENCE_REAL *grad_add_U_f_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
     LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_8,
     LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_9,
     LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_mul_U_o
 )
 {
-    /* grad_W_i = x8^T @ grad_add_U_i_2, the first of 8 products added up here */
-    lstm_sequence_product4(n, x8_, grad_add_U_i_2, grad_W_i);
+    /* grad_W_i = x8^T @ grad_add_U_i, the first of 8 products added up here */
+    lstm_sequence_product4(n, x8_, grad_add_U_i, grad_W_i);
 
     /* grad_mul_U_o_6 = grad_add_U_f @ U_f^T, the first of 4 products added up here */
     lstm_sequence_product5(n, grad_add_U_f, U_f, grad_mul_U_o_6);
 
-    /* grad_mul_U_o_6 += grad_add_U_g @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g, U_g, grad_mul_U_o_6);
+    /* grad_mul_U_o_6 += grad_add_U_i @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i, U_i, grad_mul_U_o_6);
 
-    /* grad_mul_U_o_6 += grad_add_U_i_2 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_2, U_i, grad_mul_U_o_6);
+    /* grad_mul_U_o_6 += grad_add_U_g_2 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_2, U_g, grad_mul_U_o_6);
 
     /* grad_mul_U_o_6 += grad_add_U_o @ U_o^T */
     lstm_sequence_product6(n, grad_add_U_o, U_o, grad_mul_U_o_6);
 
-    /* grad_add_U_i_6 = grad_add_U_i*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
-     * tanh_U_i_6**2) */
-    /* grad_add_U_i_3 = sigmoid_U_i_6*tanh_U_g_6*(1 -
-     * sigmoid_U_i_6)*(grad_add_U_i*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
-     * tanh_U_i_6**2)) */
-    /* grad_add_U_f_2 = add_U_i_5*sigmoid_U_f_6*(1 -
-     * sigmoid_U_f_6)*(grad_add_U_i*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
-     * tanh_U_i_6**2)) */
-    /* grad_add_U_g_2 = sigmoid_U_i_6*(1 - tanh_U_g_6**2)*(grad_add_U_i*sigmoid_U_f_7 +
-     * grad_mul_U_o_6*sigmoid_U_o_6*(1 - tanh_U_i_6**2)) */
-    /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_i_6*(1 - sigmoid_U_o_6) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_6, grad_add_U_i_3, tanh_U_g_6, sigmoid_U_i_6,
-            grad_add_U_f_2, add_U_i_5, sigmoid_U_f_6, grad_add_U_g_2, grad_add_U_o_2, tanh_U_i_6,
-            sigmoid_U_o_6, grad_mul_U_o_6, grad_add_U_i, sigmoid_U_f_7);
+    /* grad_add_U_g_6 = grad_add_U_g*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
+     * tanh_U_g_12**2) */
+    /* grad_add_U_i_2 = sigmoid_U_i_6*tanh_U_g_11*(1 -
+     * sigmoid_U_i_6)*(grad_add_U_g*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
+     * tanh_U_g_12**2)) */
+    /* grad_add_U_f_2 = add_U_g_5*sigmoid_U_f_6*(1 -
+     * sigmoid_U_f_6)*(grad_add_U_g*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
+     * tanh_U_g_12**2)) */
+    /* grad_add_U_g_3 = sigmoid_U_i_6*(1 - tanh_U_g_11**2)*(grad_add_U_g*sigmoid_U_f_7 +
+     * grad_mul_U_o_6*sigmoid_U_o_6*(1 - tanh_U_g_12**2)) */
+    /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_g_12*(1 - sigmoid_U_o_6) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_6, grad_add_U_i_2, tanh_U_g_11, sigmoid_U_i_6,
+            grad_add_U_f_2, add_U_g_5, sigmoid_U_f_6, grad_add_U_g_3, grad_add_U_o_2, tanh_U_g_12,
+            sigmoid_U_o_6, grad_mul_U_o_6, grad_add_U_g, sigmoid_U_f_7);
 
-    /* grad_W_i += x7^T @ grad_add_U_i_3 */
-    lstm_sequence_product7(n, x7_, grad_add_U_i_3, grad_W_i);
+    /* grad_W_i += x7^T @ grad_add_U_i_2 */
+    lstm_sequence_product7(n, x7_, grad_add_U_i_2, grad_W_i);
 
     /* grad_mul_U_o_5 = grad_add_U_f_2 @ U_f^T, the first of 4 products added up here */
     lstm_sequence_product5(n, grad_add_U_f_2, U_f, grad_mul_U_o_5);
 
-    /* grad_mul_U_o_5 += grad_add_U_g_2 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_2, U_g, grad_mul_U_o_5);
+    /* grad_mul_U_o_5 += grad_add_U_i_2 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_2, U_i, grad_mul_U_o_5);
 
-    /* grad_mul_U_o_5 += grad_add_U_i_3 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_3, U_i, grad_mul_U_o_5);
+    /* grad_mul_U_o_5 += grad_add_U_g_3 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_3, U_g, grad_mul_U_o_5);
 
     /* grad_mul_U_o_5 += grad_add_U_o_2 @ U_o^T */
     lstm_sequence_product6(n, grad_add_U_o_2, U_o, grad_mul_U_o_5);
 
-    /* grad_add_U_i_5 = grad_add_U_i_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
-     * tanh_U_i_5**2) */
-    /* grad_add_U_i_4 = sigmoid_U_i_5*tanh_U_g_5*(1 -
-     * sigmoid_U_i_5)*(grad_add_U_i_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
-     * tanh_U_i_5**2)) */
-    /* grad_add_U_f_3 = add_U_i_4*sigmoid_U_f_5*(1 -
-     * sigmoid_U_f_5)*(grad_add_U_i_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
-     * tanh_U_i_5**2)) */
-    /* grad_add_U_g_3 = sigmoid_U_i_5*(1 - tanh_U_g_5**2)*(grad_add_U_i_6*sigmoid_U_f_6 +
-     * grad_mul_U_o_5*sigmoid_U_o_5*(1 - tanh_U_i_5**2)) */
-    /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_i_5*(1 - sigmoid_U_o_5) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_5, grad_add_U_i_4, tanh_U_g_5, sigmoid_U_i_5,
-            grad_add_U_f_3, add_U_i_4, sigmoid_U_f_5, grad_add_U_g_3, grad_add_U_o_3, tanh_U_i_5,
-            sigmoid_U_o_5, grad_mul_U_o_5, grad_add_U_i_6, sigmoid_U_f_6);
+    /* grad_add_U_g_5 = grad_add_U_g_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
+     * tanh_U_g_10**2) */
+    /* grad_add_U_i_3 = sigmoid_U_i_5*tanh_U_g_9*(1 -
+     * sigmoid_U_i_5)*(grad_add_U_g_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
+     * tanh_U_g_10**2)) */
+    /* grad_add_U_f_3 = add_U_g_4*sigmoid_U_f_5*(1 -
+     * sigmoid_U_f_5)*(grad_add_U_g_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
+     * tanh_U_g_10**2)) */
+    /* grad_add_U_g_4 = sigmoid_U_i_5*(1 - tanh_U_g_9**2)*(grad_add_U_g_6*sigmoid_U_f_6 +
+     * grad_mul_U_o_5*sigmoid_U_o_5*(1 - tanh_U_g_10**2)) */
+    /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_g_10*(1 - sigmoid_U_o_5) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_5, grad_add_U_i_3, tanh_U_g_9, sigmoid_U_i_5,
+            grad_add_U_f_3, add_U_g_4, sigmoid_U_f_5, grad_add_U_g_4, grad_add_U_o_3, tanh_U_g_10,
+            sigmoid_U_o_5, grad_mul_U_o_5, grad_add_U_g_6, sigmoid_U_f_6);
 
-    /* grad_W_i += x6^T @ grad_add_U_i_4 */
-    lstm_sequence_product7(n, x6_, grad_add_U_i_4, grad_W_i);
+    /* grad_W_i += x6^T @ grad_add_U_i_3 */
+    lstm_sequence_product7(n, x6_, grad_add_U_i_3, grad_W_i);
 
     /* grad_mul_U_o_4 = grad_add_U_f_3 @ U_f^T, the first of 4 products added up here */
     lstm_sequence_product5(n, grad_add_U_f_3, U_f, grad_mul_U_o_4);
 
-    /* grad_mul_U_o_4 += grad_add_U_g_3 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_3, U_g, grad_mul_U_o_4);
+    /* grad_mul_U_o_4 += grad_add_U_i_3 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_3, U_i, grad_mul_U_o_4);
 
-    /* grad_mul_U_o_4 += grad_add_U_i_4 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_4, U_i, grad_mul_U_o_4);
+    /* grad_mul_U_o_4 += grad_add_U_g_4 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_4, U_g, grad_mul_U_o_4);
 
     /* grad_mul_U_o_4 += grad_add_U_o_3 @ U_o^T */
     lstm_sequence_product6(n, grad_add_U_o_3, U_o, grad_mul_U_o_4);
 
-    /* grad_add_U_i_4_2 = grad_add_U_i_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
-     * tanh_U_i_4**2) */
-    /* grad_add_U_i_7 = sigmoid_U_i_4*tanh_U_g_4*(1 -
-     * sigmoid_U_i_4)*(grad_add_U_i_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
-     * tanh_U_i_4**2)) */
-    /* grad_add_U_f_4 = add_U_i_3*sigmoid_U_f_4*(1 -
-     * sigmoid_U_f_4)*(grad_add_U_i_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
-     * tanh_U_i_4**2)) */
-    /* grad_add_U_g_4 = sigmoid_U_i_4*(1 - tanh_U_g_4**2)*(grad_add_U_i_5*sigmoid_U_f_5 +
-     * grad_mul_U_o_4*sigmoid_U_o_4*(1 - tanh_U_i_4**2)) */
-    /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_i_4*(1 - sigmoid_U_o_4) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_4_2, grad_add_U_i_7, tanh_U_g_4, sigmoid_U_i_4,
-            grad_add_U_f_4, add_U_i_3, sigmoid_U_f_4, grad_add_U_g_4, grad_add_U_o_4, tanh_U_i_4,
-            sigmoid_U_o_4, grad_mul_U_o_4, grad_add_U_i_5, sigmoid_U_f_5);
+    /* grad_add_U_g_4_2 = grad_add_U_g_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
+     * tanh_U_g_8**2) */
+    /* grad_add_U_i_4 = sigmoid_U_i_4*tanh_U_g_7*(1 -
+     * sigmoid_U_i_4)*(grad_add_U_g_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
+     * tanh_U_g_8**2)) */
+    /* grad_add_U_f_4 = add_U_g_3*sigmoid_U_f_4*(1 -
+     * sigmoid_U_f_4)*(grad_add_U_g_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
+     * tanh_U_g_8**2)) */
+    /* grad_add_U_g_7 = sigmoid_U_i_4*(1 - tanh_U_g_7**2)*(grad_add_U_g_5*sigmoid_U_f_5 +
+     * grad_mul_U_o_4*sigmoid_U_o_4*(1 - tanh_U_g_8**2)) */
+    /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_g_8*(1 - sigmoid_U_o_4) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_4_2, grad_add_U_i_4, tanh_U_g_7, sigmoid_U_i_4,
+            grad_add_U_f_4, add_U_g_3, sigmoid_U_f_4, grad_add_U_g_7, grad_add_U_o_4, tanh_U_g_8,
+            sigmoid_U_o_4, grad_mul_U_o_4, grad_add_U_g_5, sigmoid_U_f_5);
 
-    /* grad_W_i += x5^T @ grad_add_U_i_7 */
-    lstm_sequence_product7(n, x5_, grad_add_U_i_7, grad_W_i);
+    /* grad_W_i += x5^T @ grad_add_U_i_4 */
+    lstm_sequence_product7(n, x5_, grad_add_U_i_4, grad_W_i);
 
     /* grad_mul_U_o_3 = grad_add_U_f_4 @ U_f^T, the first of 4 products added up here */
     lstm_sequence_product5(n, grad_add_U_f_4, U_f, grad_mul_U_o_3);
 
-    /* grad_mul_U_o_3 += grad_add_U_g_4 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_4, U_g, grad_mul_U_o_3);
+    /* grad_mul_U_o_3 += grad_add_U_i_4 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_4, U_i, grad_mul_U_o_3);
 
-    /* grad_mul_U_o_3 += grad_add_U_i_7 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_7, U_i, grad_mul_U_o_3);
+    /* grad_mul_U_o_3 += grad_add_U_g_7 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_7, U_g, grad_mul_U_o_3);
 
     /* grad_mul_U_o_3 += grad_add_U_o_4 @ U_o^T */
     lstm_sequence_product6(n, grad_add_U_o_4, U_o, grad_mul_U_o_3);
 
-    /* grad_add_U_i_3_2 = grad_add_U_i_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
-     * tanh_U_i_3**2) */
-    /* grad_add_U_i_8 = sigmoid_U_i_3*tanh_U_g_3*(1 -
-     * sigmoid_U_i_3)*(grad_add_U_i_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
-     * tanh_U_i_3**2)) */
-    /* grad_add_U_f_5 = add_U_i_2*sigmoid_U_f_3*(1 -
-     * sigmoid_U_f_3)*(grad_add_U_i_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
-     * tanh_U_i_3**2)) */
-    /* grad_add_U_g_5 = sigmoid_U_i_3*(1 - tanh_U_g_3**2)*(grad_add_U_i_4_2*sigmoid_U_f_4 +
-     * grad_mul_U_o_3*sigmoid_U_o_3*(1 - tanh_U_i_3**2)) */
-    /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_i_3*(1 - sigmoid_U_o_3) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_3_2, grad_add_U_i_8, tanh_U_g_3, sigmoid_U_i_3,
-            grad_add_U_f_5, add_U_i_2, sigmoid_U_f_3, grad_add_U_g_5, grad_add_U_o_5, tanh_U_i_3,
-            sigmoid_U_o_3, grad_mul_U_o_3, grad_add_U_i_4_2, sigmoid_U_f_4);
+    /* grad_add_U_g_3_2 = grad_add_U_g_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
+     * tanh_U_g_6**2) */
+    /* grad_add_U_i_5 = sigmoid_U_i_3*tanh_U_g_5*(1 -
+     * sigmoid_U_i_3)*(grad_add_U_g_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
+     * tanh_U_g_6**2)) */
+    /* grad_add_U_f_5 = add_U_g_2*sigmoid_U_f_3*(1 -
+     * sigmoid_U_f_3)*(grad_add_U_g_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
+     * tanh_U_g_6**2)) */
+    /* grad_add_U_g_8 = sigmoid_U_i_3*(1 - tanh_U_g_5**2)*(grad_add_U_g_4_2*sigmoid_U_f_4 +
+     * grad_mul_U_o_3*sigmoid_U_o_3*(1 - tanh_U_g_6**2)) */
+    /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_g_6*(1 - sigmoid_U_o_3) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_3_2, grad_add_U_i_5, tanh_U_g_5, sigmoid_U_i_3,
+            grad_add_U_f_5, add_U_g_2, sigmoid_U_f_3, grad_add_U_g_8, grad_add_U_o_5, tanh_U_g_6,
+            sigmoid_U_o_3, grad_mul_U_o_3, grad_add_U_g_4_2, sigmoid_U_f_4);
 
-    /* grad_W_i += x4^T @ grad_add_U_i_8 */
-    lstm_sequence_product7(n, x4_, grad_add_U_i_8, grad_W_i);
+    /* grad_W_i += x4^T @ grad_add_U_i_5 */
+    lstm_sequence_product7(n, x4_, grad_add_U_i_5, grad_W_i);
 
     /* grad_mul_U_o_2 = grad_add_U_f_5 @ U_f^T, the first of 4 products added up here */
     lstm_sequence_product5(n, grad_add_U_f_5, U_f, grad_mul_U_o_2);
 
-    /* grad_mul_U_o_2 += grad_add_U_g_5 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_5, U_g, grad_mul_U_o_2);
+    /* grad_mul_U_o_2 += grad_add_U_i_5 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_5, U_i, grad_mul_U_o_2);
 
-    /* grad_mul_U_o_2 += grad_add_U_i_8 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_8, U_i, grad_mul_U_o_2);
+    /* grad_mul_U_o_2 += grad_add_U_g_8 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_8, U_g, grad_mul_U_o_2);
 
     /* grad_mul_U_o_2 += grad_add_U_o_5 @ U_o^T */
     lstm_sequence_product6(n, grad_add_U_o_5, U_o, grad_mul_U_o_2);
 
-    /* grad_add_U_i_2_2 = grad_add_U_i_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
-     * tanh_U_i_2**2) */
-    /* grad_add_U_i_9 = sigmoid_U_i_2*tanh_U_g_2*(1 -
-     * sigmoid_U_i_2)*(grad_add_U_i_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
-     * tanh_U_i_2**2)) */
-    /* grad_add_U_f_6 = add_U_i*sigmoid_U_f_2*(1 -
-     * sigmoid_U_f_2)*(grad_add_U_i_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
-     * tanh_U_i_2**2)) */
-    /* grad_add_U_g_6 = sigmoid_U_i_2*(1 - tanh_U_g_2**2)*(grad_add_U_i_3_2*sigmoid_U_f_3 +
-     * grad_mul_U_o_2*sigmoid_U_o_2*(1 - tanh_U_i_2**2)) */
-    /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_i_2*(1 - sigmoid_U_o_2) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_2_2, grad_add_U_i_9, tanh_U_g_2, sigmoid_U_i_2,
-            grad_add_U_f_6, add_U_i, sigmoid_U_f_2, grad_add_U_g_6, grad_add_U_o_6, tanh_U_i_2,
-            sigmoid_U_o_2, grad_mul_U_o_2, grad_add_U_i_3_2, sigmoid_U_f_3);
+    /* grad_add_U_g_2_2 = grad_add_U_g_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
+     * tanh_U_g_4**2) */
+    /* grad_add_U_i_6 = sigmoid_U_i_2*tanh_U_g_3*(1 -
+     * sigmoid_U_i_2)*(grad_add_U_g_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
+     * tanh_U_g_4**2)) */
+    /* grad_add_U_f_6 = add_U_g*sigmoid_U_f_2*(1 -
+     * sigmoid_U_f_2)*(grad_add_U_g_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
+     * tanh_U_g_4**2)) */
+    /* grad_add_U_g_9 = sigmoid_U_i_2*(1 - tanh_U_g_3**2)*(grad_add_U_g_3_2*sigmoid_U_f_3 +
+     * grad_mul_U_o_2*sigmoid_U_o_2*(1 - tanh_U_g_4**2)) */
+    /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_g_4*(1 - sigmoid_U_o_2) */
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_2_2, grad_add_U_i_6, tanh_U_g_3, sigmoid_U_i_2,
+            grad_add_U_f_6, add_U_g, sigmoid_U_f_2, grad_add_U_g_9, grad_add_U_o_6, tanh_U_g_4,
+            sigmoid_U_o_2, grad_mul_U_o_2, grad_add_U_g_3_2, sigmoid_U_f_3);
 
-    /* grad_W_i += x3^T @ grad_add_U_i_9 */
-    lstm_sequence_product7(n, x3_, grad_add_U_i_9, grad_W_i);
+    /* grad_W_i += x3^T @ grad_add_U_i_6 */
+    lstm_sequence_product7(n, x3_, grad_add_U_i_6, grad_W_i);
 
     /* grad_mul_U_o = grad_add_U_f_6 @ U_f^T, the first of 4 products added up here */
     lstm_sequence_product5(n, grad_add_U_f_6, U_f, grad_mul_U_o);
@@ -1446,41 +1446,41 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *mul_W_i,
     LSTM_SEQUENCE_REAL *tanh_W_i,
     LSTM_SEQUENCE_REAL *sigmoid_U_o,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *sigmoid_U_f,
-    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
-    LSTM_SEQUENCE_REAL *grad_add_U_g,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
     LSTM_SEQUENCE_REAL *grad_add_U_o_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_8,
     LSTM_SEQUENCE_REAL *grad_add_U_o_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_9,
     LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_mul_U_o,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_10,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_10,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
     LSTM_SEQUENCE_REAL *grad_add_U_f_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_11,
     LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_copy_b_f,
     LSTM_SEQUENCE_REAL *grad_mul_W_o,
@@ -1516,41 +1516,41 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *mul_W_i,
     LSTM_SEQUENCE_REAL *tanh_W_i,
     LSTM_SEQUENCE_REAL *sigmoid_U_o,
-    LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *sigmoid_U_f,
-    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
-    LSTM_SEQUENCE_REAL *grad_add_U_g,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
     LSTM_SEQUENCE_REAL *grad_add_U_o_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_8,
     LSTM_SEQUENCE_REAL *grad_add_U_o_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_9,
     LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_mul_U_o,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_10,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_10,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
     LSTM_SEQUENCE_REAL *grad_add_U_f_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_11,
     LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_copy_b_f,
     LSTM_SEQUENCE_REAL *grad_mul_W_o,
@@ -1562,76 +1562,76 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_copy_b_o
 )
 {
-    /* grad_mul_U_o += grad_add_U_g_6 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_6, U_g, grad_mul_U_o);
+    /* grad_mul_U_o += grad_add_U_i_6 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_6, U_i, grad_mul_U_o);
 
-    /* grad_mul_U_o += grad_add_U_i_9 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_9, U_i, grad_mul_U_o);
+    /* grad_mul_U_o += grad_add_U_g_9 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_9, U_g, grad_mul_U_o);
 
     /* grad_mul_U_o += grad_add_U_o_6 @ U_o^T */
     lstm_sequence_product6(n, grad_add_U_o_6, U_o, grad_mul_U_o);
 
-    /* grad_add_U_i_10 = grad_add_U_i_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
-     * tanh_U_i**2) */
-    /* grad_add_U_i_11 = sigmoid_U_i*tanh_U_g*(1 -
-     * sigmoid_U_i)*(grad_add_U_i_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
-     * tanh_U_i**2)) */
-    /* grad_add_U_f_7 = mul_W_i*sigmoid_U_f*(1 - sigmoid_U_f)*(grad_add_U_i_2_2*sigmoid_U_f_2
-     * + grad_mul_U_o*sigmoid_U_o*(1 - tanh_U_i**2)) */
-    /* grad_add_U_g_7 = sigmoid_U_i*(1 - tanh_U_g**2)*(grad_add_U_i_2_2*sigmoid_U_f_2 +
-     * grad_mul_U_o*sigmoid_U_o*(1 - tanh_U_i**2)) */
-    /* grad_add_U_o_7 = grad_mul_U_o*sigmoid_U_o*tanh_U_i*(1 - sigmoid_U_o) */
+    /* grad_add_U_g_10 = grad_add_U_g_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
+     * tanh_U_g_2**2) */
+    /* grad_add_U_i_7 = sigmoid_U_i*tanh_U_g*(1 -
+     * sigmoid_U_i)*(grad_add_U_g_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
+     * tanh_U_g_2**2)) */
+    /* grad_add_U_f_7 = mul_W_i*sigmoid_U_f*(1 - sigmoid_U_f)*(grad_add_U_g_2_2*sigmoid_U_f_2
+     * + grad_mul_U_o*sigmoid_U_o*(1 - tanh_U_g_2**2)) */
+    /* grad_add_U_g_11 = sigmoid_U_i*(1 - tanh_U_g**2)*(grad_add_U_g_2_2*sigmoid_U_f_2 +
+     * grad_mul_U_o*sigmoid_U_o*(1 - tanh_U_g_2**2)) */
+    /* grad_add_U_o_7 = grad_mul_U_o*sigmoid_U_o*tanh_U_g_2*(1 - sigmoid_U_o) */
     /* grad_copy_b_f = grad_add_U_f + grad_add_U_f_2 + grad_add_U_f_3 + grad_add_U_f_4 +
      * grad_add_U_f_5 + grad_add_U_f_6 + mul_W_i*sigmoid_U_f*(1 -
-     * sigmoid_U_f)*(grad_add_U_i_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
-     * tanh_U_i**2)) */
+     * sigmoid_U_f)*(grad_add_U_g_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
+     * tanh_U_g_2**2)) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = grad_mul_U_o[8*i + j]*sigmoid_U_o[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_add_U_i_2_2[8*i + j]*sigmoid_U_f_2[8*i + j] + x0*(1 -
-                    (tanh_U_i[8*i + j]*tanh_U_i[8*i + j]));
+            const LSTM_SEQUENCE_REAL x1 = grad_add_U_g_2_2[8*i + j]*sigmoid_U_f_2[8*i + j] + x0*(1 -
+                    (tanh_U_g_2[8*i + j]*tanh_U_g_2[8*i + j]));
             const LSTM_SEQUENCE_REAL x2 = sigmoid_U_i[8*i + j]*x1;
             const LSTM_SEQUENCE_REAL x3 = mul_W_i[8*i + j]*sigmoid_U_f[8*i + j]*x1*(1 -
                     sigmoid_U_f[8*i + j]);
-            grad_add_U_i_10[8*i + j] = x1;
-            grad_add_U_i_11[8*i + j] = tanh_U_g[8*i + j]*x2*(1 - sigmoid_U_i[8*i + j]);
+            grad_add_U_g_10[8*i + j] = x1;
+            grad_add_U_i_7[8*i + j] = tanh_U_g[8*i + j]*x2*(1 - sigmoid_U_i[8*i + j]);
             grad_add_U_f_7[8*i + j] = x3;
-            grad_add_U_g_7[8*i + j] = x2*(1 - (tanh_U_g[8*i + j]*tanh_U_g[8*i + j]));
-            grad_add_U_o_7[8*i + j] = tanh_U_i[8*i + j]*x0*(1 - sigmoid_U_o[8*i + j]);
+            grad_add_U_g_11[8*i + j] = x2*(1 - (tanh_U_g[8*i + j]*tanh_U_g[8*i + j]));
+            grad_add_U_o_7[8*i + j] = tanh_U_g_2[8*i + j]*x0*(1 - sigmoid_U_o[8*i + j]);
             grad_copy_b_f[8*i + j] = grad_add_U_f_2[8*i + j] + grad_add_U_f_3[8*i + j] +
                     grad_add_U_f_4[8*i + j] + grad_add_U_f_5[8*i + j] + grad_add_U_f_6[8*i + j] +
                     grad_add_U_f[8*i + j] + x3;
         }
     }
 
-    /* grad_W_i += x2^T @ grad_add_U_i_11 */
-    lstm_sequence_product7(n, x2_, grad_add_U_i_11, grad_W_i);
+    /* grad_W_i += x2^T @ grad_add_U_i_7 */
+    lstm_sequence_product7(n, x2_, grad_add_U_i_7, grad_W_i);
 
     /* grad_mul_W_o = grad_add_U_f_7 @ U_f^T, the first of 4 products added up here */
     lstm_sequence_product5(n, grad_add_U_f_7, U_f, grad_mul_W_o);
 
-    /* grad_mul_W_o += grad_add_U_g_7 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_7, U_g, grad_mul_W_o);
+    /* grad_mul_W_o += grad_add_U_i_7 @ U_i^T */
+    lstm_sequence_product6(n, grad_add_U_i_7, U_i, grad_mul_W_o);
 
-    /* grad_mul_W_o += grad_add_U_i_11 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_11, U_i, grad_mul_W_o);
+    /* grad_mul_W_o += grad_add_U_g_11 @ U_g^T */
+    lstm_sequence_product6(n, grad_add_U_g_11, U_g, grad_mul_W_o);
 
     /* grad_mul_W_o += grad_add_U_o_7 @ U_o^T */
     lstm_sequence_product6(n, grad_add_U_o_7, U_o, grad_mul_W_o);
 
-    /* grad_add_W_i = sigmoid_W_i*tanh_W_g*(1 - sigmoid_W_i)*(grad_add_U_i_10*sigmoid_U_f +
+    /* grad_add_W_i = sigmoid_W_i*tanh_W_g*(1 - sigmoid_W_i)*(grad_add_U_g_10*sigmoid_U_f +
      * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_i**2)) */
-    /* grad_add_W_g = sigmoid_W_i*(1 - tanh_W_g**2)*(grad_add_U_i_10*sigmoid_U_f +
+    /* grad_add_W_g = sigmoid_W_i*(1 - tanh_W_g**2)*(grad_add_U_g_10*sigmoid_U_f +
      * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_i**2)) */
     /* grad_add_W_o = grad_mul_W_o*sigmoid_W_o*tanh_W_i*(1 - sigmoid_W_o) */
-    /* grad_copy_b_i = grad_add_U_i_11 + grad_add_U_i_2 + grad_add_U_i_3 + grad_add_U_i_4 +
-     * grad_add_U_i_7 + grad_add_U_i_8 + grad_add_U_i_9 + sigmoid_W_i*tanh_W_g*(1 -
-     * sigmoid_W_i)*(grad_add_U_i_10*sigmoid_U_f + grad_mul_W_o*sigmoid_W_o*(1 -
+    /* grad_copy_b_i = grad_add_U_i + grad_add_U_i_2 + grad_add_U_i_3 + grad_add_U_i_4 +
+     * grad_add_U_i_5 + grad_add_U_i_6 + grad_add_U_i_7 + sigmoid_W_i*tanh_W_g*(1 -
+     * sigmoid_W_i)*(grad_add_U_g_10*sigmoid_U_f + grad_mul_W_o*sigmoid_W_o*(1 -
      * tanh_W_i**2)) */
-    /* grad_copy_b_g = grad_add_U_g + grad_add_U_g_2 + grad_add_U_g_3 + grad_add_U_g_4 +
-     * grad_add_U_g_5 + grad_add_U_g_6 + grad_add_U_g_7 + sigmoid_W_i*(1 -
-     * tanh_W_g**2)*(grad_add_U_i_10*sigmoid_U_f + grad_mul_W_o*sigmoid_W_o*(1 -
+    /* grad_copy_b_g = grad_add_U_g_11 + grad_add_U_g_2 + grad_add_U_g_3 + grad_add_U_g_4 +
+     * grad_add_U_g_7 + grad_add_U_g_8 + grad_add_U_g_9 + sigmoid_W_i*(1 -
+     * tanh_W_g**2)*(grad_add_U_g_10*sigmoid_U_f + grad_mul_W_o*sigmoid_W_o*(1 -
      * tanh_W_i**2)) */
     /* grad_copy_b_o = grad_add_U_o + grad_add_U_o_2 + grad_add_U_o_3 + grad_add_U_o_4 +
      * grad_add_U_o_5 + grad_add_U_o_6 + grad_add_U_o_7 +
@@ -1641,7 +1641,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = grad_mul_W_o[8*i + j]*sigmoid_W_o[8*i + j];
             const LSTM_SEQUENCE_REAL x1 =
-                    sigmoid_W_i[8*i + j]*(grad_add_U_i_10[8*i + j]*sigmoid_U_f[8*i + j] + x0*(1 -
+                    sigmoid_W_i[8*i + j]*(grad_add_U_g_10[8*i + j]*sigmoid_U_f[8*i + j] + x0*(1 -
                     (tanh_W_i[8*i + j]*tanh_W_i[8*i + j])));
             const LSTM_SEQUENCE_REAL x2 = tanh_W_g[8*i + j]*x1*(1 - sigmoid_W_i[8*i + j]);
             const LSTM_SEQUENCE_REAL x3 = x1*(1 - (tanh_W_g[8*i + j]*tanh_W_g[8*i + j]));
@@ -1649,12 +1649,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
             grad_add_W_i[8*i + j] = x2;
             grad_add_W_g[8*i + j] = x3;
             grad_add_W_o[8*i + j] = x4;
-            grad_copy_b_i[8*i + j] = grad_add_U_i_7[8*i + j] + grad_add_U_i_8[8*i + j] +
-                    grad_add_U_i_9[8*i + j] + grad_add_U_i_11[8*i + j] + grad_add_U_i_2[8*i + j] +
-                    grad_add_U_i_3[8*i + j] + grad_add_U_i_4[8*i + j] + x2;
-            grad_copy_b_g[8*i + j] = grad_add_U_g[8*i + j] + grad_add_U_g_2[8*i + j] +
-                    grad_add_U_g_3[8*i + j] + grad_add_U_g_4[8*i + j] + grad_add_U_g_5[8*i + j] +
-                    grad_add_U_g_6[8*i + j] + grad_add_U_g_7[8*i + j] + x3;
+            grad_copy_b_i[8*i + j] = grad_add_U_i_4[8*i + j] + grad_add_U_i_5[8*i + j] +
+                    grad_add_U_i_6[8*i + j] + grad_add_U_i_7[8*i + j] + grad_add_U_i[8*i + j] +
+                    grad_add_U_i_2[8*i + j] + grad_add_U_i_3[8*i + j] + x2;
+            grad_copy_b_g[8*i + j] = grad_add_U_g_2[8*i + j] + grad_add_U_g_3[8*i + j] +
+                    grad_add_U_g_4[8*i + j] + grad_add_U_g_7[8*i + j] + grad_add_U_g_8[8*i + j] +
+                    grad_add_U_g_9[8*i + j] + grad_add_U_g_11[8*i + j] + x3;
             grad_copy_b_o[8*i + j] = grad_add_U_o[8*i + j] + grad_add_U_o_2[8*i + j] +
                     grad_add_U_o_3[8*i + j] + grad_add_U_o_4[8*i + j] + grad_add_U_o_5[8*i + j] +
                     grad_add_U_o_6[8*i + j] + grad_add_U_o_7[8*i + j] + x4;
@@ -1685,26 +1685,26 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     /* grad_W_f += x2^T @ grad_add_U_f_7 */
     lstm_sequence_product7(n, x2_, grad_add_U_f_7, grad_W_f);
 
-    /* grad_W_g = x8^T @ grad_add_U_g, the first of 8 products added up here */
-    lstm_sequence_product4(n, x8_, grad_add_U_g, grad_W_g);
+    /* grad_W_g = x8^T @ grad_add_U_g_2, the first of 8 products added up here */
+    lstm_sequence_product4(n, x8_, grad_add_U_g_2, grad_W_g);
 
-    /* grad_W_g += x7^T @ grad_add_U_g_2 */
-    lstm_sequence_product7(n, x7_, grad_add_U_g_2, grad_W_g);
+    /* grad_W_g += x7^T @ grad_add_U_g_3 */
+    lstm_sequence_product7(n, x7_, grad_add_U_g_3, grad_W_g);
 
-    /* grad_W_g += x6^T @ grad_add_U_g_3 */
-    lstm_sequence_product7(n, x6_, grad_add_U_g_3, grad_W_g);
+    /* grad_W_g += x6^T @ grad_add_U_g_4 */
+    lstm_sequence_product7(n, x6_, grad_add_U_g_4, grad_W_g);
 
-    /* grad_W_g += x5^T @ grad_add_U_g_4 */
-    lstm_sequence_product7(n, x5_, grad_add_U_g_4, grad_W_g);
+    /* grad_W_g += x5^T @ grad_add_U_g_7 */
+    lstm_sequence_product7(n, x5_, grad_add_U_g_7, grad_W_g);
 
-    /* grad_W_g += x4^T @ grad_add_U_g_5 */
-    lstm_sequence_product7(n, x4_, grad_add_U_g_5, grad_W_g);
+    /* grad_W_g += x4^T @ grad_add_U_g_8 */
+    lstm_sequence_product7(n, x4_, grad_add_U_g_8, grad_W_g);
 
-    /* grad_W_g += x3^T @ grad_add_U_g_6 */
-    lstm_sequence_product7(n, x3_, grad_add_U_g_6, grad_W_g);
+    /* grad_W_g += x3^T @ grad_add_U_g_9 */
+    lstm_sequence_product7(n, x3_, grad_add_U_g_9, grad_W_g);
 
-    /* grad_W_g += x2^T @ grad_add_U_g_7 */
-    lstm_sequence_product7(n, x2_, grad_add_U_g_7, grad_W_g);
+    /* grad_W_g += x2^T @ grad_add_U_g_11 */
+    lstm_sequence_product7(n, x2_, grad_add_U_g_11, grad_W_g);
 
     /* grad_W_g += x1^T @ grad_add_W_g */
     lstm_sequence_product7(n, x1_, grad_add_W_g, grad_W_g);
@@ -1751,33 +1751,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *mul_U_o_4,
     LSTM_SEQUENCE_REAL *mul_U_o_5,
     LSTM_SEQUENCE_REAL *mul_U_o_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
-    LSTM_SEQUENCE_REAL *grad_add_U_g,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_11,
     LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_copy_b_f,
     LSTM_SEQUENCE_REAL *grad_add_W_o,
@@ -1802,33 +1802,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *mul_U_o_4,
     LSTM_SEQUENCE_REAL *mul_U_o_5,
     LSTM_SEQUENCE_REAL *mul_U_o_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
-    LSTM_SEQUENCE_REAL *grad_add_U_g,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
-    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_11,
     LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_copy_b_f,
     LSTM_SEQUENCE_REAL *grad_add_W_o,
@@ -1841,26 +1841,26 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     /* grad_W_o += x1^T @ grad_add_W_o */
     lstm_sequence_product7(n, x1_, grad_add_W_o, grad_W_o);
 
-    /* grad_U_i = mul_U_o_6^T @ grad_add_U_i_2, the first of 7 products added up here */
-    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_i_2, grad_U_i);
+    /* grad_U_i = mul_U_o_6^T @ grad_add_U_i, the first of 7 products added up here */
+    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_i, grad_U_i);
 
-    /* grad_U_i += mul_U_o_5^T @ grad_add_U_i_3 */
-    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_i_3, grad_U_i);
+    /* grad_U_i += mul_U_o_5^T @ grad_add_U_i_2 */
+    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_i_2, grad_U_i);
 
-    /* grad_U_i += mul_U_o_4^T @ grad_add_U_i_4 */
-    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_i_4, grad_U_i);
+    /* grad_U_i += mul_U_o_4^T @ grad_add_U_i_3 */
+    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_i_3, grad_U_i);
 
-    /* grad_U_i += mul_U_o_3^T @ grad_add_U_i_7 */
-    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_i_7, grad_U_i);
+    /* grad_U_i += mul_U_o_3^T @ grad_add_U_i_4 */
+    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_i_4, grad_U_i);
 
-    /* grad_U_i += mul_U_o_2^T @ grad_add_U_i_8 */
-    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_i_8, grad_U_i);
+    /* grad_U_i += mul_U_o_2^T @ grad_add_U_i_5 */
+    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_i_5, grad_U_i);
 
-    /* grad_U_i += mul_U_o^T @ grad_add_U_i_9 */
-    lstm_sequence_product9(n, mul_U_o, grad_add_U_i_9, grad_U_i);
+    /* grad_U_i += mul_U_o^T @ grad_add_U_i_6 */
+    lstm_sequence_product9(n, mul_U_o, grad_add_U_i_6, grad_U_i);
 
-    /* grad_U_i += mul_W_o^T @ grad_add_U_i_11 */
-    lstm_sequence_product9(n, mul_W_o, grad_add_U_i_11, grad_U_i);
+    /* grad_U_i += mul_W_o^T @ grad_add_U_i_7 */
+    lstm_sequence_product9(n, mul_W_o, grad_add_U_i_7, grad_U_i);
 
     /* grad_U_f = mul_U_o_6^T @ grad_add_U_f, the first of 7 products added up here */
     lstm_sequence_product8(n, mul_U_o_6, grad_add_U_f, grad_U_f);
@@ -1883,26 +1883,26 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     /* grad_U_f += mul_W_o^T @ grad_add_U_f_7 */
     lstm_sequence_product9(n, mul_W_o, grad_add_U_f_7, grad_U_f);
 
-    /* grad_U_g = mul_U_o_6^T @ grad_add_U_g, the first of 7 products added up here */
-    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_g, grad_U_g);
+    /* grad_U_g = mul_U_o_6^T @ grad_add_U_g_2, the first of 7 products added up here */
+    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_g_2, grad_U_g);
 
-    /* grad_U_g += mul_U_o_5^T @ grad_add_U_g_2 */
-    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_g_2, grad_U_g);
+    /* grad_U_g += mul_U_o_5^T @ grad_add_U_g_3 */
+    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_g_3, grad_U_g);
 
-    /* grad_U_g += mul_U_o_4^T @ grad_add_U_g_3 */
-    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_g_3, grad_U_g);
+    /* grad_U_g += mul_U_o_4^T @ grad_add_U_g_4 */
+    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_g_4, grad_U_g);
 
-    /* grad_U_g += mul_U_o_3^T @ grad_add_U_g_4 */
-    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_g_4, grad_U_g);
+    /* grad_U_g += mul_U_o_3^T @ grad_add_U_g_7 */
+    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_g_7, grad_U_g);
 
-    /* grad_U_g += mul_U_o_2^T @ grad_add_U_g_5 */
-    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_g_5, grad_U_g);
+    /* grad_U_g += mul_U_o_2^T @ grad_add_U_g_8 */
+    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_g_8, grad_U_g);
 
-    /* grad_U_g += mul_U_o^T @ grad_add_U_g_6 */
-    lstm_sequence_product9(n, mul_U_o, grad_add_U_g_6, grad_U_g);
+    /* grad_U_g += mul_U_o^T @ grad_add_U_g_9 */
+    lstm_sequence_product9(n, mul_U_o, grad_add_U_g_9, grad_U_g);
 
-    /* grad_U_g += mul_W_o^T @ grad_add_U_g_7 */
-    lstm_sequence_product9(n, mul_W_o, grad_add_U_g_7, grad_U_g);
+    /* grad_U_g += mul_W_o^T @ grad_add_U_g_11 */
+    lstm_sequence_product9(n, mul_W_o, grad_add_U_g_11, grad_U_g);
 
     /* grad_U_o = mul_U_o_6^T @ grad_add_U_o, the first of 7 products added up here */
     lstm_sequence_product8(n, mul_U_o_6, grad_add_U_o, grad_U_o);
@@ -1936,7 +1936,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
 /* lstm_sequence_run, part 8 of 8 (kernels 193 to 196): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 1; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_b_g,
@@ -1948,7 +1948,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     LSTM_SEQUENCE_REAL *grad_copy_b_g,
     LSTM_SEQUENCE_REAL *grad_copy_b_o
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_b_g,
@@ -2043,102 +2043,102 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     LSTM_SEQUENCE_REAL *mul_W_o = tanh_W_i + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_o = with_grads ? mm_W_g : sigmoid_W_o; /* n x 8, in mm_W_g's memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? mul_W_o + 8*n : sigmoid_W_i; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i = with_grads ? mm_U_o : mm_W_g; /* n x 8, in mm_U_o's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? sigmoid_U_o + 8*n : tanh_W_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g = with_grads ? mm_U_i : tanh_W_i; /* n x 8, in mm_U_i's memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? sigmoid_U_i + 8*n : mm_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f = with_grads ? mm_U_g : mm_U_i; /* n x 8, in mm_U_g's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? tanh_U_g + 8*n : mm_U_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i = with_grads ? sigmoid_U_f + 8*n : mul_W_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i = with_grads ? add_U_i + 8*n : mul_W_o + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o = tanh_U_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g = with_grads ? mm_U_o : mm_W_g; /* n x 8, in mm_U_o's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? sigmoid_U_o + 8*n : tanh_W_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i = with_grads ? mm_U_g : tanh_W_i; /* n x 8, in mm_U_g's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? tanh_U_g + 8*n : mm_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f = with_grads ? mm_U_i : mm_U_g; /* n x 8, in mm_U_i's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? sigmoid_U_i + 8*n : mm_U_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g = with_grads ? sigmoid_U_f + 8*n : mul_W_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? add_U_g + 8*n : mul_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o = tanh_U_g_2 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f : mul_W_i; /* n x 8, in mm_U_f's memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? mul_U_o + 8*n : sigmoid_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_2 = with_grads ? mm_U_o_2 : sigmoid_U_i; /* n x 8, in mm_U_o_2's
-            memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? sigmoid_U_o_2 + 8*n : tanh_U_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_2 = with_grads ? mm_U_i_2 : mm_U_f; /* n x 8, in mm_U_i_2's memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? sigmoid_U_i_2 + 8*n : sigmoid_U_f; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? mm_U_g_2 : tanh_U_i; /* n x 8, in mm_U_g_2's memory
+    LSTM_SEQUENCE_REAL *mm_U_g_2 = with_grads ? mm_U_o_2 : tanh_U_g; /* n x 8, in mm_U_o_2's memory
             */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? tanh_U_g_2 + 8*n : mm_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_2 = with_grads ? sigmoid_U_f_2 + 8*n : mm_U_i_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_2 = with_grads ? add_U_i_2 + 8*n : mm_U_g_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_i_2 + 8*n : mul_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : add_U_i; /* n x 8, in mm_U_f_2's memory
+    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_o_2 + 8*n : sigmoid_U_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_2 = with_grads ? mm_U_g_2 : mm_U_f; /* n x 8, in mm_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? tanh_U_g_3 + 8*n : sigmoid_U_f; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? mm_U_i_2 : tanh_U_g_2; /* n x 8, in mm_U_i_2's
+            memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? sigmoid_U_i_2 + 8*n : mm_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_2 = with_grads ? sigmoid_U_f_2 + 8*n : mm_U_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? add_U_g_2 + 8*n : mm_U_i_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_g_4 + 8*n : mul_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : add_U_g; /* n x 8, in mm_U_f_2's memory
             */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? mul_U_o_2 + 8*n : sigmoid_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_3 = with_grads ? mm_U_o_3 : sigmoid_U_i_2; /* n x 8, in mm_U_o_3's
+    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_o_3 : tanh_U_g_3; /* n x 8, in mm_U_o_3's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? sigmoid_U_o_3 + 8*n : tanh_U_g_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_i_3 : mm_U_f_2; /* n x 8, in mm_U_i_3's memory
+    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_o_3 + 8*n : sigmoid_U_i_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_3 = with_grads ? mm_U_g_3 : mm_U_f_2; /* n x 8, in mm_U_g_3's memory
             */
-    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_i_3 + 8*n : sigmoid_U_f_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_3 = with_grads ? mm_U_g_3 : tanh_U_i_2; /* n x 8, in mm_U_g_3's
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? tanh_U_g_5 + 8*n : sigmoid_U_f_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_3 = with_grads ? mm_U_i_3 : tanh_U_g_4; /* n x 8, in mm_U_i_3's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? tanh_U_g_3 + 8*n : mm_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_3 = with_grads ? sigmoid_U_f_3 + 8*n : mm_U_i_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_3 = with_grads ? add_U_i_3 + 8*n : mm_U_g_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_i_3 + 8*n : mul_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : add_U_i_2; /* n x 8, in mm_U_f_3's memory
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? sigmoid_U_i_3 + 8*n : mm_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_3 = with_grads ? sigmoid_U_f_3 + 8*n : mm_U_g_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? add_U_g_3 + 8*n : mm_U_i_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_g_6 + 8*n : mul_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : add_U_g_2; /* n x 8, in mm_U_f_3's memory
             */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? mul_U_o_3 + 8*n : sigmoid_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_4 = with_grads ? mm_U_o_4 : sigmoid_U_i_3; /* n x 8, in mm_U_o_4's
+    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_o_4 : tanh_U_g_5; /* n x 8, in mm_U_o_4's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? sigmoid_U_o_4 + 8*n : tanh_U_g_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_i_4 : mm_U_f_3; /* n x 8, in mm_U_i_4's memory
+    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_o_4 + 8*n : sigmoid_U_i_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_4 = with_grads ? mm_U_g_4 : mm_U_f_3; /* n x 8, in mm_U_g_4's memory
             */
-    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? sigmoid_U_i_4 + 8*n : sigmoid_U_f_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_4 = with_grads ? mm_U_g_4 : tanh_U_i_3; /* n x 8, in mm_U_g_4's
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? tanh_U_g_7 + 8*n : sigmoid_U_f_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_4 = with_grads ? mm_U_i_4 : tanh_U_g_6; /* n x 8, in mm_U_i_4's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? tanh_U_g_4 + 8*n : mm_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_4 = with_grads ? sigmoid_U_f_4 + 8*n : mm_U_i_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_4 = with_grads ? add_U_i_4 + 8*n : mm_U_g_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_i_4 + 8*n : mul_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : add_U_i_3; /* n x 8, in mm_U_f_4's memory
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? sigmoid_U_i_4 + 8*n : mm_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_4 = with_grads ? sigmoid_U_f_4 + 8*n : mm_U_g_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_8 = with_grads ? add_U_g_4 + 8*n : mm_U_i_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_g_8 + 8*n : mul_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : add_U_g_3; /* n x 8, in mm_U_f_4's memory
             */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? mul_U_o_4 + 8*n : sigmoid_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? mm_U_o_5 : sigmoid_U_i_4; /* n x 8, in mm_U_o_5's
+    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_o_5 : tanh_U_g_7; /* n x 8, in mm_U_o_5's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? sigmoid_U_o_5 + 8*n : tanh_U_g_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_i_5 : mm_U_f_4; /* n x 8, in mm_U_i_5's memory
+    LSTM_SEQUENCE_REAL *tanh_U_g_9 = with_grads ? sigmoid_U_o_5 + 8*n : sigmoid_U_i_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? mm_U_g_5 : mm_U_f_4; /* n x 8, in mm_U_g_5's memory
             */
-    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_i_5 + 8*n : sigmoid_U_f_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_5 = with_grads ? mm_U_g_5 : tanh_U_i_4; /* n x 8, in mm_U_g_5's
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? tanh_U_g_9 + 8*n : sigmoid_U_f_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_5 = with_grads ? mm_U_i_5 : tanh_U_g_8; /* n x 8, in mm_U_i_5's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? tanh_U_g_5 + 8*n : mm_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_5 = with_grads ? sigmoid_U_f_5 + 8*n : mm_U_i_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_5 = with_grads ? add_U_i_5 + 8*n : mm_U_g_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_i_5 + 8*n : mul_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : add_U_i_4; /* n x 8, in mm_U_f_5's memory
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? sigmoid_U_i_5 + 8*n : mm_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_5 = with_grads ? sigmoid_U_f_5 + 8*n : mm_U_g_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_10 = with_grads ? add_U_g_5 + 8*n : mm_U_i_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_g_10 + 8*n : mul_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : add_U_g_4; /* n x 8, in mm_U_f_5's memory
             */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? mul_U_o_5 + 8*n : sigmoid_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_6 = with_grads ? mm_U_o_6 : sigmoid_U_i_5; /* n x 8, in mm_U_o_6's
+    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_o_6 : tanh_U_g_9; /* n x 8, in mm_U_o_6's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? sigmoid_U_o_6 + 8*n : tanh_U_g_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_i_6 : mm_U_f_5; /* n x 8, in mm_U_i_6's memory
+    LSTM_SEQUENCE_REAL *tanh_U_g_11 = with_grads ? sigmoid_U_o_6 + 8*n : sigmoid_U_i_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_6 = with_grads ? mm_U_g_6 : mm_U_f_5; /* n x 8, in mm_U_g_6's memory
             */
-    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? sigmoid_U_i_6 + 8*n : sigmoid_U_f_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_6 = with_grads ? mm_U_g_6 : tanh_U_i_5; /* n x 8, in mm_U_g_6's
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? tanh_U_g_11 + 8*n : sigmoid_U_f_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_6 = with_grads ? mm_U_i_6 : tanh_U_g_10; /* n x 8, in mm_U_i_6's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? tanh_U_g_6 + 8*n : mm_U_o_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_6 = with_grads ? sigmoid_U_f_6 + 8*n : mm_U_i_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_6 = with_grads ? add_U_i_6 + 8*n : mm_U_g_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_i_6 + 8*n : mul_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : add_U_i_5; /* n x 8, in mm_U_f_6's memory
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? sigmoid_U_i_6 + 8*n : mm_U_o_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_6 = with_grads ? sigmoid_U_f_6 + 8*n : mm_U_g_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_12 = with_grads ? add_U_g_6 + 8*n : mm_U_i_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_g_12 + 8*n : mul_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : add_U_g_5; /* n x 8, in mm_U_f_6's memory
             */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? mul_U_o_6 + 8*n : sigmoid_U_o_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_7 = with_grads ? mm_U_o_7 : sigmoid_U_i_6; /* n x 8, in mm_U_o_7's
+    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_o_7 : tanh_U_g_11; /* n x 8, in mm_U_o_7's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? sigmoid_U_o_7 + 8*n : tanh_U_g_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_i_7 : mm_U_f_6; /* n x 8, in mm_U_i_7's memory
+    LSTM_SEQUENCE_REAL *tanh_U_g_13 = with_grads ? sigmoid_U_o_7 + 8*n : sigmoid_U_i_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_7 = with_grads ? mm_U_g_7 : mm_U_f_6; /* n x 8, in mm_U_g_7's memory
             */
-    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_i_7 + 8*n : sigmoid_U_f_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_7 = with_grads ? mm_U_g_7 : tanh_U_i_6; /* n x 8, in mm_U_g_7's
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? tanh_U_g_13 + 8*n : sigmoid_U_f_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_7 = with_grads ? mm_U_i_7 : tanh_U_g_12; /* n x 8, in mm_U_i_7's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? tanh_U_g_7 + 8*n : mm_U_o_7; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_7 = with_grads ? sigmoid_U_f_7 + 8*n : mm_U_i_7; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_i_7 + 8*n : mm_U_g_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? sigmoid_U_i_7 + 8*n : mm_U_o_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_14 = with_grads ? sigmoid_U_f_7 + 8*n : mm_U_g_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_g_14 + 8*n : mm_U_i_7; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_V = with_grads ? mul_U_o_7 + 8*n : mul_U_o + 8*n; /* n x 1 */
     LSTM_SEQUENCE_REAL *add_logit = mm_V + n; /* n x 1 */
     LSTM_SEQUENCE_REAL *grad_logit = add_logit + n; /* n x 1 */
@@ -2146,114 +2146,114 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
 
     lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f,
             b_g, b_o, mm_W_o, sigmoid_W_o, mm_W_i, sigmoid_W_i, mm_W_g, tanh_W_g, mul_W_i, tanh_W_i,
-            mul_W_o, mm_U_o, sigmoid_U_o, mm_U_i, sigmoid_U_i, mm_U_g, tanh_U_g, mm_U_f,
-            sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, mm_U_o_2, sigmoid_U_o_2, mm_U_i_2,
-            sigmoid_U_i_2, mm_U_g_2, tanh_U_g_2, mm_U_f_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2,
+            mul_W_o, mm_U_o, sigmoid_U_o, mm_U_g, tanh_U_g, mm_U_i, sigmoid_U_i, mm_U_f,
+            sigmoid_U_f, add_U_g, tanh_U_g_2, mul_U_o, mm_U_o_2, sigmoid_U_o_2, mm_U_g_2,
+            tanh_U_g_3, mm_U_i_2, sigmoid_U_i_2, mm_U_f_2, sigmoid_U_f_2, add_U_g_2, tanh_U_g_4,
             mul_U_o_2, mm_U_o_3);
     lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g,
-            b_o, add_U_i_2, mul_U_o_2, mm_U_o_3, sigmoid_U_o_3, mm_U_i_3, sigmoid_U_i_3, mm_U_g_3,
-            tanh_U_g_3, mm_U_f_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, mm_U_o_4,
-            sigmoid_U_o_4, mm_U_i_4, sigmoid_U_i_4, mm_U_g_4, tanh_U_g_4, mm_U_f_4, sigmoid_U_f_4,
-            add_U_i_4, tanh_U_i_4, mul_U_o_4, mm_U_o_5, sigmoid_U_o_5, mm_U_i_5, sigmoid_U_i_5,
-            mm_U_g_5, tanh_U_g_5, mm_U_f_5);
+            b_o, add_U_g_2, mul_U_o_2, mm_U_o_3, sigmoid_U_o_3, mm_U_g_3, tanh_U_g_5, mm_U_i_3,
+            sigmoid_U_i_3, mm_U_f_3, sigmoid_U_f_3, add_U_g_3, tanh_U_g_6, mul_U_o_3, mm_U_o_4,
+            sigmoid_U_o_4, mm_U_g_4, tanh_U_g_7, mm_U_i_4, sigmoid_U_i_4, mm_U_f_4, sigmoid_U_f_4,
+            add_U_g_4, tanh_U_g_8, mul_U_o_4, mm_U_o_5, sigmoid_U_o_5, mm_U_g_5, tanh_U_g_9,
+            mm_U_i_5, sigmoid_U_i_5, mm_U_f_5);
     lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f,
-            b_g, b_o, V, c0, loss, logit, add_U_i_4, sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5,
-            mm_U_f_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, mm_U_o_6, sigmoid_U_o_6,
-            mm_U_i_6, sigmoid_U_i_6, mm_U_g_6, tanh_U_g_6, mm_U_f_6, sigmoid_U_f_6, add_U_i_6,
-            tanh_U_i_6, mul_U_o_6, mm_U_o_7, sigmoid_U_o_7, mm_U_i_7, sigmoid_U_i_7, mm_U_g_7,
-            tanh_U_g_7, mm_U_f_7, sigmoid_U_f_7, tanh_U_i_7, mul_U_o_7, mm_V, add_logit, grad_logit,
-            colsum_logit);
+            b_g, b_o, V, c0, loss, logit, add_U_g_4, sigmoid_U_o_5, tanh_U_g_9, sigmoid_U_i_5,
+            mm_U_f_5, sigmoid_U_f_5, add_U_g_5, tanh_U_g_10, mul_U_o_5, mm_U_o_6, sigmoid_U_o_6,
+            mm_U_g_6, tanh_U_g_11, mm_U_i_6, sigmoid_U_i_6, mm_U_f_6, sigmoid_U_f_6, add_U_g_6,
+            tanh_U_g_12, mul_U_o_6, mm_U_o_7, sigmoid_U_o_7, mm_U_g_7, tanh_U_g_13, mm_U_i_7,
+            sigmoid_U_i_7, mm_U_f_7, sigmoid_U_f_7, tanh_U_g_14, mul_U_o_7, mm_V, add_logit,
+            grad_logit, colsum_logit);
     if (!with_grads) {
         return 0;
     }
 
     /* the gradient's buffers in work */
     LSTM_SEQUENCE_REAL *grad_mul_U_o_7 = mm_U_f_7; /* n x 8, in mm_U_f_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i = colsum_logit + 1; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = grad_add_U_i + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_i_2 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_g = grad_add_U_f + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_o = grad_add_U_g + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_6 = add_U_i_6; /* n x 8, in add_U_i_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_6 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = tanh_U_g_7; /* n x 8, in tanh_U_g_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2 = tanh_U_i_7; /* n x 8, in tanh_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g = colsum_logit + 1; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_i = grad_add_U_g + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2 = grad_add_U_f + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_o = grad_add_U_g_2 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_6 = add_U_g_6; /* n x 8, in add_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = tanh_U_g_13; /* n x 8, in tanh_U_g_13's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = tanh_U_g_14; /* n x 8, in tanh_U_g_14's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_o_2 = grad_mul_U_o_7; /* n x 8, in grad_mul_U_o_7's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_5 = add_U_i_5; /* n x 8, in add_U_i_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_5 = sigmoid_U_o_6; /* n x 8, in sigmoid_U_o_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = sigmoid_U_i_6; /* n x 8, in sigmoid_U_i_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = tanh_U_g_6; /* n x 8, in tanh_U_g_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = tanh_U_i_6; /* n x 8, in tanh_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_5 = add_U_g_5; /* n x 8, in add_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = sigmoid_U_o_6; /* n x 8, in sigmoid_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = tanh_U_g_11; /* n x 8, in tanh_U_g_11's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = sigmoid_U_i_6; /* n x 8, in sigmoid_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = tanh_U_g_12; /* n x 8, in tanh_U_g_12's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_o_3 = sigmoid_U_f_7; /* n x 8, in sigmoid_U_f_7's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_4 = grad_add_U_i; /* n x 8, in grad_add_U_i's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2 = grad_mul_U_o_6; /* n x 8, in grad_mul_U_o_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = add_U_i_4; /* n x 8, in add_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_4 = grad_add_U_g; /* n x 8, in grad_add_U_g's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4_2 = grad_mul_U_o_6; /* n x 8, in grad_mul_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = add_U_g_4; /* n x 8, in add_U_g_4's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_4 = sigmoid_U_o_5; /* n x 8, in sigmoid_U_o_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = sigmoid_U_i_5; /* n x 8, in sigmoid_U_i_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = tanh_U_g_5; /* n x 8, in tanh_U_g_5's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = tanh_U_i_5; /* n x 8, in tanh_U_i_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2 = sigmoid_U_f_6; /* n x 8, in sigmoid_U_f_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8 = grad_add_U_i_6; /* n x 8, in grad_add_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7 = tanh_U_g_9; /* n x 8, in tanh_U_g_9's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = sigmoid_U_i_5; /* n x 8, in sigmoid_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = tanh_U_g_10; /* n x 8, in tanh_U_g_10's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3_2 = sigmoid_U_f_6; /* n x 8, in sigmoid_U_f_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5 = grad_add_U_g_6; /* n x 8, in grad_add_U_g_6's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_5 = grad_mul_U_o_5; /* n x 8, in grad_mul_U_o_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = add_U_i_3; /* n x 8, in add_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_8 = add_U_g_3; /* n x 8, in add_U_g_3's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_o_5 = sigmoid_U_o_4; /* n x 8, in sigmoid_U_o_4's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_2 = sigmoid_U_i_4; /* n x 8, in sigmoid_U_i_4's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2 = tanh_U_g_4; /* n x 8, in tanh_U_g_4's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9 = tanh_U_i_4; /* n x 8, in tanh_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_2 = tanh_U_g_7; /* n x 8, in tanh_U_g_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2_2 = sigmoid_U_i_4; /* n x 8, in sigmoid_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6 = tanh_U_g_8; /* n x 8, in tanh_U_g_8's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_6 = sigmoid_U_f_5; /* n x 8, in sigmoid_U_f_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = grad_add_U_i_5; /* n x 8, in grad_add_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_9 = grad_add_U_g_5; /* n x 8, in grad_add_U_g_5's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_o_6 = grad_mul_U_o_4; /* n x 8, in grad_mul_U_o_4's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o = add_U_i_2; /* n x 8, in add_U_i_2's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_10 = sigmoid_U_o_3; /* n x 8, in sigmoid_U_o_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_11 = sigmoid_U_i_3; /* n x 8, in sigmoid_U_i_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_7 = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_7 = tanh_U_i_3; /* n x 8, in tanh_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o = add_U_g_2; /* n x 8, in add_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_10 = sigmoid_U_o_3; /* n x 8, in sigmoid_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = tanh_U_g_5; /* n x 8, in tanh_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7 = sigmoid_U_i_3; /* n x 8, in sigmoid_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_11 = tanh_U_g_6; /* n x 8, in tanh_U_g_6's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_o_7 = sigmoid_U_f_4; /* n x 8, in sigmoid_U_f_4's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_f = grad_add_U_i_4_2; /* n x 8, in grad_add_U_i_4_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_f = grad_add_U_g_4_2; /* n x 8, in grad_add_U_g_4_2's memory */
     LSTM_SEQUENCE_REAL *grad_mul_W_o = grad_mul_U_o_3; /* n x 8, in grad_mul_U_o_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_W_i = add_U_i; /* n x 8, in add_U_i's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_i = add_U_g; /* n x 8, in add_U_g's memory */
     LSTM_SEQUENCE_REAL *grad_add_W_g = sigmoid_U_o_2; /* n x 8, in sigmoid_U_o_2's memory */
-    LSTM_SEQUENCE_REAL *grad_add_W_o = sigmoid_U_i_2; /* n x 8, in sigmoid_U_i_2's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_i = tanh_U_g_2; /* n x 8, in tanh_U_g_2's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_i_2; /* n x 8, in tanh_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_o = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_i = sigmoid_U_i_2; /* n x 8, in sigmoid_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_g_4; /* n x 8, in tanh_U_g_4's memory */
     LSTM_SEQUENCE_REAL *grad_copy_b_o = sigmoid_U_f_3; /* n x 8, in sigmoid_U_f_3's memory */
 
-    lstm_sequence_run_part4(n, V, add_U_i_6, sigmoid_U_o_7, sigmoid_U_i_7, tanh_U_g_7,
-            sigmoid_U_f_7, tanh_U_i_7, grad_logit, grad_mul_U_o_7, grad_add_U_i, grad_add_U_i_2,
-            grad_add_U_f, grad_add_U_g, grad_add_U_o);
-    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, add_U_i,
-            sigmoid_U_o_2, sigmoid_U_i_2, tanh_U_g_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2,
-            sigmoid_U_o_3, sigmoid_U_i_3, tanh_U_g_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3,
-            sigmoid_U_o_4, sigmoid_U_i_4, tanh_U_g_4, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4,
-            sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5,
-            sigmoid_U_o_6, sigmoid_U_i_6, tanh_U_g_6, sigmoid_U_f_6, tanh_U_i_6, sigmoid_U_f_7,
-            grad_add_U_i, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_mul_U_o_6,
-            grad_add_U_i_6, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2,
-            grad_mul_U_o_5, grad_add_U_i_5, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3,
-            grad_add_U_o_3, grad_mul_U_o_4, grad_add_U_i_4_2, grad_add_U_i_7, grad_add_U_f_4,
-            grad_add_U_g_4, grad_add_U_o_4, grad_mul_U_o_3, grad_add_U_i_3_2, grad_add_U_i_8,
-            grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_mul_U_o_2, grad_add_U_i_2_2,
-            grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_mul_U_o);
+    lstm_sequence_run_part4(n, V, add_U_g_6, sigmoid_U_o_7, tanh_U_g_13, sigmoid_U_i_7,
+            sigmoid_U_f_7, tanh_U_g_14, grad_logit, grad_mul_U_o_7, grad_add_U_g, grad_add_U_i,
+            grad_add_U_f, grad_add_U_g_2, grad_add_U_o);
+    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, add_U_g,
+            sigmoid_U_o_2, tanh_U_g_3, sigmoid_U_i_2, sigmoid_U_f_2, add_U_g_2, tanh_U_g_4,
+            sigmoid_U_o_3, tanh_U_g_5, sigmoid_U_i_3, sigmoid_U_f_3, add_U_g_3, tanh_U_g_6,
+            sigmoid_U_o_4, tanh_U_g_7, sigmoid_U_i_4, sigmoid_U_f_4, add_U_g_4, tanh_U_g_8,
+            sigmoid_U_o_5, tanh_U_g_9, sigmoid_U_i_5, sigmoid_U_f_5, add_U_g_5, tanh_U_g_10,
+            sigmoid_U_o_6, tanh_U_g_11, sigmoid_U_i_6, sigmoid_U_f_6, tanh_U_g_12, sigmoid_U_f_7,
+            grad_add_U_g, grad_add_U_i, grad_add_U_f, grad_add_U_g_2, grad_add_U_o, grad_mul_U_o_6,
+            grad_add_U_g_6, grad_add_U_i_2, grad_add_U_f_2, grad_add_U_g_3, grad_add_U_o_2,
+            grad_mul_U_o_5, grad_add_U_g_5, grad_add_U_i_3, grad_add_U_f_3, grad_add_U_g_4,
+            grad_add_U_o_3, grad_mul_U_o_4, grad_add_U_g_4_2, grad_add_U_i_4, grad_add_U_f_4,
+            grad_add_U_g_7, grad_add_U_o_4, grad_mul_U_o_3, grad_add_U_g_3_2, grad_add_U_i_5,
+            grad_add_U_f_5, grad_add_U_g_8, grad_add_U_o_5, grad_mul_U_o_2, grad_add_U_g_2_2,
+            grad_add_U_i_6, grad_add_U_f_6, grad_add_U_g_9, grad_add_U_o_6, grad_mul_U_o);
     lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i,
             grad_W_f, grad_W_g, grad_W_o, sigmoid_W_o, sigmoid_W_i, tanh_W_g, mul_W_i, tanh_W_i,
-            sigmoid_U_o, sigmoid_U_i, tanh_U_g, sigmoid_U_f, tanh_U_i, sigmoid_U_f_2,
-            grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3,
-            grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3,
-            grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4,
-            grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5,
-            grad_add_U_i_2_2, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6,
-            grad_mul_U_o, grad_add_U_i_10, grad_add_U_i_11, grad_add_U_f_7, grad_add_U_g_7,
+            sigmoid_U_o, tanh_U_g, sigmoid_U_i, sigmoid_U_f, tanh_U_g_2, sigmoid_U_f_2,
+            grad_add_U_i, grad_add_U_f, grad_add_U_g_2, grad_add_U_o, grad_add_U_i_2,
+            grad_add_U_f_2, grad_add_U_g_3, grad_add_U_o_2, grad_add_U_i_3, grad_add_U_f_3,
+            grad_add_U_g_4, grad_add_U_o_3, grad_add_U_i_4, grad_add_U_f_4, grad_add_U_g_7,
+            grad_add_U_o_4, grad_add_U_i_5, grad_add_U_f_5, grad_add_U_g_8, grad_add_U_o_5,
+            grad_add_U_g_2_2, grad_add_U_i_6, grad_add_U_f_6, grad_add_U_g_9, grad_add_U_o_6,
+            grad_mul_U_o, grad_add_U_g_10, grad_add_U_i_7, grad_add_U_f_7, grad_add_U_g_11,
             grad_add_U_o_7, grad_copy_b_f, grad_mul_W_o, grad_add_W_i, grad_add_W_g, grad_add_W_o,
             grad_copy_b_i, grad_copy_b_g, grad_copy_b_o);
     lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i,
             grad_b_f, mul_W_o, mul_U_o, mul_U_o_2, mul_U_o_3, mul_U_o_4, mul_U_o_5, mul_U_o_6,
-            grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3,
-            grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3,
-            grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4,
-            grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5,
-            grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_add_U_i_11,
-            grad_add_U_f_7, grad_add_U_g_7, grad_add_U_o_7, grad_copy_b_f, grad_add_W_o,
+            grad_add_U_i, grad_add_U_f, grad_add_U_g_2, grad_add_U_o, grad_add_U_i_2,
+            grad_add_U_f_2, grad_add_U_g_3, grad_add_U_o_2, grad_add_U_i_3, grad_add_U_f_3,
+            grad_add_U_g_4, grad_add_U_o_3, grad_add_U_i_4, grad_add_U_f_4, grad_add_U_g_7,
+            grad_add_U_o_4, grad_add_U_i_5, grad_add_U_f_5, grad_add_U_g_8, grad_add_U_o_5,
+            grad_add_U_i_6, grad_add_U_f_6, grad_add_U_g_9, grad_add_U_o_6, grad_add_U_i_7,
+            grad_add_U_f_7, grad_add_U_g_11, grad_add_U_o_7, grad_copy_b_f, grad_add_W_o,
             grad_copy_b_i);
     lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, mul_U_o_7, grad_logit,
             grad_copy_b_g, grad_copy_b_o);

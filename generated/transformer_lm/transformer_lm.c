@@ -387,6 +387,9 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(with_grads ? 4155*m + 9217 : 1211*m + 5121);
 }
 #endif
@@ -2764,6 +2767,10 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     if (m < 1) {
         return 1;
     }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
     for (int64_t i = 0; i < m; ++i) {
         if ((uint64_t)ids[i] >= (uint64_t)62) {
             return 2; /* a row number outside an array it gathers from */
@@ -2925,6 +2932,9 @@ size_t transformer_lm_forward_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
     return (size_t)(transformer_lm_run_work_len(m, 0));
 }
 #endif
@@ -2972,6 +2982,10 @@ int transformer_lm_forward(
     if (m < 1) {
         return 1;
     }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
     return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
             b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
             W1down, c1down, gf, bf, Wout, loss, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -2985,6 +2999,9 @@ size_t transformer_lm_value_and_grad_work_len(int64_t m)
 {
     if (m < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(transformer_lm_run_work_len(m, 1));
 }
@@ -3062,6 +3079,10 @@ int transformer_lm_value_and_grad(
     if (m < 1) {
         return 1;
     }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
     return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
             b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
             W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0,
@@ -3077,6 +3098,9 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 {
     if (m < 1) {
         return 0; /* the function returns 1 */
+    }
+    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
     }
     return (size_t)(111618 + 62*64 + 64*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 +
             1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 +
@@ -4298,6 +4322,10 @@ int transformer_lm_train_step(
     if (m < 1) {
         return 1;
     }
+    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and workspace, summed */
+        return 6;
+    }
     for (int64_t i = 0; i < m; ++i) {
         if ((uint64_t)ids[i] >= (uint64_t)62) {
             return 2; /* a row number outside an array it gathers from */
@@ -4434,6 +4462,9 @@ size_t transformer_lm_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
+    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the epoch returns 6 */
+    }
     if (batch > rows) {
         batch = rows;
     }
@@ -4445,7 +4476,7 @@ size_t transformer_lm_train_epoch_work_len(int64_t rows, int64_t batch)
  * batch does not divide rows), or with order not NULL the rows order[b*batch], ...
  * gathered into the workspace. Everything a step relies on is checked before
  * the first one (a failing epoch trains nothing): returns 1 when a dimension
- * is below 1, 2 when order names a row outside 0 ... rows-1 or an Index
+ * is below 1, 6 when a size does not fit, 2 when order names a row outside 0 ... rows-1 or an Index
  * a row outside an array it gathers from, else 0. */
 int transformer_lm_train_epoch(
     int64_t rows,
@@ -4553,6 +4584,10 @@ int transformer_lm_train_epoch(
 {
     if (rows < 1 || batch < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* its
+            arrays and a step's workspace, every row one minibatch */
+        return 6;
     }
     if (order != NULL) {
         for (int64_t i = 0; i < rows; ++i) {
@@ -4777,6 +4812,10 @@ int transformer_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (m < 1) {
         return 1;
     }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
     case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
@@ -4820,6 +4859,10 @@ int transformer_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t sha
     const int64_t m = dims[0];
     if (m < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -4916,6 +4959,10 @@ int transformer_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64
     if (m < 1) {
         return 1;
     }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
     case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
@@ -4959,6 +5006,10 @@ int transformer_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int6
     const int64_t m = dims[0];
     if (m < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -5104,6 +5155,10 @@ int transformer_lm_train_step_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (m < 1) {
         return 1;
     }
+    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
     case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
@@ -5211,6 +5266,10 @@ int transformer_lm_train_step_shape_out(int64_t i, const int64_t *dims, int64_t 
     const int64_t m = dims[0];
     if (m < 1) {
         return 1;
+    }
+    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* as the
+            function does */
+        return 6;
     }
     switch (i) {
     case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
@@ -5330,6 +5389,10 @@ int transformer_lm_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t 
     if (rows < 1 || batch < 1) {
         return 1;
     }
+    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
     case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
     case 1: shape[0] = rows; shape[1] = 1; return 0; /* ids */
@@ -5440,8 +5503,12 @@ int transformer_lm_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t
     if (rows < 1 || batch < 1) {
         return 1;
     }
+    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
+            the function does */
+        return 6;
+    }
     switch (i) {
-    case 0: shape[0] = (rows + batch - 1)/batch; shape[1] = 1; return 0; /* losses */
+    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
     default:
         return 3;
     }
