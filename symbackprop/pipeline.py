@@ -33,6 +33,7 @@ from symbackprop.diff.hessian import hessian_vector
 from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, emit_function, emit_wrapper, render
 from symbackprop.emit.cunits import split_units
+from symbackprop.emit.sizes import shared_size_checks
 from symbackprop.emit.derivation import plan_derivation, render_derivation
 from symbackprop.emit.emitted import Emitted
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
@@ -354,6 +355,8 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
         if fn.calls is not None:
             emitted = calling_step(emitted, emitted_functions[the_plan.functions.index(fn.calls)])
         emitted_functions.append(emitted)
+    checked, size_functions = shared_size_checks([*internal, *emitted_functions], namer.name)
+    internal, emitted_functions = checked[:len(internal)], checked[len(internal):]
     epoch = None
     if "train_step" in functions:  # and a batch dimension: the whole epoch as one C function
         step = the_plan.function("train_step")
@@ -372,6 +375,7 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
         internal=tuple(internal),
         version=__version__,
         epoch=epoch,
+        sizes=size_functions,
     )
     module = share_products(module, namer.name)  # many matrix products: a function per kind
     module = share_maps(module, namer.name)  # element-wise loops that repeat: a function per kind

@@ -21,7 +21,7 @@ import symbackprop as sbp
 from symbackprop.declare import nn
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES
 from symbackprop.pipeline import generate
-from symbackprop.run.abi import STATUS_TEXT
+from symbackprop.run.abi import SIZE_DOES_NOT_FIT, STATUS_TEXT
 from symbackprop.run.optim import SGD, Adam
 
 N, C, K, T, V = sp.symbols("N C K T V", integer=True, positive=True)
@@ -379,8 +379,9 @@ def fixed_model():
 
 @pytest.mark.parametrize("model", [two_gathers_model, trained_model, embed_rnn_model, fixed_model])
 def test_the_header_lists_every_status_of_each_function(model):
-    """0 always; 1 where there are dimensions; 2 where an Index is read
-    (and always for train_epoch, which takes a row order). The top of the
+    """0 always; 1 and 6 (a size over the limit) where there are dimensions;
+    2 where an Index is read (and always for train_epoch, which takes a row
+    order). The top of the
     header lists every status (STATUS_TEXT); the self-describing shape
     functions return only 0, 1 and 3."""
     functions = ("forward", "value_and_grad", "train_step")
@@ -395,16 +396,16 @@ def test_the_header_lists_every_status_of_each_function(model):
     for name, params in prototypes:
         expected = {0}
         if "int64_t " in params.replace("const int64_t *", ""):
-            expected.add(1)
+            expected |= {1, SIZE_DOES_NOT_FIT}
         if "const int64_t *" in params:  # an Index, or train_epoch's order
             expected.add(2)
         assert documented[name] == expected, name
-    assert set(re.findall(r"Returns (\d+)", emitted.header)) <= {"0", "1", "2"}
+    assert set(re.findall(r"Returns (\d+)", emitted.header)) <= {"0", "1", "2", str(SIZE_DOES_NOT_FIT)}
     listed = re.findall(r"^ \*   (\d+): (.*)$", emitted.header, re.M)
     assert {int(code): text for code, text in listed} == STATUS_TEXT
     computing_text, _, describing_text = emitted.source.partition("/* --- what the functions take")
     assert describing_text
-    assert set(re.findall(r"return (\d+);", computing_text)) <= {"0", "1", "2"}  # no other status in any function
+    assert set(re.findall(r"return (\d+);", computing_text)) <= {"0", "1", "2", str(SIZE_DOES_NOT_FIT)}  # no other
     shape_bodies = re.findall(r"^int \w+_shape_(?:in|out)\(.*?^}", describing_text, re.M | re.S)
     returned = {int(s) for body in shape_bodies for s in re.findall(r"return (\d+);", body)}
     assert shape_bodies and {0, 3} <= returned <= set(SHAPE_STATUSES)

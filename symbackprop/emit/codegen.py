@@ -269,6 +269,7 @@ class CModule:
     units: int = 1  # translation units its C is compiled as (cunits): 1, or a few for a large module
     products: tuple[Any, ...] = ()  # a function per kind of matrix product call (emit/products.py), where it has many
     maps: tuple[Any, ...] = ()  # a function per kind of element-wise loop that repeats (emit/maps.py)
+    sizes: tuple[Any, ...] = ()  # a function per distinct size check (emit/sizes.py SizeFunction)
 
     @property
     def shared(self) -> str:

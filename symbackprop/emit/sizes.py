@@ -18,7 +18,10 @@ A function of fixed sizes is checked here, at generation (`fixed_size`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import sympy as sp
 
@@ -85,4 +88,37 @@ def fixed_size(expr: object, what: str) -> None:
                          f"{SIZE_LIMIT} (2^59) a generated function holds")
 
 
-__all__ = ["LIMIT_MACRO", "checked", "fixed_size", "total"]
+@dataclass(frozen=True)
+class SizeFunction:
+    """One function's sizes summed, as a C function of its dimensions:
+    every place that checks them (the function, its work_len, its shape
+    functions, the functions that wrap it, train_epoch) calls it, so a
+    model edit that changes a size changes this one line."""
+
+    name: str
+    params: str  # "int64_t n, int64_t m"
+    body: str  # checked C (see `checked`)
+
+
+F = TypeVar("F", bound=Any)  # a codegen.CFunction: its name, dims and size_check
+
+
+def shared_size_checks(functions: Sequence[F], name: Callable[[str], str]) -> tuple[list[F], tuple[SizeFunction, ...]]:
+    """The functions with each size check replaced by a call of a
+    SizeFunction, one for each distinct check, named after the first
+    function that has it; `name` makes a C name unique in the module."""
+    made: dict[str, SizeFunction] = {}
+    calling: list[F] = []
+    for fn in functions:
+        if not fn.size_check:
+            calling.append(fn)
+            continue
+        dims = [d for d in fn.dims if re.search(rf"\b{re.escape(d)}\b", fn.size_check)]
+        if fn.size_check not in made:
+            made[fn.size_check] = SizeFunction(name(f"{fn.name}_size"), ", ".join(f"int64_t {d}" for d in dims),
+                                               fn.size_check)
+        calling.append(replace(fn, size_check=f"{made[fn.size_check].name}({', '.join(dims)})"))
+    return calling, tuple(made.values())
+
+
+__all__ = ["LIMIT_MACRO", "SizeFunction", "checked", "fixed_size", "shared_size_checks", "total"]

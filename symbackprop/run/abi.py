@@ -236,7 +236,7 @@ STATUS_TEXT = {
     3: "no argument of that number (nothing written)",
     4: "a NULL pointer where an array is needed (nothing written)",
     5: "a batched scan's rows are not a multiple of its batch (nothing written)",
-    6: "a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)",
+    6: "a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)",
 }
 SIZE_DOES_NOT_FIT = 6
 # The most entries an array or a workspace of a generated function may hold

@@ -12,12 +12,20 @@
 #endif
 #include "symbackprop_runtime.h"
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t logistic_run_size(int64_t n)
+{
+    return symbackprop_size_add(7, symbackprop_size_mul(11, n));
+}
+
 static size_t logistic_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 4*n + 1 : 4*n + 1);
@@ -39,8 +47,7 @@ static int logistic_run(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -94,7 +101,7 @@ size_t logistic_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(logistic_run_work_len(n, 0));
@@ -113,8 +120,7 @@ int logistic_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return logistic_run(n, X, t, w, loss, NULL, work, 0);
@@ -125,7 +131,7 @@ size_t logistic_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(logistic_run_work_len(n, 1));
@@ -145,8 +151,7 @@ int logistic_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return logistic_run(n, X, t, w, loss, grad_w, work, 1);
@@ -209,8 +214,7 @@ int logistic_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -228,8 +232,7 @@ int logistic_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -312,8 +315,7 @@ int logistic_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t sha
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -331,8 +333,7 @@ int logistic_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(7, symbackprop_size_mul(11, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

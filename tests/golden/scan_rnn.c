@@ -24,13 +24,27 @@
 #define SCAN_RNN_SHARED static
 #endif
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t scan_rnn_forward_size(int64_t T)
+{
+    return symbackprop_size_add(153, symbackprop_size_mul(7, T));
+}
+SYMBACKPROP_HELPER int64_t scan_rnn_value_and_grad_size(int64_t T)
+{
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353,
+            symbackprop_size_mul(9, T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))),
+            symbackprop_size_mul(26, symbackprop_size_min(2, T)));
+}
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t scan_rnn_forward_work_len(int64_t T)
 {
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(153, symbackprop_size_mul(7, T)) > SYMBACKPROP_SIZE_MAX) {
+    if (scan_rnn_forward_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(2*T + 62);
@@ -281,8 +295,7 @@ int scan_rnn_forward(
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(153, symbackprop_size_mul(7, T)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (scan_rnn_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -313,9 +326,7 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353, symbackprop_size_mul(9,
-            T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))), symbackprop_size_mul(26,
-            symbackprop_size_min(2, T))) > SYMBACKPROP_SIZE_MAX) {
+    if (scan_rnn_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(3*T + 7*((T - 1)/2 + 1) + 13*((2) < (T) ? (2) : (T)) + 148);
@@ -930,9 +941,7 @@ int scan_rnn_value_and_grad(
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353, symbackprop_size_mul(9,
-            T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))), symbackprop_size_mul(26,
-            symbackprop_size_min(2, T))) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace,
+    if (scan_rnn_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace,
             summed */
         return 6;
     }
@@ -1025,8 +1034,7 @@ int scan_rnn_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(153, symbackprop_size_mul(7, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (scan_rnn_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1049,8 +1057,7 @@ int scan_rnn_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(153, symbackprop_size_mul(7, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (scan_rnn_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1134,9 +1141,7 @@ int scan_rnn_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t sha
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353, symbackprop_size_mul(9,
-            T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))), symbackprop_size_mul(26,
-            symbackprop_size_min(2, T))) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+    if (scan_rnn_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1159,9 +1164,7 @@ int scan_rnn_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353, symbackprop_size_mul(9,
-            T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))), symbackprop_size_mul(26,
-            symbackprop_size_min(2, T))) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+    if (scan_rnn_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
