@@ -12,12 +12,20 @@
 #endif
 #include "symbackprop_runtime.h"
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t big_logsumexp_run_size(int64_t n)
+{
+    return symbackprop_size_add(1, symbackprop_size_mul(2, n));
+}
+
 static size_t big_logsumexp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 0 : 0);
@@ -37,8 +45,7 @@ static int big_logsumexp_run(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     (void)work;
@@ -57,7 +64,7 @@ size_t big_logsumexp_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(big_logsumexp_run_work_len(n, 0) + n*1);
@@ -74,8 +81,7 @@ int big_logsumexp_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return big_logsumexp_run(n, v, loss, work + big_logsumexp_run_work_len(n, 0), work, 0);
@@ -86,7 +92,7 @@ size_t big_logsumexp_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(big_logsumexp_run_work_len(n, 1));
@@ -104,8 +110,7 @@ int big_logsumexp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return big_logsumexp_run(n, v, loss, grad_v, work, 1);
@@ -169,8 +174,7 @@ int big_logsumexp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -186,8 +190,7 @@ int big_logsumexp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shap
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -268,8 +271,7 @@ int big_logsumexp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -285,8 +287,7 @@ int big_logsumexp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(1, symbackprop_size_mul(2, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

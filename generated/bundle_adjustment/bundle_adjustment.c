@@ -24,15 +24,27 @@
 #define BUNDLE_ADJUSTMENT_SHARED static
 #endif
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t bundle_adjustment_forward_size(int64_t N, int64_t C, int64_t P)
+{
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
+            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N));
+}
+SYMBACKPROP_HELPER int64_t bundle_adjustment_value_and_grad_size(int64_t N, int64_t C, int64_t P)
+{
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
+            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C));
+}
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
 {
     if (N < 1 || C < 1 || P < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
-            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N)) > SYMBACKPROP_SIZE_MAX)
-            {
+    if (bundle_adjustment_forward_size(N, C, P) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(2*N + 2);
@@ -459,9 +471,8 @@ int bundle_adjustment_forward(
     if (P < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
-            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N)) > SYMBACKPROP_SIZE_MAX)
-            { /* its arrays and workspace, summed */
+    if (bundle_adjustment_forward_size(N, C, P) > SYMBACKPROP_SIZE_MAX) { /* its arrays and
+            workspace, summed */
         return 6;
     }
     for (int64_t i = 0; i < N; ++i) {
@@ -491,9 +502,7 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
     if (N < 1 || C < 1 || P < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
-            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C)) > SYMBACKPROP_SIZE_MAX)
-            {
+    if (bundle_adjustment_value_and_grad_size(N, C, P) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(6*N + 2);
@@ -797,9 +806,8 @@ int bundle_adjustment_value_and_grad(
     if (P < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
-            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C)) > SYMBACKPROP_SIZE_MAX)
-            { /* its arrays and workspace, summed */
+    if (bundle_adjustment_value_and_grad_size(N, C, P) > SYMBACKPROP_SIZE_MAX) { /* its arrays and
+            workspace, summed */
         return 6;
     }
     for (int64_t i = 0; i < N; ++i) {
@@ -889,9 +897,7 @@ int bundle_adjustment_forward_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (N < 1 || C < 1 || P < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
-            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N)) > SYMBACKPROP_SIZE_MAX)
-            { /* as the function does */
+    if (bundle_adjustment_forward_size(N, C, P) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -914,9 +920,7 @@ int bundle_adjustment_forward_shape_out(int64_t i, const int64_t *dims, int64_t 
     if (N < 1 || C < 1 || P < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
-            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N)) > SYMBACKPROP_SIZE_MAX)
-            { /* as the function does */
+    if (bundle_adjustment_forward_size(N, C, P) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1006,9 +1010,8 @@ int bundle_adjustment_value_and_grad_shape_in(int64_t i, const int64_t *dims, in
     if (N < 1 || C < 1 || P < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
-            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C)) > SYMBACKPROP_SIZE_MAX)
-            { /* as the function does */
+    if (bundle_adjustment_value_and_grad_size(N, C, P) > SYMBACKPROP_SIZE_MAX) { /* as the function
+            does */
         return 6;
     }
     switch (i) {
@@ -1031,9 +1034,8 @@ int bundle_adjustment_value_and_grad_shape_out(int64_t i, const int64_t *dims, i
     if (N < 1 || C < 1 || P < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
-            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C)) > SYMBACKPROP_SIZE_MAX)
-            { /* as the function does */
+    if (bundle_adjustment_value_and_grad_size(N, C, P) > SYMBACKPROP_SIZE_MAX) { /* as the function
+            does */
         return 6;
     }
     switch (i) {

@@ -10,7 +10,7 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
- *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ *   6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of BUNDLE_ADJUSTMENT_REAL (0 when a
  * dimension is below 1 or a size does not fit: the function then returns 1
@@ -85,7 +85,7 @@ const char *bundle_adjustment_name_dim(int64_t i);
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P);
 int bundle_adjustment_forward(int64_t N, int64_t C, int64_t P, const BUNDLE_ADJUSTMENT_REAL *feats,
@@ -120,7 +120,7 @@ int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, v
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P);
 int bundle_adjustment_value_and_grad(int64_t N, int64_t C, int64_t P, const BUNDLE_ADJUSTMENT_REAL

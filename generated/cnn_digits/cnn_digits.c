@@ -24,6 +24,18 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t cnn_digits_run_size(int64_t n)
+{
+    return symbackprop_size_add(137643, symbackprop_size_mul(10907, n));
+}
+SYMBACKPROP_HELPER int64_t cnn_digits_train_step_size(int64_t n)
+{
+    return symbackprop_size_add(109660, symbackprop_size_mul(74, n));
+}
+
 /* In unit 0; called from unit 0. */
 CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
 CNN_DIGITS_SHARED int cnn_digits_run(
@@ -57,7 +69,7 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 5609*n + 85643 : 5214*n + 24587);
@@ -815,8 +827,7 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /*
-            its arrays and workspace, summed */
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -885,7 +896,7 @@ size_t cnn_digits_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(cnn_digits_run_work_len(n, 0));
@@ -914,8 +925,7 @@ int cnn_digits_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /*
-            its arrays and workspace, summed */
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL,
@@ -929,7 +939,7 @@ size_t cnn_digits_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(cnn_digits_run_work_len(n, 1) + n*10);
@@ -965,8 +975,7 @@ int cnn_digits_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /*
-            its arrays and workspace, summed */
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work +
@@ -981,7 +990,7 @@ size_t cnn_digits_train_step_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (cnn_digits_train_step_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(13708 + 16*9 + 1*16 + 32*144 + 1*32 + 128*64 + 1*64 + 64*10 + 1*10 +
@@ -1032,8 +1041,8 @@ int cnn_digits_train_step(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (cnn_digits_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed
+            */
         return 6;
     }
 
@@ -1385,7 +1394,7 @@ size_t cnn_digits_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) {
+    if (cnn_digits_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the epoch returns 6 */
     }
     if (batch > rows) {
@@ -1444,8 +1453,8 @@ int cnn_digits_train_epoch(
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /*
-            its arrays and a step's workspace, every row one minibatch */
+    if (cnn_digits_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* its arrays and a step's
+            workspace, every row one minibatch */
         return 6;
     }
     if (order != NULL) {
@@ -1580,8 +1589,7 @@ int cnn_digits_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1606,8 +1614,7 @@ int cnn_digits_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1695,8 +1702,7 @@ int cnn_digits_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1721,8 +1727,7 @@ int cnn_digits_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(137643, symbackprop_size_mul(10907, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1821,8 +1826,7 @@ int cnn_digits_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (cnn_digits_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1869,8 +1873,7 @@ int cnn_digits_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (cnn_digits_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1967,8 +1970,7 @@ int cnn_digits_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (cnn_digits_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -2017,8 +2019,7 @@ int cnn_digits_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(109660, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (cnn_digits_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

@@ -10,7 +10,7 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
- *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ *   6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of CNN_DIGITS_REAL (0 when a
  * dimension is below 1 or a size does not fit: the function then returns 1
@@ -87,7 +87,7 @@ const char *cnn_digits_name_dim(int64_t i);
  *   logits: output, n x 10
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t cnn_digits_forward_work_len(int64_t n);
 int cnn_digits_forward(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const
@@ -130,7 +130,7 @@ int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *co
  *   grad_b2: output, 1 x 10
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t cnn_digits_value_and_grad_work_len(int64_t n);
 int cnn_digits_value_and_grad(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const
@@ -189,7 +189,7 @@ int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, v
  *   loss: output, 1 x 1
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t cnn_digits_train_step_work_len(int64_t n);
 int cnn_digits_train_step(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T,
@@ -224,7 +224,7 @@ int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void 
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  *   (1 also when rows or batch is below 1; 2 also when order names a row
  *   outside 0 ... rows-1). It describes itself as the others do: its `dims` array holds
  *   rows, batch; its inputs are order (NULL allowed, in cnn_digits_train_epoch_call too), then

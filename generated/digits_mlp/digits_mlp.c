@@ -12,12 +12,24 @@
 #endif
 #include "symbackprop_runtime.h"
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t digits_mlp_run_size(int64_t n)
+{
+    return symbackprop_size_add(9643, symbackprop_size_mul(411, n));
+}
+SYMBACKPROP_HELPER int64_t digits_mlp_train_step_size(int64_t n)
+{
+    return symbackprop_size_add(38492, symbackprop_size_mul(74, n));
+}
+
 static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 169*n + 11 : 158*n + 11);
@@ -46,8 +58,7 @@ static int digits_mlp_run(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -175,7 +186,7 @@ size_t digits_mlp_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(digits_mlp_run_work_len(n, 0));
@@ -198,8 +209,7 @@ int digits_mlp_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
@@ -210,7 +220,7 @@ size_t digits_mlp_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(digits_mlp_run_work_len(n, 1) + n*10);
@@ -236,8 +246,7 @@ int digits_mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1),
@@ -249,7 +258,7 @@ size_t digits_mlp_train_step_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (digits_mlp_train_step_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(4812 + 64*64 + 1*64 + 64*10 + 1*10 + digits_mlp_value_and_grad_work_len(n));
@@ -285,8 +294,8 @@ int digits_mlp_train_step(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (digits_mlp_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed
+            */
         return 6;
     }
 
@@ -487,7 +496,7 @@ size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) {
+    if (digits_mlp_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the epoch returns 6 */
     }
     if (batch > rows) {
@@ -534,8 +543,8 @@ int digits_mlp_train_epoch(
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and a step's workspace, every row one minibatch */
+    if (digits_mlp_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* its arrays and a step's
+            workspace, every row one minibatch */
         return 6;
     }
     if (order != NULL) {
@@ -658,8 +667,7 @@ int digits_mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -680,8 +688,7 @@ int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -766,8 +773,7 @@ int digits_mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -788,8 +794,7 @@ int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(9643, symbackprop_size_mul(411, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -879,8 +884,7 @@ int digits_mlp_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (digits_mlp_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -915,8 +919,7 @@ int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (digits_mlp_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1008,8 +1011,7 @@ int digits_mlp_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (digits_mlp_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1046,8 +1048,7 @@ int digits_mlp_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(38492, symbackprop_size_mul(74, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (digits_mlp_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

@@ -12,6 +12,16 @@
 #endif
 #include "symbackprop_runtime.h"
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t gmm_run_size(int64_t N, int64_t K)
+{
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15,
+            symbackprop_size_mul(11, N)), symbackprop_size_mul(35, K)),
+            symbackprop_size_mul(symbackprop_size_mul(4, K), N));
+}
+
 /* Its 2 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
@@ -32,9 +42,7 @@ static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) {
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 2*K*N + 11*K + 4*N + 7 : K*N + 4*K + 4*N + 7);
@@ -66,9 +74,7 @@ static int gmm_run(
     if (K < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -349,9 +355,7 @@ size_t gmm_forward_work_len(int64_t N, int64_t K)
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) {
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(gmm_run_work_len(N, K, 0));
@@ -377,9 +381,7 @@ int gmm_forward(
     if (K < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work,
@@ -391,9 +393,7 @@ size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) {
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(gmm_run_work_len(N, K, 1) + N*K);
@@ -422,9 +422,7 @@ int gmm_value_and_grad(
     if (K < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1),
@@ -489,9 +487,7 @@ int gmm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (N < 1 || K < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -512,9 +508,7 @@ int gmm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (N < 1 || K < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -598,9 +592,7 @@ int gmm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (N < 1 || K < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -621,9 +613,7 @@ int gmm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     if (N < 1 || K < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15, symbackprop_size_mul(11,
-            N)), symbackprop_size_mul(35, K)), symbackprop_size_mul(symbackprop_size_mul(4, K), N))
-            > SYMBACKPROP_SIZE_MAX) { /* as the function does */
+    if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

@@ -10,7 +10,7 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
- *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ *   6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of GMM_REAL (0 when a
  * dimension is below 1 or a size does not fit: the function then returns 1
@@ -82,7 +82,7 @@ const char *gmm_name_dim(int64_t i);
  *   log_density: output, N x K
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t gmm_forward_work_len(int64_t N, int64_t K);
 int gmm_forward(int64_t N, int64_t K, const GMM_REAL *X, const GMM_REAL *alpha, const GMM_REAL
@@ -113,7 +113,7 @@ int gmm_forward_call(const int64_t *dims, const void *const *in, void *const *ou
  *   grad_ql: output, K x 3
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t gmm_value_and_grad_work_len(int64_t N, int64_t K);
 int gmm_value_and_grad(int64_t N, int64_t K, const GMM_REAL *X, const GMM_REAL *alpha, const

@@ -24,13 +24,27 @@
 #define LSTM_LM_SHARED static
 #endif
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t lstm_lm_forward_size(int64_t T)
+{
+    return symbackprop_size_add(4501, symbackprop_size_mul(210, T));
+}
+SYMBACKPROP_HELPER int64_t lstm_lm_value_and_grad_size(int64_t T)
+{
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
+            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
+            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T)));
+}
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_lm_forward_work_len(int64_t T)
 {
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(4501, symbackprop_size_mul(210, T)) > SYMBACKPROP_SIZE_MAX) {
+    if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(60*T + 491);
@@ -394,8 +408,7 @@ int lstm_lm_forward(
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(4501, symbackprop_size_mul(210, T)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -421,9 +434,7 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
     if (T < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
-            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
-            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
+    if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(121*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4793);
@@ -1577,10 +1588,8 @@ int lstm_lm_value_and_grad(
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
-            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
-            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
-            /* its arrays and workspace, summed */
+    if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed
+            */
         return 6;
     }
 
@@ -1670,8 +1679,7 @@ int lstm_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(4501, symbackprop_size_mul(210, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1702,8 +1710,7 @@ int lstm_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(4501, symbackprop_size_mul(210, T)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1791,10 +1798,7 @@ int lstm_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
-            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
-            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
-            /* as the function does */
+    if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1825,10 +1829,7 @@ int lstm_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (T < 1) {
         return 1;
     }
-    if (symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
-            symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
-            T)), symbackprop_size_mul(320, symbackprop_size_min(32, T))) > SYMBACKPROP_SIZE_MAX) {
-            /* as the function does */
+    if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

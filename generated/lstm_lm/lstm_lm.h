@@ -10,7 +10,7 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
- *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ *   6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of LSTM_LM_REAL (0 when a
  * dimension is below 1 or a size does not fit: the function then returns 1
@@ -93,7 +93,7 @@ const char *lstm_lm_name_dim(int64_t i);
  *   logits: output, T x 30
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t lstm_lm_forward_work_len(int64_t T);
 int lstm_lm_forward(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *Y, const LSTM_LM_REAL
@@ -149,7 +149,7 @@ int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const
  *   grad_c: output, 1 x 30
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t lstm_lm_value_and_grad_work_len(int64_t T);
 int lstm_lm_value_and_grad(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *Y, const

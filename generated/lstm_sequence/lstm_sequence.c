@@ -24,6 +24,14 @@
 #define LSTM_SEQUENCE_SHARED static
 #endif
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t lstm_sequence_run_size(int64_t n)
+{
+    return symbackprop_size_add(661, symbackprop_size_mul(568, n));
+}
+
 /* Its 149 matrix products, a function for each kind of call (its sizes
  * and strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
@@ -325,7 +333,7 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 483*n + 1 : 75*n + 1);
@@ -2026,8 +2034,7 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -2267,7 +2274,7 @@ size_t lstm_sequence_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(lstm_sequence_run_work_len(n, 0));
@@ -2309,8 +2316,7 @@ int lstm_sequence_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
@@ -2325,7 +2331,7 @@ size_t lstm_sequence_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(lstm_sequence_run_work_len(n, 1) + n*1);
@@ -2380,8 +2386,7 @@ int lstm_sequence_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
@@ -2450,8 +2455,7 @@ int lstm_sequence_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -2489,8 +2493,7 @@ int lstm_sequence_forward_shape_out(int64_t i, const int64_t *dims, int64_t shap
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -2584,8 +2587,7 @@ int lstm_sequence_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -2623,8 +2625,7 @@ int lstm_sequence_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(661, symbackprop_size_mul(568, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

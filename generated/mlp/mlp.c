@@ -12,12 +12,20 @@
 #endif
 #include "symbackprop_runtime.h"
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t mlp_run_size(int64_t n)
+{
+    return symbackprop_size_add(59, symbackprop_size_mul(35, n));
+}
+
 static size_t mlp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 14*n + 3 : 14*n + 3);
@@ -46,8 +54,7 @@ static int mlp_run(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -138,7 +145,7 @@ size_t mlp_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(mlp_run_work_len(n, 0));
@@ -161,8 +168,7 @@ int mlp_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, Y, NULL, NULL, NULL, NULL, work, 0);
@@ -173,7 +179,7 @@ size_t mlp_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(mlp_run_work_len(n, 1) + n*2);
@@ -199,8 +205,7 @@ int mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1,
@@ -264,8 +269,7 @@ int mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -286,8 +290,7 @@ int mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -371,8 +374,7 @@ int mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -393,8 +395,7 @@ int mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(59, symbackprop_size_mul(35, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

@@ -10,7 +10,7 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
- *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ *   6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of MLP_REAL (0 when a
  * dimension is below 1 or a size does not fit: the function then returns 1
@@ -83,7 +83,7 @@ const char *mlp_name_dim(int64_t i);
  *   Y: output, n x 2
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t mlp_forward_work_len(int64_t n);
 int mlp_forward(int64_t n, const MLP_REAL *X, const MLP_REAL *T, const MLP_REAL *W1, const MLP_REAL
@@ -114,7 +114,7 @@ int mlp_forward_call(const int64_t *dims, const void *const *in, void *const *ou
  *   grad_b2: output, 1 x 2
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t mlp_value_and_grad_work_len(int64_t n);
 int mlp_value_and_grad(int64_t n, const MLP_REAL *X, const MLP_REAL *T, const MLP_REAL *W1, const

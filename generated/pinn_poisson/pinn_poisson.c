@@ -24,6 +24,18 @@
 #define PINN_POISSON_SHARED static
 #endif
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t pinn_poisson_forward_size(int64_t n)
+{
+    return symbackprop_size_add(464, symbackprop_size_mul(230, n));
+}
+SYMBACKPROP_HELPER int64_t pinn_poisson_value_and_grad_size(int64_t n)
+{
+    return symbackprop_size_add(2069, symbackprop_size_mul(839, n));
+}
+
 /* Its 4 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
@@ -102,7 +114,7 @@ size_t pinn_poisson_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(464, symbackprop_size_mul(230, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (pinn_poisson_forward_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(114*n + 70);
@@ -129,8 +141,8 @@ int pinn_poisson_forward(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(464, symbackprop_size_mul(230, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (pinn_poisson_forward_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed
+            */
         return 6;
     }
 
@@ -304,7 +316,7 @@ size_t pinn_poisson_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(2069, symbackprop_size_mul(839, n)) > SYMBACKPROP_SIZE_MAX) {
+    if (pinn_poisson_value_and_grad_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(419*n + 712);
@@ -907,8 +919,8 @@ int pinn_poisson_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(2069, symbackprop_size_mul(839, n)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (pinn_poisson_value_and_grad_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace,
+            summed */
         return 6;
     }
 
@@ -1049,8 +1061,7 @@ int pinn_poisson_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(464, symbackprop_size_mul(230, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (pinn_poisson_forward_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1073,8 +1084,7 @@ int pinn_poisson_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(464, symbackprop_size_mul(230, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (pinn_poisson_forward_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1161,8 +1171,7 @@ int pinn_poisson_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(2069, symbackprop_size_mul(839, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (pinn_poisson_value_and_grad_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -1185,8 +1194,7 @@ int pinn_poisson_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_
     if (n < 1) {
         return 1;
     }
-    if (symbackprop_size_add(2069, symbackprop_size_mul(839, n)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (pinn_poisson_value_and_grad_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

@@ -12,12 +12,20 @@
 #endif
 #include "symbackprop_runtime.h"
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t polynomial_fit_run_size(int64_t N)
+{
+    return symbackprop_size_add(15, symbackprop_size_mul(3, N));
+}
+
 static size_t polynomial_fit_run_work_len(int64_t N, int with_grads)
 {
     if (N < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) {
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 1 : 1);
@@ -39,8 +47,7 @@ static int polynomial_fit_run(
     if (N < 1) {
         return 1;
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
 
@@ -163,7 +170,7 @@ size_t polynomial_fit_forward_work_len(int64_t N)
     if (N < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) {
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(polynomial_fit_run_work_len(N, 0) + 1*6);
@@ -182,8 +189,7 @@ int polynomial_fit_forward(
     if (N < 1) {
         return 1;
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return polynomial_fit_run(N, points, coeffs, loss, squared_error, work +
@@ -195,7 +201,7 @@ size_t polynomial_fit_value_and_grad_work_len(int64_t N)
     if (N < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) {
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(polynomial_fit_run_work_len(N, 1) + N*1);
@@ -214,8 +220,7 @@ int polynomial_fit_value_and_grad(
     if (N < 1) {
         return 1;
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* its arrays
-            and workspace, summed */
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1),
@@ -280,8 +285,7 @@ int polynomial_fit_forward_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (N < 1) {
         return 1;
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -298,8 +302,7 @@ int polynomial_fit_forward_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (N < 1) {
         return 1;
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -382,8 +385,7 @@ int polynomial_fit_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64
     if (N < 1) {
         return 1;
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -400,8 +402,7 @@ int polynomial_fit_value_and_grad_shape_out(int64_t i, const int64_t *dims, int6
     if (N < 1) {
         return 1;
     }
-    if (symbackprop_size_add(15, symbackprop_size_mul(3, N)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

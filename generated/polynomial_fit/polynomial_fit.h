@@ -10,7 +10,7 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
- *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ *   6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of POLYNOMIAL_FIT_REAL (0 when a
  * dimension is below 1 or a size does not fit: the function then returns 1
@@ -79,7 +79,7 @@ const char *polynomial_fit_name_dim(int64_t i);
  *   squared_error: output, N x 1
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t polynomial_fit_forward_work_len(int64_t N);
 int polynomial_fit_forward(int64_t N, const POLYNOMIAL_FIT_REAL *points, const POLYNOMIAL_FIT_REAL
@@ -105,7 +105,7 @@ int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void
  *   grad_coeffs: output, 1 x 6
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t polynomial_fit_value_and_grad_work_len(int64_t N);
 int polynomial_fit_value_and_grad(int64_t N, const POLYNOMIAL_FIT_REAL *points, const

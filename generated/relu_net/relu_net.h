@@ -10,7 +10,7 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
- *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ *   6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of RELU_NET_REAL (0 when a
  * dimension is below 1 or a size does not fit: the function then returns 1

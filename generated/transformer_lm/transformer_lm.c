@@ -25,6 +25,18 @@
 #define TRANSFORMER_LM_SHARED static
 #endif
 
+/* The entries of each function's arrays and workspace, summed in checked
+ * sizes: above SYMBACKPROP_SIZE_MAX the function returns 6 before it
+ * computes anything (and its work_len 0). */
+SYMBACKPROP_HELPER int64_t transformer_lm_run_size(int64_t m)
+{
+    return symbackprop_size_add(237571, symbackprop_size_mul(5369, m));
+}
+SYMBACKPROP_HELPER int64_t transformer_lm_train_step_size(int64_t m)
+{
+    return symbackprop_size_add(892940, symbackprop_size_mul(3, m));
+}
+
 /* Its 39 matrix products, a function for each kind of call (its sizes
  * and strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
@@ -387,7 +399,7 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) {
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(with_grads ? 4155*m + 9217 : 1211*m + 5121);
@@ -2767,8 +2779,7 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     for (int64_t i = 0; i < m; ++i) {
@@ -2932,7 +2943,7 @@ size_t transformer_lm_forward_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) {
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(transformer_lm_run_work_len(m, 0));
@@ -2982,8 +2993,7 @@ int transformer_lm_forward(
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
@@ -3000,7 +3010,7 @@ size_t transformer_lm_value_and_grad_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) {
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(transformer_lm_run_work_len(m, 1));
@@ -3079,8 +3089,7 @@ int transformer_lm_value_and_grad(
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
     return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
@@ -3099,7 +3108,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) {
+    if (transformer_lm_train_step_size(m) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
     return (size_t)(111618 + 62*64 + 64*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 +
@@ -4322,8 +4331,8 @@ int transformer_lm_train_step(
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and workspace, summed */
+    if (transformer_lm_train_step_size(m) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace,
+            summed */
         return 6;
     }
     for (int64_t i = 0; i < m; ++i) {
@@ -4462,7 +4471,7 @@ size_t transformer_lm_train_epoch_work_len(int64_t rows, int64_t batch)
     if (rows < 1 || batch < 1) {
         return 0; /* the epoch returns 1 */
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) {
+    if (transformer_lm_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the epoch returns 6 */
     }
     if (batch > rows) {
@@ -4585,8 +4594,8 @@ int transformer_lm_train_epoch(
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* its
-            arrays and a step's workspace, every row one minibatch */
+    if (transformer_lm_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* its arrays and a step's
+            workspace, every row one minibatch */
         return 6;
     }
     if (order != NULL) {
@@ -4812,8 +4821,7 @@ int transformer_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -4860,8 +4868,7 @@ int transformer_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -4959,8 +4966,7 @@ int transformer_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -5007,8 +5013,7 @@ int transformer_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int6
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(237571, symbackprop_size_mul(5369, m)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -5155,8 +5160,7 @@ int transformer_lm_train_step_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (transformer_lm_train_step_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -5267,8 +5271,7 @@ int transformer_lm_train_step_shape_out(int64_t i, const int64_t *dims, int64_t 
     if (m < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, m)) > SYMBACKPROP_SIZE_MAX) { /* as the
-            function does */
+    if (transformer_lm_train_step_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -5389,8 +5392,7 @@ int transformer_lm_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t 
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (transformer_lm_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {
@@ -5503,8 +5505,7 @@ int transformer_lm_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t
     if (rows < 1 || batch < 1) {
         return 1;
     }
-    if (symbackprop_size_add(892940, symbackprop_size_mul(3, rows)) > SYMBACKPROP_SIZE_MAX) { /* as
-            the function does */
+    if (transformer_lm_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
     switch (i) {

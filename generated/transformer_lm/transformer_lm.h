@@ -10,7 +10,7 @@
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
  *   5: a batched scan's rows are not a multiple of its batch (nothing written)
- *   6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ *   6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of TRANSFORMER_LM_REAL (0 when a
  * dimension is below 1 or a size does not fit: the function then returns 1
@@ -109,7 +109,7 @@ const char *transformer_lm_name_dim(int64_t i);
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t transformer_lm_forward_work_len(int64_t m);
 int transformer_lm_forward(int64_t m, const int64_t *ids, const int64_t *positions, const int64_t
@@ -204,7 +204,7 @@ int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t transformer_lm_value_and_grad_work_len(int64_t m);
 int transformer_lm_value_and_grad(int64_t m, const int64_t *ids, const int64_t *positions, const
@@ -345,7 +345,7 @@ int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *i
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t transformer_lm_train_step_work_len(int64_t m);
 int transformer_lm_train_step(int64_t m, const int64_t *ids, const int64_t *positions, const int64_t
@@ -403,7 +403,7 @@ int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, v
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
- * Returns 6: a size does not fit: an array or the workspace would hold over 2^59 entries (nothing written)
+ * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  *   (1 also when rows or batch is below 1; 2 also when order names a row
  *   outside 0 ... rows-1). It describes itself as the others do: its `dims` array holds
  *   rows, batch; its inputs are order (NULL allowed, in transformer_lm_train_epoch_call too), then
