@@ -24,7 +24,7 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_namespace_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -73,4 +73,7 @@ class BuildPyWithTemplates(build_py):
 
 
 if __name__ == "__main__":
-    setup(ext_modules=extensions(), cmdclass={"build_py": BuildPyWithTemplates})
+    # the package and its stages (declare, ir, ops, diff, schedule, emit, build, run, loops, interop), and the
+    # top-level templates/ as symbackprop.templates (pyproject.toml's package-dir: the templates beside the code)
+    packages = find_namespace_packages(include=["symbackprop", "symbackprop.*"]) + ["symbackprop.templates"]
+    setup(packages=packages, ext_modules=extensions(), cmdclass={"build_py": BuildPyWithTemplates})

@@ -32,7 +32,8 @@ from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, Mo
 from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
 from symbackprop.loops.declare import final_state, scan
 from symbackprop.loops.fixpoint import fixed_point, iterations
-from symbackprop.run.runtime import CompiledModule, compile, compile_all  # the run stage and the builder, not the compiler
+from symbackprop.run.module import CompiledModule
+from symbackprop.run.runtime import compile, compile_all  # the run stage and the builder, not the compiler
 from symbackprop.run.sparse import SparseLayout, sparse_layout
 
 if TYPE_CHECKING:  # imported on first use (__getattr__)

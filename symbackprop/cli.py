@@ -311,13 +311,6 @@ def write_generated(generated: Iterable[Generated], out: Path) -> list[Path]:
     return written
 
 
-def write_model(model: Model, out: Path) -> list[Path]:
-    """Write <out>/<model name>/ with the C source, header and derivation."""
-    generated = generate_all([Found(model, ModuleType("model"), model.name)], out)
-    usable_out(out, generated)
-    return write_generated(generated, out)
-
-
 def _read_or_empty(path: Path) -> str:
     try:
         return path.read_text(errors="replace") if path.is_file() else ""

@@ -116,3 +116,24 @@ def test_the_hot_paths_entry_follows_the_compiler(tmp_path, monkeypatch):
     assert second != first
     monkeypatch.setenv("CC", str(_program(tmp_path, "cc-two", "#!/bin/sh\nexec gcc \"$@\"\n")))
     assert fastcall._entry()[1] not in (first, second)
+
+
+def test_the_package_digest_reads_every_template(monkeypatch):
+    """The memo's key hashes the templates, though a checkout keeps them in
+    the top-level templates/, outside the package it walks: a template
+    edited in a checkout is a new digest."""
+    from symbackprop.build import builder
+    from symbackprop.emit import templatecache
+
+    read: list[str] = []
+
+    def recording(path, *args, **kwargs):
+        read.append(os.path.realpath(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builder, "open", recording, raising=False)
+    builder.package_digest.cache_clear()  # (kept for the process)
+    builder.package_digest()
+    templates = sorted(os.path.realpath(path) for path in templatecache.TEMPLATES.glob("*.j2"))
+    assert len(templates) > 20
+    assert [path for path in templates if path not in read] == []

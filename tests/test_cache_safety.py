@@ -31,7 +31,8 @@ import symbackprop.build.key as cache_key_module
 from symbackprop.build.builder import EXT_SUFFIX, BuildOptions, cache_entry, cache_key, read_memo, write_memo
 from symbackprop.build.key import digest
 from symbackprop.pipeline import generate
-from symbackprop.run.runtime import DEFAULT_FUNCTIONS, model_fingerprint
+from symbackprop.plan import DEFAULT_FUNCTIONS
+from symbackprop.run.runtime import model_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 AS_ROOT = hasattr(os, "getuid") and os.getuid() == 0

@@ -27,9 +27,9 @@ MODULES = ["declare.nn", "run.optim", "emit.graph", "emit.derivation", "declare.
 OPTIONAL = {"interop.torch": "torch", "interop.jax": "jax", "interop.dask": "distributed"}
 # public classes besides those in __all__ and the modules above
 CLASSES = [
-    ("run.runtime", "CompiledModule"),
-    ("run.runtime", "Function"),
-    ("run.runtime", "PreparedCall"),
+    ("run.module", "CompiledModule"),
+    ("run.function", "Function"),
+    ("run.function", "PreparedCall"),
     ("run.derivatives", "Derivatives"),  # CompiledModule's vjp, jvp, hvp, hessian, jacobian
     ("run.train", "Training"),  # CompiledModule's train_step, train_epoch, optimizer_state
     ("declare.model", "Model"),

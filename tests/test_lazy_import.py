@@ -17,6 +17,7 @@ import symbackprop
 loaded = sorted(sys.modules)
 from symbackprop import compile
 import symbackprop.run.runtime as runtime
+import symbackprop.run.module as module
 import symbackprop.run.optim as optim
 resolved = {name: getattr(symbackprop, name) is not None for name in symbackprop.__all__}
 try:
@@ -25,7 +26,7 @@ try:
 except AttributeError as error:
     missing = str(error)
 print(json.dumps({"loaded": loaded, "resolved": resolved, "dir": dir(symbackprop), "missing": missing,
-                  "same": [compile is runtime.compile, symbackprop.CompiledModule is runtime.CompiledModule,
+                  "same": [compile is runtime.compile, symbackprop.CompiledModule is module.CompiledModule,
                            symbackprop.Adam is optim.Adam],
                   "bridges": sorted(__import__("symbackprop.run.bridge").run.bridge.BRIDGES)}))
 """

@@ -1,5 +1,6 @@
 """A non-editable install, run from another directory, finds its templates
-inside the wheel and compiles.
+inside the wheel, beside its code (the top-level templates/ of the checkout,
+mapped to symbackprop/templates by pyproject.toml's package-dir), and compiles.
 
 The wheel is built with this interpreter's own setuptools and wheel (both in
 the test extra: nothing is downloaded) and installed into a folder of its
@@ -24,6 +25,8 @@ SCRIPT = textwrap.dedent(
     from symbackprop import nn
     here = pathlib.Path(sbp.__file__).resolve()
     assert str(here).startswith(sys.argv[1]), here
+    from symbackprop.emit import templatecache
+    assert templatecache.TEMPLATES == here.parent / "templates", templatecache.TEMPLATES  # beside the code
     x = sp.MatrixSymbol("x", 1, 3)
     mod = sbp.compile(sbp.Model("packaged", params=[x], loss=nn.sum_all(x.applyfunc(sp.sin))))
     loss, grads = mod.value_and_grad(x=np.array([[0.0, 1.0, 2.0]]))
@@ -53,7 +56,7 @@ def test_wheel_install_compiles_from_another_directory(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("symbackprop",):
+    for folder in ("symbackprop", "templates"):
         ignore = shutil.ignore_patterns("__pycache__", "*.so", "templates_compiled")  # what an install builds
         shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
     wheels = tmp_path / "wheels"
@@ -61,7 +64,9 @@ def test_wheel_install_compiles_from_another_directory(tmp_path):
     (wheel,) = wheels.glob("symbackprop-*.whl")
     target = tmp_path / "installed"
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)])
-    assert (target / "symbackprop" / "emit" / "templates" / "module.c.j2").is_file()
+    shipped = sorted(path.name for path in (target / "symbackprop" / "templates").glob("*.j2"))
+    assert shipped == sorted(path.name for path in (ROOT / "templates").glob("*.j2"))  # every template, beside the code
+    assert not (target / "templates").exists()  # not a top-level folder of site-packages
     assert list((target / "symbackprop" / "emit" / "templates_compiled").glob("*.cache"))  # built by setup.py
     # the call hot path's extension (setup.py): built wherever this interpreter's own copy builds or is installed
     from symbackprop.run import fastcall

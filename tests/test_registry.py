@@ -10,7 +10,7 @@ import pytest
 from symbackprop.declare.tensor import Reduce
 from symbackprop.ops.registry import MissingRule, OpRecord, record, records, reductions, register, rule
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "symbackprop" / "emit" / "templates"
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
 def test_a_missing_op_is_named():

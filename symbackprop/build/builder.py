@@ -696,6 +696,10 @@ def package_digest() -> str:
     long: this runs in every cached compile)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # every stage's code, templates and C
     named = []
+    if not os.path.isdir(os.path.join(package, "templates")):  # a checkout's: emit.templatecache.TEMPLATES
+        templates = os.path.join(os.path.dirname(package), "templates")
+        named += [(f"templates/{name}", os.path.join(templates, name)) for name in os.listdir(templates)
+                  if name.endswith(".j2")]
     for folder, subfolders, files in os.walk(package):
         subfolders[:] = [name for name in subfolders if name != "__pycache__"]
         relative = os.path.relpath(folder, package).replace(os.sep, "/")

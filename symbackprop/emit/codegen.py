@@ -535,8 +535,8 @@ def template_environment() -> jinja2.Environment:
 
 
 def _template_dir() -> Path:
-    """The templates: package data of symbackprop.emit, in a checkout and in
-    the wheel alike."""
+    """The templates: the top-level templates/ of a checkout, symbackprop/templates
+    in the wheel (emit.templatecache.TEMPLATES)."""
     if not (TEMPLATES / "module.c.j2").is_file():
         raise FileNotFoundError(f"symbackprop's templates are missing from {TEMPLATES}")
     return TEMPLATES

@@ -39,7 +39,12 @@ from jinja2.bccache import Bucket
 
 FOLDER = "jinja"  # in the module cache
 HERE = Path(__file__).resolve().parent
-TEMPLATES = HERE / "templates"
+PACKAGE = HERE.parent
+# The templates: the top-level templates/ of a checkout (and of an editable
+# install), which pyproject.toml's package-dir mapping ships in the wheel as
+# symbackprop/templates, beside the code. (build.builder.package_digest hashes
+# the same folder.)
+TEMPLATES = PACKAGE / "templates" if (PACKAGE / "templates").is_dir() else PACKAGE.parent / "templates"
 COMPILED = HERE / "templates_compiled"  # built with the package (setup.py); absent in a plain checkout
 
 def environment(loader: jinja2.BaseLoader, bytecode_cache: jinja2.BytecodeCache | None) -> jinja2.Environment:

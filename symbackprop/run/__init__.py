@@ -6,5 +6,5 @@
     gradcheck.py    the gradient check against central differences along random directions
 
 symbackprop.run.runtime holds `compile` (generate, build or load from the
-cache) and re-exports these names; interop and Dask sit on top.
+cache); interop and Dask sit on top.
 """

@@ -18,7 +18,7 @@ from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ArgumentError
 from symbackprop.log import slow_work
 from symbackprop.run.abi import ModuleSpec
-from symbackprop.run.bridge import BRIDGES, register_bridge
+from symbackprop.run.bridge import BRIDGES
 from symbackprop.run.derivatives import Derivatives
 from symbackprop.run.function import Function, PreparedCall
 from symbackprop.run.train import Trainer, Training
@@ -298,4 +298,4 @@ class CompiledModule(Training, Derivatives):
         return BRIDGES["jax"](self, outputs)
 
 
-__all__ = ["CompiledModule", "register_bridge"]
+__all__ = ["CompiledModule"]

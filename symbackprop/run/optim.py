@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import sympy as sp
@@ -26,22 +26,34 @@ a0, a1, a2, a3, a4 = (placeholder(k) for k in range(5))
 
 
 @dataclass(frozen=True)
-class SGD:
-    """p -= lr * v with v = momentum * v + (g + weight_decay * p); plain SGD
-    when momentum is 0 (the velocity is then the gradient).
+class _Step:
+    """One line of an update: the value `name` is `rule` of the values that
+    `reads` names (a0, a1, ... in order): the parameter ("param"), its
+    gradient ("grad"), a state or hyperparameter, or an earlier step's
+    result, which stands for its name from then on. A step that reads no
+    per-entry value (the parameter, its gradient, its state, a step that
+    reads one) is a scalar, computed once and named in the C code."""
 
-    Args:
-        lr: the learning rate.
-        momentum: the velocity's decay (0: plain SGD).
-        weight_decay: the L2 penalty's coefficient, added to the gradient.
-    """
+    name: str
+    rule: sp.Expr
+    reads: tuple[str, ...]
 
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
 
-    per_param_state: ClassVar[tuple[str, ...]] = ("velocity",)
-    shared_state: ClassVar[tuple[str, ...]] = ()
+_WEIGHT_DECAY = _Step("grad", a0 + a1 * a2, ("grad", "weight_decay", "param"))  # as torch.optim's weight_decay
+
+
+class _Update:
+    """The update, written once; each optimizer gives its differences as
+    data: its per-parameter state, its steps (after _WEIGHT_DECAY) and
+    those of the state every parameter shares (named as that state)."""
+
+    per_param_state: ClassVar[tuple[str, ...]]
+    steps: ClassVar[tuple[_Step, ...]]
+    shared_steps: ClassVar[tuple[_Step, ...]] = ()
+    shared_state: ClassVar[tuple[str, ...]]  # the names of shared_steps
+
+    def __init_subclass__(cls) -> None:
+        cls.shared_state = tuple(step.name for step in cls.shared_steps)
 
     def hyper(self) -> dict[str, float]:
         """The hyperparameters by name, as passed to the C training step.
@@ -49,7 +61,7 @@ class SGD:
         Returns:
             A new dict of the dataclass fields.
         """
-        return asdict(self)
+        return asdict(cast(Any, self))
 
     def update(
         self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]
@@ -68,9 +80,19 @@ class SGD:
             and the new value of each per-parameter state by name; optionally
             "names": intermediate nodes by the name they get in the C code.
         """
-        grad = map_(a0 + a1 * a2, [g, hyper["weight_decay"], p], p.shape)
-        velocity = map_(a0 * a1 + a2, [hyper["momentum"], state["velocity"], grad], p.shape)
-        return {"param": map_(a0 - a1 * a2, [p, hyper["lr"], velocity], p.shape), "velocity": velocity, "grad": grad}
+        values: dict[str, Node] = {**hyper, **shared, **state, "param": p, "grad": g}
+        per_entry = {"param", "grad", *state}
+        names: dict[str, Node] = {}
+        for step in (_WEIGHT_DECAY, *self.steps):
+            entrywise = any(name in per_entry for name in step.reads)
+            node = map_(step.rule, [values[name] for name in step.reads], p.shape if entrywise else None)
+            if entrywise:
+                per_entry.add(step.name)
+            else:
+                names[step.name] = node
+            values[step.name] = node
+        new: dict[str, Node | dict[str, Node]] = {"param": values["param"], "grad": values["grad"], "names": names}
+        return new | {kind: values[kind] for kind in self.per_param_state}
 
     def shared_update(self, shared: dict[str, Node]) -> dict[str, Node]:
         """The update of the state shared by every parameter.
@@ -81,11 +103,33 @@ class SGD:
         Returns:
             The new value of each shared state by name.
         """
-        return {}
+        return {step.name: map_(step.rule, [shared[name] for name in step.reads]) for step in self.shared_steps}
 
 
 @dataclass(frozen=True)
-class Adam:
+class SGD(_Update):
+    """p -= lr * v with v = momentum * v + (g + weight_decay * p); plain SGD
+    when momentum is 0 (the velocity is then the gradient).
+
+    Args:
+        lr: the learning rate.
+        momentum: the velocity's decay (0: plain SGD).
+        weight_decay: the L2 penalty's coefficient, added to the gradient.
+    """
+
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    per_param_state: ClassVar[tuple[str, ...]] = ("velocity",)
+    steps: ClassVar[tuple[_Step, ...]] = (
+        _Step("velocity", a0 * a1 + a2, ("momentum", "velocity", "grad")),
+        _Step("param", a0 - a1 * a2, ("param", "lr", "velocity")),
+    )
+
+
+@dataclass(frozen=True)
+class Adam(_Update):
     """Adam with bias correction: m, v moving averages of g and g^2;
     p -= lr * m_hat / (sqrt(v_hat) + eps); the step count is shared state.
 
@@ -104,56 +148,17 @@ class Adam:
     weight_decay: float = 0.0
 
     per_param_state: ClassVar[tuple[str, ...]] = ("m", "v")
-    shared_state: ClassVar[tuple[str, ...]] = ("step",)
-
-    def hyper(self) -> dict[str, float]:
-        """The hyperparameters by name, as passed to the C training step.
-
-        Returns:
-            A new dict of the dataclass fields.
-        """
-        return asdict(self)
-
-    def update(
-        self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]
-    ) -> dict[str, Node | dict[str, Node]]:
-        """One parameter's update, as graph nodes.
-
-        Args:
-            p: the parameter.
-            g: its gradient.
-            state: its optimizer state by name (see per_param_state).
-            hyper: the hyperparameter leaves by name.
-            shared: the shared state after this step's shared_update.
-
-        Returns:
-            "param": the new parameter, "grad": the gradient with weight decay,
-            and the new value of each per-parameter state by name; optionally
-            "names": intermediate nodes by the name they get in the C code.
-        """
-        grad = map_(a0 + a1 * a2, [g, hyper["weight_decay"], p], p.shape)
-        m = map_(a0 * a1 + (1 - a0) * a2, [hyper["beta1"], state["m"], grad], p.shape)
-        v = map_(a0 * a1 + (1 - a0) * a2**2, [hyper["beta2"], state["v"], grad], p.shape)
-        step = shared["step"]  # the count after this step
-        # the bias corrections are scalars, computed once rather than per entry
-        correction1 = map_(1 - a0**a1, [hyper["beta1"], step])
-        correction2 = map_(1 - a0**a1, [hyper["beta2"], step])
-        m_hat = map_(a0 / a1, [m, correction1], p.shape)
-        v_hat = map_(a0 / a1, [v, correction2], p.shape)
-        new_p = map_(a0 - a1 * a2 / (sp.sqrt(a3) + a4), [p, hyper["lr"], m_hat, v_hat, hyper["eps"]], p.shape)
-        return {"param": new_p, "m": m, "v": v, "grad": grad,
-                "names": {"bias_correction1": correction1, "bias_correction2": correction2}}
-
-    def shared_update(self, shared: dict[str, Node]) -> dict[str, Node]:
-        """The update of the state shared by every parameter.
-
-        Args:
-            shared: the shared state leaves by name (see shared_state).
-
-        Returns:
-            The new value of each shared state by name.
-        """
-        return {"step": map_(a0 + 1, [shared["step"]])}
+    steps: ClassVar[tuple[_Step, ...]] = (
+        _Step("m", a0 * a1 + (1 - a0) * a2, ("beta1", "m", "grad")),
+        _Step("v", a0 * a1 + (1 - a0) * a2**2, ("beta2", "v", "grad")),
+        # the bias corrections (with the step count after this step) are scalars
+        _Step("bias_correction1", 1 - a0**a1, ("beta1", "step")),
+        _Step("bias_correction2", 1 - a0**a1, ("beta2", "step")),
+        _Step("m_hat", a0 / a1, ("m", "bias_correction1")),
+        _Step("v_hat", a0 / a1, ("v", "bias_correction2")),
+        _Step("param", a0 - a1 * a2 / (sp.sqrt(a3) + a4), ("param", "lr", "m_hat", "v_hat", "eps")),
+    )
+    shared_steps: ClassVar[tuple[_Step, ...]] = (_Step("step", a0 + 1, ("step",)),)
 
 
 OPTIMIZERS = (SGD, Adam)

@@ -3,9 +3,6 @@
 the cache) and wraps it in a CompiledModule (run/module.py).
 
 Calls go through one binder (binding.py): see run/function.py.
-
-The run stage's classes live in symbackprop/run/; they are importable from
-here as before (symbackprop.run.runtime.CompiledModule, Function, PreparedCall).
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ from symbackprop.log import slow_work
 from symbackprop.plan import DEFAULT_FUNCTIONS
 from symbackprop.run import fastcall
 from symbackprop.run.abi import ModuleSpec
-from symbackprop.run.function import Function, PreparedCall
-from symbackprop.run.module import CompiledModule, register_bridge
+from symbackprop.run.module import CompiledModule
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.optim import SGD, Adam
@@ -334,5 +330,4 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
     return key_digest("model", *parts)
 
 
-__all__ = ["DEFAULT_FUNCTIONS", "CompiledModule", "Function", "PreparedCall", "compile", "model_fingerprint",
-           "register_bridge"]
+__all__ = ["compile", "compile_all", "model_fingerprint"]
