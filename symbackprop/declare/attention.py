@@ -19,7 +19,7 @@ columns), and the L columns h*L .. h*L + L - 1 of a scores matrix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,15 +30,26 @@ from symbackprop.declare.standing import Standing
 from symbackprop.declare.tensor import Index, gather
 from symbackprop.errors import ModelError
 
+# The attention ops (the IR's too) whose result is a scores matrix, m x
+# (heads*L); every other one's has its last operand's columns (heads of
+# Q, K, V; or scores, from scores).
+SCORES_OPS = frozenset({"attention_scores"})
+
+
+def sequence_shape(op: str, geometry: tuple, shapes: Sequence[tuple]) -> tuple:
+    """The shape of attention op `op`'s result from its geometry (L, heads)
+    and its operands' shapes: the rows of the first (the positions). The
+    one place this is written; the IR ops read it too."""
+    length, heads = geometry
+    return (shapes[0][0], heads * length if op in SCORES_OPS else shapes[-1][1])
+
 
 class SequenceOp(ImageOp):
     """An attention op of `arity` matrices with geometry (L, heads); rows: positions."""
 
     @property
     def shape(self) -> tuple:
-        length, heads = self.geometry
-        rows = self.operands[0].shape[0]
-        return (rows, heads * length) if self.op == "attention_scores" else (rows, self.operands[-1].shape[1])
+        return sequence_shape(self.op, self.geometry, [o.shape for o in self.operands])
 
 
 class AttentionScores(SequenceOp):

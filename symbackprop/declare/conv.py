@@ -31,20 +31,32 @@ def out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+def _conv_cols(channels: int, height: int, width: int, out: int, kh: int, kw: int, stride: int, padding: int) -> int:
+    return out * out_size(height, kh, stride, padding) * out_size(width, kw, stride, padding)
+
+
+def _pool_cols(channels: int, height: int, width: int, k: int, stride: int) -> int:
+    return channels * out_size(height, k, stride, 0) * out_size(width, k, stride, 0)
+
+
+# Each image op's result columns from its geometry (the one place this is
+# written; the IR ops read it too): a convolution's (C, H, W, F, kh, kw,
+# stride, padding), a pool's (C, H, W, k, stride), a channel op's (C, P).
+_OUT_COLS: dict[str, Callable[..., int]] = {
+    "conv2d": _conv_cols,
+    "max_pool2d": _pool_cols,
+    "avg_pool2d": _pool_cols,
+    "channel_sum": lambda channels, pixels: channels,
+    "channel_broadcast": lambda channels, pixels: channels * pixels,
+}
+
+
 def out_cols(op: str, geometry: tuple[int, ...]) -> int:
-    """The columns of an image op's result from its geometry (the one place
-    this is written; the IR ops read it too)."""
-    if op == "conv2d":
-        channels, height, width, out, kh, kw, stride, padding = geometry
-        return out * out_size(height, kh, stride, padding) * out_size(width, kw, stride, padding)
-    if op in ("max_pool2d", "avg_pool2d"):
-        channels, height, width, k, stride = geometry
-        return channels * out_size(height, k, stride, 0) * out_size(width, k, stride, 0)
-    if op == "channel_sum":
-        return geometry[0]
-    if op == "channel_broadcast":
-        return geometry[0] * geometry[1]
-    raise ModelError(f"unknown image op {op!r}")
+    """The columns of an image op's result from its geometry (_OUT_COLS)."""
+    rule = _OUT_COLS.get(op)
+    if rule is None:
+        raise ModelError(f"unknown image op {op!r}")
+    return rule(*geometry)
 
 
 class ImageOp(Standing, sp.MatrixExpr):

@@ -30,7 +30,7 @@ vectorize.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +41,7 @@ from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrin
 from symbackprop.ir.construct import map_
 from symbackprop.ir.node import Node, op_node, placeholder
 from symbackprop.ops.conv import Operand, _bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
+from symbackprop.ops.registry import MissingRule, OpRecord, plain_grad_fn, record, register
 from symbackprop.schedule.kernel import Equation, latex_name
 
 A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))
@@ -49,25 +49,28 @@ A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))
 # --- constructors ---------------------------------------------------------------
 
 
+def _node(op: str, args: tuple[Node, ...], geometry: tuple) -> Node:
+    return op_node(op, args, declared.sequence_shape(op, geometry, [a.shape for a in args]), geometry)
+
+
 def attention_scores(a: Node, b: Node, geometry: tuple) -> Node:
-    length, heads = geometry
-    return op_node("attention_scores", (a, b), (a.shape[0], heads * length), geometry)
+    return _node("attention_scores", (a, b), geometry)
 
 
 def attention_mix(p: Node, v: Node, geometry: tuple) -> Node:
-    return op_node("attention_mix", (p, v), (p.shape[0], v.shape[1]), geometry)
+    return _node("attention_mix", (p, v), geometry)
 
 
 def attention_mix_t(p: Node, v: Node, geometry: tuple) -> Node:
-    return op_node("attention_mix_t", (p, v), (p.shape[0], v.shape[1]), geometry)
+    return _node("attention_mix_t", (p, v), geometry)
 
 
 def causal_softmax(s: Node, geometry: tuple) -> Node:
-    return op_node("causal_softmax", (s,), s.shape, geometry)
+    return _node("causal_softmax", (s,), geometry)
 
 
 def softmax_vjp(p: Node, d: Node, geometry: tuple) -> Node:
-    return op_node("softmax_vjp", (p, d), p.shape, geometry)
+    return _node("softmax_vjp", (p, d), geometry)
 
 
 # --- derivatives ------------------------------------------------------------------
@@ -194,6 +197,41 @@ def _eval_softmax_vjp(node: Node, args: list[np.ndarray], context) -> np.ndarray
 
 
 @dataclass(frozen=True)
+class AttentionAttrs:
+    """What an attention op's kernel does, as its record's `attrs`: the
+    kernel, emit and kernel_attention.c.j2 branch on these, never on the
+    op's name.
+
+    product: a product over the causal triangle (in a BLAS build, a call
+        of the runtime's causal helpers): "scores", A B^T onto the
+        triangle, or "mix", tril(P) V (each head's weights times its rows).
+        None: a pass along each head's row of scores (scores in, scores
+        out: no head width).
+    transposed: a mix with the weights transposed, tril(P)^T V: it sums
+        over the queries t >= s.
+    workspace: its loops first copy a head's keys, transposed, into the
+        kernel's workspace (which the sequences share: one thread).
+    row: a row pass: "softmax" (exp(s - max), normalized) or
+        "softmax_jacobian" (P * (D - sum_s P*D): the softmax's Jacobian,
+        symmetric, times D).
+    row_work: a row pass's (multiply-adds, other operations) a key.
+    """
+
+    product: str | None
+    transposed: bool = False
+    workspace: bool = False
+    row: str | None = None
+    row_work: tuple[int, int] = (0, 0)
+
+
+def _attrs(op: str) -> AttentionAttrs:
+    found = record(op).attrs
+    if not isinstance(found, AttentionAttrs):
+        raise MissingRule(f"op {op!r} has no attention attrs in its record")
+    return found
+
+
+@dataclass(frozen=True)
 class AttentionKernel:
     """One attention op (`kind`) of `args` (buffers, or constants) into `out`."""
 
@@ -216,14 +254,17 @@ class AttentionKernel:
     def title(self) -> str:
         return self.kind.replace("_", " ")
 
+    @property
+    def attrs(self) -> AttentionAttrs:
+        return _attrs(self.kind)
+
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): the causal triangle, (L+1)/2 keys a query."""
         length, heads, dh = self.geometry
         keys = sp.sympify(self.rows) * heads * sp.Rational(length + 1, 2)
-        if self.kind == "causal_softmax":
-            return sp.Integer(0), 3 * keys
-        if self.kind == "softmax_vjp":
-            return keys, 2 * keys
+        if self.attrs.product is None:
+            madds, other = self.attrs.row_work
+            return madds * keys, other * keys
         return keys * dh, sp.Integer(0)
 
 
@@ -239,17 +280,15 @@ _MATH = {
 }
 
 
-_SOFTMAXES = ("causal_softmax", "softmax_vjp")  # scores in, scores out: no head width
-
-
 def _kernel(sched, node: Node, out: str) -> AttentionKernel:
     args, labels = kernel_operands(sched, node)
     length, heads = node.attrs
-    dh = 0 if node.op in _SOFTMAXES else node.args[-1].shape[1] // heads
+    attrs = _attrs(node.op)
+    dh = 0 if attrs.product is None else node.args[-1].shape[1] // heads  # a row pass: scores in, scores out
     entry, value = (part.format(*labels) for part in _MATH[node.op])
     value += f" (rows (e,t) = e*{length}+t, {heads} heads" + (f" of {dh} columns)" if dh else ")")
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
-    block = sched.claim_scratch(f"{out}_block", (length, dh)) if node.op == "attention_scores" else None
+    block = sched.claim_scratch(f"{out}_block", (length, dh)) if attrs.workspace else None
     return AttentionKernel(node.op, out, tuple(args), node.shape[0], (length, heads, dh),
                            (Equation(out + entry, value, latex),), tuple(labels), block)
 
@@ -262,34 +301,34 @@ def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
             "b": args[1] if len(args) > 1 else None, "L": length, "H": heads, "DH": dh,
             "a_label": kernel.labels[0], "b_label": kernel.labels[-1],
             "block": em.namer.name(kernel.block) if kernel.block is not None else None,
-            "parallel": worth_threads(kernel.rows),  # over the sequences: two at least, and enough work
+            "op": kernel.attrs, "parallel": worth_threads(kernel.rows),  # over the sequences: two at least, and enough work
             "min_rows": max(length + 1, min_rows_for_threads(heads * (length + 1) // 2 * max(dh, 4))),
             "exp": printer.doprint(sp.exp(sp.Symbol("val", real=True) - sp.Symbol("top", real=True)))}
 
 
 def _lower(lowerer, expr: declared.SequenceOp) -> Node:
-    operands = [lowerer.lower(o) for o in expr.operands]
-    build: dict[str, Callable[..., Node]] = {"attention_scores": attention_scores, "attention_mix": attention_mix,
-                                             "causal_softmax": causal_softmax}
-    return build[expr.op](*operands, expr.geometry)
+    return _node(expr.op, tuple(lowerer.lower(o) for o in expr.operands), expr.geometry)
 
 
 def _shape(expr: declared.SequenceOp, of) -> tuple:
-    rows = of(expr.operands[0])[0]
-    length, heads = expr.geometry
-    return (rows, heads * length) if expr.op == "attention_scores" else (rows, of(expr.operands[-1])[1])
+    return declared.sequence_shape(expr.op, expr.geometry, [of(o) for o in expr.operands])
 
 
-def _op(name: str, vjp, jvp, evaluate, grad_fn: str, lowers: type | None = None) -> None:
+def _op(name: str, attrs: AttentionAttrs, vjp, jvp, evaluate, grad_fn: str, lowers: type | None = None) -> None:
     more = {"lowering": ((lowers, _lower),), "shapes": ((lowers, _shape),)} if lowers is not None else {}
     register(OpRecord(name, vjp=vjp, jvp=jvp, evaluate=evaluate, kernel=_kernel, emit=_emit,
-                      template="kernel_attention.c.j2", grad_fn=plain_grad_fn(grad_fn), **more))  # type: ignore[arg-type]
+                      template="kernel_attention.c.j2", grad_fn=plain_grad_fn(grad_fn), attrs=attrs,
+                      **more))  # type: ignore[arg-type]
 
 
-_op("attention_scores", _scores_vjp, _bilinear_jvp(attention_scores), _eval_scores, "AttentionScores",
-    declared.AttentionScores)
-_op("attention_mix", _mix_vjp, _bilinear_jvp(attention_mix), _eval_mix, "AttentionMix", declared.AttentionMix)
-_op("attention_mix_t", _mix_t_vjp, _bilinear_jvp(attention_mix_t), _eval_mix_t, "AttentionMixT")
-_op("causal_softmax", _softmax_vjp, _softmax_jvp, _eval_softmax, "CausalSoftmax", declared.CausalSoftmax)
-_op("softmax_vjp", _softmax_vjp_vjp, _softmax_vjp_jvp, _eval_softmax_vjp, "SoftmaxVjp")
+_op("attention_scores", AttentionAttrs("scores", workspace=True), _scores_vjp, _bilinear_jvp(attention_scores),
+    _eval_scores, "AttentionScores", declared.AttentionScores)
+_op("attention_mix", AttentionAttrs("mix"), _mix_vjp, _bilinear_jvp(attention_mix), _eval_mix, "AttentionMix",
+    declared.AttentionMix)
+_op("attention_mix_t", AttentionAttrs("mix", transposed=True), _mix_t_vjp, _bilinear_jvp(attention_mix_t),
+    _eval_mix_t, "AttentionMixT")
+_op("causal_softmax", AttentionAttrs(None, row="softmax", row_work=(0, 3)), _softmax_vjp, _softmax_jvp,
+    _eval_softmax, "CausalSoftmax", declared.CausalSoftmax)
+_op("softmax_vjp", AttentionAttrs(None, row="softmax_jacobian", row_work=(1, 2)), _softmax_vjp_vjp,
+    _softmax_vjp_jvp, _eval_softmax_vjp, "SoftmaxVjp")
 

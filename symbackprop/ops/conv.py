@@ -39,7 +39,7 @@ from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrin
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
+from symbackprop.ops.registry import MissingRule, OpRecord, plain_grad_fn, record, register
 from symbackprop.schedule.kernel import Equation, latex_name
 
 A0, A1 = placeholder(0), placeholder(1)
@@ -336,6 +336,39 @@ class Operand:
 
 
 @dataclass(frozen=True)
+class ImageAttrs:
+    """What an image op's kernel does, as its record's `attrs`: the kernel,
+    emit and kernel_conv.c.j2 branch on these, never on the op's name.
+
+    nest: the loops. "im2col": a convolution, each example's windows as a
+        matrix and a matrix product; "window": a pool, over each k x k
+        window; "channel": over each channel's pixels.
+    scatter: values are sent back to the entries they were read from (a
+        transpose: col2im, an unpool, a broadcast), not gathered from them.
+    image: im2col: the operand ("a" or "b") whose pixels the windows gather.
+    batch_sum: im2col: the result sums over the batch (each block's partial
+        sum in the workspace, added in block order).
+    window: a pool's value of a window: "max" (its first largest entry) or "mean".
+    argmax: how a max window finds that entry: "branch" (an if) or
+        "select" (?:, measured 4x faster in the unpool).
+    """
+
+    nest: str
+    scatter: bool = False
+    image: str | None = None
+    batch_sum: bool = False
+    window: str | None = None
+    argmax: str = "branch"
+
+
+def _attrs(op: str) -> ImageAttrs:
+    found = record(op).attrs
+    if not isinstance(found, ImageAttrs):
+        raise MissingRule(f"op {op!r} has no image attrs in its record")
+    return found
+
+
+@dataclass(frozen=True)
 class ImageKernel:
     """One image op (`kind`) of `args` (buffers, or constants) into `out`."""
 
@@ -357,13 +390,17 @@ class ImageKernel:
     def title(self) -> str:
         return self.kind.replace("_", " ")
 
+    @property
+    def attrs(self) -> ImageAttrs:
+        return _attrs(self.kind)
+
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations)."""
         rows = sp.sympify(self.rows)
-        if self.kind.startswith("conv2d"):
+        if self.attrs.nest == "im2col":
             c = Conv(*self.geometry)
             return rows * c.F * c.HO * c.WO * c.C * c.KH * c.KW, sp.Integer(0)
-        if self.kind.startswith("channel"):
+        if self.attrs.nest == "channel":
             return sp.Integer(0), rows * self.geometry[0] * self.geometry[1]
         p = Pool(*self.geometry)
         return sp.Integer(0), rows * p.C * p.HO * p.WO * p.K * p.K
@@ -419,10 +456,11 @@ def _kernel(sched, node: Node, out: str) -> ImageKernel:
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
     rows = node.args[0].shape[0]
     cols = None
-    if node.op.startswith("conv2d"):
+    attrs = _attrs(node.op)
+    if attrs.nest == "im2col":
         c = Conv(*geometry)
         ckk = c.C * c.KH * c.KW
-        per_block = ckk * c.HO * c.WO + (c.F * ckk if node.op == "conv2d_weight_grad" else 0)
+        per_block = ckk * c.HO * c.WO + (c.F * ckk if attrs.batch_sum else 0)
         cols = sched.claim_scratch(f"{out}_cols", (batch_blocks(rows), per_block))
     return ImageKernel(node.op, out, tuple(args), rows, geometry, (Equation(out + entry, value, latex, assign),), cols)
 
@@ -445,10 +483,11 @@ def batch_blocks(rows: object) -> int:
 
 def _constants(op: str, geometry: tuple) -> dict:
     """The numbers a comment names: stride S, padding P, window K."""
-    if op.startswith("conv2d"):
+    nest = _attrs(op).nest
+    if nest == "im2col":
         c = Conv(*geometry)
         return {"S": c.S, "P": c.P}
-    if op.startswith("channel"):
+    if nest == "channel":
         return {}
     p = Pool(*geometry)
     return {"S": p.S, "K": p.K}
@@ -459,15 +498,15 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
     args = [Operand(em.namer.name(b)) if b is not None else Operand(None, printer.doprint(v)) for b, v in kernel.args]
     fields: dict = {"n": em.dim(kernel.rows), "out": em.namer.name(kernel.out), "a": args[0],
                     "b": args[1] if len(args) > 1 else None, "parallel": worth_threads(kernel.rows),
-                    "blocks": batch_blocks(kernel.rows)}
-    if kernel.kind.startswith("conv2d"):
+                    "blocks": batch_blocks(kernel.rows), "op": kernel.attrs}
+    if kernel.attrs.nest == "im2col":
         c = Conv(*kernel.geometry)
         fields.update(asdict(c), HO=c.HO, WO=c.WO)
         fields["iy"] = _offset("oy", c.S, "ky", c.P)
         fields["ix"] = _offset("ox", c.S, "kx", c.P)
         fields["lo"], fields["hi"] = _inside_columns(c) if c.P else (None, None)
         fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
-    elif kernel.kind.startswith("channel"):
+    elif kernel.attrs.nest == "channel":
         fields["C"], fields["P"] = kernel.geometry
     else:
         p = Pool(*kernel.geometry)
@@ -498,34 +537,42 @@ def _offset(out: str, stride: int, k: str, pad: int) -> str:
     return f"{text} + {k}" + (f" - {pad}" if pad else "")
 
 
-def _lower(lowerer, expr: declared.ImageOp) -> Node:
-    operands = [lowerer.lower(o) for o in expr.operands]
-    geometry = expr.geometry
-    if expr.op == "conv2d":
-        return conv2d(operands[0], operands[1], geometry)
-    if expr.op == "max_pool2d":
-        return max_pool2d(operands[0], operands[0], geometry)
-    return {"avg_pool2d": avg_pool2d, "channel_sum": channel_sum, "channel_broadcast": channel_broadcast}[expr.op](
-        operands[0], geometry)
+def _lowering(build: Callable[..., Node]) -> Callable:
+    """The lowering of a declared image op to `build`(*its operands, its geometry)."""
+
+    def lower(lowerer, expr: declared.ImageOp) -> Node:
+        return build(*(lowerer.lower(o) for o in expr.operands), expr.geometry)
+
+    return lower
 
 
 def _shape(expr: declared.ImageOp, of) -> tuple:
     return (of(expr.operands[0])[0], declared.out_cols(expr.op, expr.geometry))
 
 
-def _op(name: str, vjp, jvp, evaluate, grad_fn: str, lowers: type | None = None) -> None:
-    more = {"lowering": ((lowers, _lower),), "shapes": ((lowers, _shape),)} if lowers is not None else {}
+def _op(name: str, attrs: ImageAttrs, vjp, jvp, evaluate, grad_fn: str, lowers: type | None = None,
+        build: Callable[..., Node] | None = None) -> None:
+    more = {"lowering": ((lowers, _lowering(build)),), "shapes": ((lowers, _shape),)} if lowers and build else {}
     register(OpRecord(name, vjp=vjp, jvp=jvp, evaluate=evaluate, kernel=_kernel, emit=_emit,
-                      template="kernel_conv.c.j2", grad_fn=plain_grad_fn(grad_fn), **more))  # type: ignore[arg-type]
+                      template="kernel_conv.c.j2", grad_fn=plain_grad_fn(grad_fn), attrs=attrs,
+                      **more))  # type: ignore[arg-type]
 
 
-_op("conv2d", _conv_vjp, _bilinear_jvp(conv2d), _eval_conv, "Conv2d", declared.Conv2d)
-_op("conv2d_input_grad", _input_grad_vjp, _bilinear_jvp(conv2d_input_grad), _eval_input_grad, "Conv2dInputGrad")
-_op("conv2d_weight_grad", _weight_grad_vjp, _bilinear_jvp(conv2d_weight_grad), _eval_weight_grad, "Conv2dWeightGrad")
-_op("max_pool2d", _max_vjp, _max_jvp, _eval_max, "MaxPool2d", declared.MaxPool2d)
-_op("max_unpool2d", _unpool_vjp, _unpool_jvp, _eval_unpool, "MaxUnpool2d")
-_op("avg_pool2d", *_linear(avg_pool2d, avg_unpool2d), _eval_avg, "AvgPool2d", declared.AvgPool2d)
-_op("avg_unpool2d", *_linear(avg_unpool2d, avg_pool2d), _eval_avg_unpool, "AvgUnpool2d")
-_op("channel_sum", *_linear(channel_sum, channel_broadcast), _eval_channel_sum, "ChannelSum", declared.ChannelSum)
-_op("channel_broadcast", *_linear(channel_broadcast, channel_sum), _eval_channel_broadcast, "ChannelBroadcast",
-    declared.ChannelBroadcast)
+_op("conv2d", ImageAttrs("im2col", image="a"), _conv_vjp, _bilinear_jvp(conv2d), _eval_conv, "Conv2d",
+    declared.Conv2d, conv2d)
+_op("conv2d_input_grad", ImageAttrs("im2col", scatter=True), _input_grad_vjp, _bilinear_jvp(conv2d_input_grad),
+    _eval_input_grad, "Conv2dInputGrad")
+_op("conv2d_weight_grad", ImageAttrs("im2col", image="b", batch_sum=True), _weight_grad_vjp,
+    _bilinear_jvp(conv2d_weight_grad), _eval_weight_grad, "Conv2dWeightGrad")
+_op("max_pool2d", ImageAttrs("window", window="max"), _max_vjp, _max_jvp, _eval_max, "MaxPool2d",
+    declared.MaxPool2d, lambda x, geometry: max_pool2d(x, x, geometry))  # x's argmax, x's entry there
+_op("max_unpool2d", ImageAttrs("window", scatter=True, window="max", argmax="select"), _unpool_vjp, _unpool_jvp,
+    _eval_unpool, "MaxUnpool2d")
+_op("avg_pool2d", ImageAttrs("window", window="mean"), *_linear(avg_pool2d, avg_unpool2d), _eval_avg, "AvgPool2d",
+    declared.AvgPool2d, avg_pool2d)
+_op("avg_unpool2d", ImageAttrs("window", scatter=True, window="mean"), *_linear(avg_unpool2d, avg_pool2d),
+    _eval_avg_unpool, "AvgUnpool2d")
+_op("channel_sum", ImageAttrs("channel"), *_linear(channel_sum, channel_broadcast), _eval_channel_sum, "ChannelSum",
+    declared.ChannelSum, channel_sum)
+_op("channel_broadcast", ImageAttrs("channel", scatter=True), *_linear(channel_broadcast, channel_sum),
+    _eval_channel_broadcast, "ChannelBroadcast", declared.ChannelBroadcast, channel_broadcast)

@@ -80,6 +80,9 @@ class OpRecord:
         backward pass, fixed_point): a Hessian-vector product through one
         goes reverse over forward. A loop's step may hold another (emitted
         inside the outer loop's body, its scratch in the step's).
+    attrs: what the op's kernel does, as data of its family (a frozen
+        dataclass: which loop nest, gather or scatter, ...): the family's
+        kernel, emit and template read these, not the op's name.
     """
 
     name: str
@@ -98,6 +101,7 @@ class OpRecord:
     reduction: bool = False
     helper: bool = False
     loop: bool = False
+    attrs: object = None
 
     def need(self, field: str) -> Any:
         """The value of `field`, or MissingRule naming the op and the field."""
