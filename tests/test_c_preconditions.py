@@ -620,7 +620,7 @@ def test_a_gather_nested_in_a_kernel_schedule_is_refused():
 
     from symbackprop.emit.cnames import CNamer
     from symbackprop.emit.codegen import FLOAT64, FunctionEmitter, entry_checks
-    from symbackprop.ops.emap import EmapKernel
+    from symbackprop.ops.emap_kernel import EmapKernel
     from symbackprop.schedule.scheduler import FunctionSchedule
 
     gather = EmapKernel((N,), (), (), (), (), (("idx", N, C),), ())

@@ -202,7 +202,7 @@ class CFunction:
         end call for: SYMBACKPROP_WIDE for a wide per-example body, else
         SYMBACKPROP_STRAIGHT for a long straight-line one; or nothing.
         SYMBACKPROP_WIDE_SUMS where a wide body adds into many sums
-        (ops.emap.WIDE_SUMS_NARROW)."""
+        (emit.emap_c.WIDE_SUMS_NARROW)."""
         if any(k.fields.get("wide_sums") for k in self.kernels[start:end]):
             return "SYMBACKPROP_WIDE_SUMS "
         if self.wide(start, end):
