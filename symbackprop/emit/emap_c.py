@@ -343,7 +343,7 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "temps": body.temps,
         "stores": out.stores,
         # what each piece writes and reads, for a call that needs only some
-        # outputs (codegen.forward_only: forward through the shared function)
+        # outputs (cfunction.forward_only: forward through the shared function)
         "zero_buffers": [output.buffer for output in kernel.outputs if output.accumulate],
         "store_buffers": out.buffers,
         "temp_uses": [[] for _ in body.loaded] + [named(e) for _, e in body.hoisted + body.moving],

@@ -120,7 +120,7 @@ def _product_split(kernel: EmapKernel, uses: dict) -> tuple | None:
             split = _factors(expr, uses, inner)
             if split is not None:
                 by_output.setdefault(number, {})[k] = split
-    # one output's sums: a value-only call keeps or drops them together (codegen._value_only)
+    # one output's sums: a value-only call keeps or drops them together (cfunction._value_only)
     pairs, weight = _pairs(max(by_output.values(), key=len, default={}))
     if len(pairs) < OUTER_SUMS_MIN:
         return None
