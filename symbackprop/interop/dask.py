@@ -38,8 +38,9 @@ import dask.array as da
 import dask.base
 import numpy as np
 
-from symbackprop.build.builder import BuildOptions, build, package_digest
+from symbackprop.build.builder import BuildOptions, build
 from symbackprop.build.key import digest as key_digest
+from symbackprop.build.memo import package_digest
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import Emitted
 from symbackprop.progress import Progress, ProgressArg
@@ -71,7 +72,7 @@ class ModuleSpec:
         options: the BuildOptions (compiler flags, cache folder, BLAS).
         optimizer: None, or the SGD/Adam the module was compiled with.
         wrt: the differentiated names.
-        digest: build.package_digest() of the code that generated the C.
+        digest: build.memo.package_digest() of the code that generated the C.
         key: identifies the module (its C, settings and digest).
     """
 
@@ -82,7 +83,7 @@ class ModuleSpec:
     options: BuildOptions | None  # compiler flags, cache folder, BLAS
     optimizer: Any  # None, or the SGD/Adam the module was compiled with
     wrt: tuple[str, ...]
-    digest: str  # symbackprop's code that generated the C (build.package_digest)
+    digest: str  # symbackprop's code that generated the C (build.memo.package_digest)
     key: str  # identifies the module: the source, settings and digest
 
     @classmethod
