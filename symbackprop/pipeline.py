@@ -30,8 +30,9 @@ from symbackprop.declare.model import Model, leaf_name
 from symbackprop.deep import run_deep
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.diff.hessian import hessian_vector
+from symbackprop.emit.cfunction import emit_function, emit_wrapper
 from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
-from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, emit_function, emit_wrapper, render
+from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, render
 from symbackprop.emit.cunits import split_units
 from symbackprop.emit.sizes import shared_size_checks
 from symbackprop.emit.derivation import plan_derivation, render_derivation

@@ -619,9 +619,10 @@ def test_a_gather_nested_in_a_kernel_schedule_is_refused():
     """Should a nested step ever gather, its rows would go unchecked: codegen refuses."""
     from types import SimpleNamespace
 
+    from symbackprop.emit.cfunction import entry_checks
     from symbackprop.emit.cnames import CNamer
-    from symbackprop.emit.codegen import FLOAT64, FunctionEmitter, entry_checks
-    from symbackprop.ops.emap import EmapKernel
+    from symbackprop.emit.codegen import FLOAT64, FunctionEmitter
+    from symbackprop.ops.emap_kernel import EmapKernel
     from symbackprop.schedule.scheduler import FunctionSchedule
 
     gather = EmapKernel((N,), (), (), (), (), (("idx", N, C),), ())

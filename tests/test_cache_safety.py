@@ -27,9 +27,13 @@ import sympy as sp
 
 import symbackprop as sbp
 import symbackprop.build.builder as build_module
+import symbackprop.build.compiler as compiler_module
 import symbackprop.build.key as cache_key_module
-from symbackprop.build.builder import EXT_SUFFIX, BuildOptions, cache_entry, cache_key, read_memo, write_memo
+import symbackprop.build.memo as memo_module
+from symbackprop.build.builder import BuildOptions, cache_entry, cache_key
+from symbackprop.build.compiler import EXT_SUFFIX
 from symbackprop.build.key import digest
+from symbackprop.build.memo import read_memo, write_memo
 from symbackprop.pipeline import generate
 from symbackprop.plan import DEFAULT_FUNCTIONS
 from symbackprop.run.runtime import model_fingerprint
@@ -338,7 +342,7 @@ class Planted:
 
 
 def _memo_path(cache: Path, key: str) -> Path:
-    folder = cache / build_module.MEMO_FOLDER
+    folder = cache / memo_module.MEMO_FOLDER
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     return folder / f"{key}.json"
 
@@ -348,7 +352,7 @@ def test_memos_round_trip_as_json(tmp_path):
     value = {"prefix": "m", "numbers": [1, 2.5, None], "nested": {"ok": True}}
     write_memo("k1", value, options)
     assert read_memo("k1", options) == value
-    path = tmp_path / build_module.MEMO_FOLDER / "k1.json"
+    path = tmp_path / memo_module.MEMO_FOLDER / "k1.json"
     assert json.loads(path.read_text()) == value
     assert read_memo("absent", options) is None
 
@@ -391,7 +395,7 @@ def test_an_old_pickle_memo_for_the_real_key_is_never_unpickled(tmp_path):
 
 
 def test_a_memo_too_large_is_ignored(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(build_module, "MEMO_MAX_BYTES", 100)
+    monkeypatch.setattr(memo_module, "MEMO_MAX_BYTES", 100)
     _memo_path(tmp_path, "k3").write_text(json.dumps({"x": "y" * 200}))
     with caplog.at_level(logging.WARNING, logger="symbackprop"):
         assert read_memo("k3", BuildOptions(cache_dir=tmp_path)) is None
@@ -403,7 +407,7 @@ def test_a_memo_too_large_is_ignored(tmp_path, monkeypatch, caplog):
 def test_a_memo_others_could_write_is_ignored(tmp_path, caplog, how):
     options = BuildOptions(cache_dir=tmp_path)
     write_memo("k4", {"v": 1}, options)
-    path = tmp_path / build_module.MEMO_FOLDER / "k4.json"
+    path = tmp_path / memo_module.MEMO_FOLDER / "k4.json"
     assert read_memo("k4", options) == {"v": 1}
     if how == "group-writable":
         path.chmod(0o664)
@@ -505,13 +509,13 @@ def test_march_native_is_keyed_on_the_cpu_it_means(monkeypatch):
     native, plain = cache_key(*parts, ("-O2", "-march=native")), cache_key(*parts, ("-O2",))
     resolved = cache_key_module.target_cpu((*build_module.compiler_command(), "-march=native"))
     assert "native" not in resolved and resolved.startswith(("compiler: ", "cpu: "))
-    if resolved.startswith("compiler: ") and "gcc" in build_module.compiler_identity(
+    if resolved.startswith("compiler: ") and "gcc" in compiler_module.compiler_identity(
             tuple(build_module.compiler_command())).lower():
         assert "-march=" in resolved  # what gcc picked for this host
     model = _model(80)
     default = BuildOptions()
     fingerprint = model_fingerprint(model, "float64", ("forward",), None, None, default)
-    monkeypatch.setattr(build_module, "target_cpu", lambda command: "compiler: -march=another-host -mno-avx512f")
+    monkeypatch.setattr(compiler_module, "target_cpu", lambda command: "compiler: -march=another-host -mno-avx512f")
     monkeypatch.setattr(build_module, "host_cpu", lambda: "x86_64; model name=another host; flags=fpu sse")
     assert cache_key(*parts, ("-O2", "-march=native")) != native  # another CPU, another entry
     assert cache_key(*parts, ("-O2",)) == plain  # code for no CPU in particular is shared

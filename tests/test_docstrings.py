@@ -21,8 +21,8 @@ import pytest
 import symbackprop
 
 # modules whose every public function and class is part of the API
-MODULES = ["declare.nn", "run.optim", "emit.graph", "emit.derivation", "declare.tensor",
-           "interop.torch", "interop.jax", "interop.dask"]
+MODULES = ["declare.nn", "declare.activations", "declare.losses", "declare.reductions", "run.optim", "emit.graph",
+           "emit.derivation", "declare.tensor", "interop.torch", "interop.jax", "interop.dask"]
 # modules that need an optional dependency to import
 OPTIONAL = {"interop.torch": "torch", "interop.jax": "jax", "interop.dask": "distributed"}
 # public classes besides those in __all__ and the modules above

@@ -138,3 +138,57 @@ def test_the_checker_finds_a_cycle(tmp_path):
     assert graph["pkg.c"] == set() and graph["pkg.d"] == {"pkg.c"}
     assert cycles(graph) == [["pkg.a", "pkg.b"]]
     assert cycles(import_graph(package, annotations=True)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
+
+
+# --- sizes: no module over 600 lines, no function over 80 (issue 43) --------
+
+MODULE_LINES_MAX = 600
+FUNCTION_LINES_MAX = 80  # a def's first line to its last, methods and nested functions too
+
+
+def too_long(package: Path = PACKAGE) -> list[str]:
+    """Each module of the package over MODULE_LINES_MAX lines and each
+    function (method, nested function) over FUNCTION_LINES_MAX, as
+    "path: lines" and "path:line name: lines"."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        where = path.relative_to(package.parent).as_posix()
+        count = len(text.splitlines())
+        if count > MODULE_LINES_MAX:
+            found.append(f"{where}: {count} lines (module, at most {MODULE_LINES_MAX})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > FUNCTION_LINES_MAX:
+                    found.append(f"{where}:{node.lineno} {node.name}: {length} lines "
+                                 f"(function, at most {FUNCTION_LINES_MAX})")
+    return found
+
+
+def test_no_module_or_function_is_too_long():
+    found = too_long()
+    assert not found, "too long (split by purpose, moving whole blocks):\n  " + "\n  ".join(found)
+
+
+def test_the_size_check_finds_what_is_too_long(tmp_path):
+    """At the limits passes, one line over fails: a module, a method, a
+    nested function, an async one; every offender is listed."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+
+    def function(name: str, lines: int, indent: str = "") -> str:  # `lines` lines from def to last
+        return f"{indent}def {name}():\n" + f"{indent}    pass\n" * (lines - 1)
+
+    (package / "__init__.py").write_text("")
+    (package / "fits.py").write_text(function("f", FUNCTION_LINES_MAX)
+                                     + "x = 1\n" * (MODULE_LINES_MAX - FUNCTION_LINES_MAX))
+    (package / "long.py").write_text("x = 1\n" * (MODULE_LINES_MAX + 1))
+    (package / "method.py").write_text("class C:\n" + function("m", FUNCTION_LINES_MAX + 1, "    "))
+    (package / "nested.py").write_text("def outer():\n" + function("inner", FUNCTION_LINES_MAX + 1, "    "))
+    (package / "slow.py").write_text("async " + function("a", FUNCTION_LINES_MAX + 1))
+    found = too_long(package)
+    assert [entry.split(" ")[0] for entry in found] == [
+        "pkg/long.py:", "pkg/method.py:2", "pkg/nested.py:1", "pkg/nested.py:2", "pkg/slow.py:1"], found
+    assert "fits" not in " ".join(found)

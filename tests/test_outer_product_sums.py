@@ -1,6 +1,6 @@
 """Sums over examples of many products of two per-example values (a
 Cholesky factor's gradient in a GMM) are one matrix product after the loop
-(ops/emap.py OuterProductSums), not an accumulator each in the loop: checked
+(ops/emap_kernel.py OuterProductSums), not an accumulator each in the loop: checked
 against closed forms in numpy, at counts of examples that are and are not
 whole eights, and against central differences on GradBench's gmm port."""
 
@@ -13,7 +13,7 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.ops.emap import OUTER_SUMS_MIN, _sides
+from symbackprop.ops.emap_group import OUTER_SUMS_MIN, _sides
 
 D = 9  # 9 x 9 = 81 sums of products: over OUTER_SUMS_MIN
 

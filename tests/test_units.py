@@ -154,7 +154,7 @@ def test_largest_pieces_go_to_the_lightest_unit(monkeypatch):
     assert max(loads) <= largest + sum(loads) / module.units, loads
 
 
-M_WIDE = 96  # coefficients: a body over ops.emap.LANES_MAX_OPS, run over whole eights and then the rest
+M_WIDE = 96  # coefficients: a body over ops.emap_kernel.LANES_MAX_OPS, run over whole eights and then the rest
 
 
 def _polynomial_fit(m: int):

@@ -21,9 +21,10 @@ import sympy as sp
 from c_driver import STRICT_FLAGS, unwrapped, write_runtime_header
 
 import symbackprop as sbp
-from symbackprop.build import builder
-from symbackprop.build.builder import DEFAULT_FLAGS, SIMD_FLAGS, BuildOptions
-from symbackprop.ops.emap import WIDE_SUMS_NARROW
+from symbackprop.build import compiler
+from symbackprop.build.builder import DEFAULT_FLAGS, BuildOptions
+from symbackprop.build.compiler import SIMD_FLAGS
+from symbackprop.emit.emap_c import WIDE_SUMS_NARROW
 
 M = 64  # coefficients: a body far over LANES_MAX_OPS
 FUNCTIONS = ("forward", "value_and_grad")
@@ -271,8 +272,8 @@ def test_simd_sums_build_under_strict_flags_with_the_directives_and_without(buil
 def test_the_simd_flags_go_to_compilers_that_take_them(identity, flags, monkeypatch):
     """Apple's Clang turns OpenMP flags away, and other compilers may not
     know them: those build without (the sums then keep the examples' order)."""
-    monkeypatch.setattr(builder, "compiler_identity", lambda command: identity)
-    assert builder._simd_flags(("cc-for", identity)) == flags
+    monkeypatch.setattr(compiler, "compiler_identity", lambda command: identity)
+    assert compiler.simd_flags(("cc-for", identity)) == flags
 
 
 def test_pairs_with_a_per_pair_weight_read_by_column_match_differences():

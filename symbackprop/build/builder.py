@@ -29,6 +29,9 @@ and a damaged entry is moved aside and rebuilt, with a logged warning.
 Memos are JSON, never pickles: reading one runs no code. Built modules
 export only their PyInit_ function (-fvisibility=hidden), so two modules
 loaded with RTLD_GLOBAL cannot call each other's functions.
+
+The compiler and its command lines are compiler.py, the packed entries
+written into the glue packed.py, the memos of generated code memo.py.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
-import json
 import os
 import platform
 import re
@@ -44,13 +46,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -66,7 +66,16 @@ from symbackprop.build.blas import (
     set_blas_threads,  # noqa: F401  (re-exported: older scripts import it here)
 )
 from symbackprop.build.cachedir import CACHE_ENV, cache_folder
-from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
+from symbackprop.build.compiler import (
+    EXT_SUFFIX,
+    build_commands,
+    compiler_command,
+    libmvec_available,
+    simd_flags,
+    toolchain,
+)
+from symbackprop.build.key import asks_for_host_cpu, digest, host_cpu
+from symbackprop.build.packed import packed_entries
 from symbackprop.build.threads import blas_beside_openmp
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
 from symbackprop.errors import BuildError
@@ -83,7 +92,6 @@ DEFAULT_FLAGS = ("-O3", "-march=native", *(("-mprefer-vector-width=512",) if _X8
 # Replaces DEFAULT_FLAGS where BuildOptions is given no flags, in this process
 # and the ones it starts: the test suite builds at -O1 with it (tests/conftest.py).
 FLAGS_ENV = "SYMBACKPROP_CFLAGS"
-EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def default_flags() -> tuple[str, ...]:
@@ -136,16 +144,6 @@ def _blas_for(options: BuildOptions) -> Blas | None:
     return blas
 
 
-@cache
-def libmvec_available(command: tuple[str, ...]) -> bool:
-    """GCC (whose simd attribute the declarations use) and glibc's libmvec."""
-    import ctypes.util
-    import platform
-
-    gcc = compiler_family(command) == "gcc"
-    return gcc and platform.machine() == "x86_64" and ctypes.util.find_library("mvec") is not None
-
-
 def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if options.vector_math is False:
         return (), ()
@@ -157,112 +155,11 @@ def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str
     return ("-DSYMBACKPROP_LIBMVEC",), ("-lmvec",)
 
 
-# OpenMP's simd directives without its threads or library (the runtime
-# header's SYMBACKPROP_SIMD_SUMS): GCC and LLVM's Clang, whatever the flags
-# (Apple's Clang turns OpenMP flags away; without them the sums keep the
-# examples' order).
-SIMD_FLAGS = ("-fopenmp-simd", "-DSYMBACKPROP_OPENMP_SIMD")
-
-
-def _simd_flags(command: tuple[str, ...]) -> tuple[str, ...]:
-    return SIMD_FLAGS if compiler_family(command) in ("gcc", "clang") else ()
-
-
 def cache_root(options: BuildOptions | None = None) -> Path:
     """Where compiled modules are kept: BuildOptions.cache_dir, else
     $SYMBACKPROP_CACHE_DIR, else the user cache folder (build.cachedir)."""
     return cache_folder(options.cache_dir if options is not None else None)
 
-
-def compiler_command() -> list[str]:
-    """The C compiler: $CC (which may carry options), else the one Python was built with."""
-    command = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
-    if not command:
-        raise BuildError("CC is set but empty; set it to a C compiler such as gcc or clang")
-    return command
-
-
-def link_options() -> list[str]:
-    """What makes a loadable extension module: Python's LDSHARED without
-    its compiler (-shared, or -bundle on macOS), and position-independent code."""
-    ldshared = shlex.split(os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED") or "cc -shared")
-    return ldshared[1:] + object_options()
-
-
-def object_options() -> list[str]:
-    """How each object of an extension module compiles: position-independent,
-    exporting only PyInit_ (PyMODINIT_FUNC): modules of one model name loaded
-    with RTLD_GLOBAL would otherwise bind to each other's functions."""
-    return shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC") + ["-fvisibility=hidden"]
-
-
-def compiler_family(command: tuple[str, ...]) -> str:
-    """"gcc", "clang" (LLVM's), "apple-clang" or "other", from what the
-    compiler says its version is."""
-    identity = compiler_identity(command)
-    if "clang" in identity:
-        return "apple-clang" if "Apple" in identity else "clang"
-    return "gcc" if "Free Software Foundation" in identity else "other"
-
-
-@cache
-def compiler_identity(command: tuple[str, ...]) -> str:
-    """What the compiler says its version is; BuildError when it does not run."""
-    try:
-        out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BuildError(
-            f"no working C compiler: running {shlex.join(command)!r} failed ({exc}); "
-            "install gcc or clang, or set CC to one"
-        ) from exc
-    return out.stdout.strip()
-
-
-def toolchain(command: list[str] | tuple[str, ...], local: bool = False) -> str:
-    """What a compiler command's output depends on beyond its text: the
-    compiler's version (`local`: which files its programs are, a key for
-    this host only, taken without running them), and the CPU that
-    -march=native (or the like) means on this host."""
-    compiler = tuple(compiler_command())
-    identity = executable_stamp(compiler) if local else compiler_identity(compiler)
-    if not asks_for_host_cpu(command):
-        return identity
-    native = tuple(arg for arg in command if arg.startswith("-m") and "native" in arg)
-    return f"{identity}\n{target_cpu(compiler + native)}"
-
-
-# The glue's optimization level, after the flags' (the last -O wins): what it
-# does per call is convert Python arguments (train_step: the same time at -O0
-# as at -O1) or forward the packed entries, which the call hot path calls and
-# which keep -O2 (PACKED_ATTRIBUTE). cffi's wrappers of a model with many
-# arrays are long (lstm l=4: 2.5 G instructions of GCC at -O1, 1.3 G at -O0).
-GLUE_LEVEL = "-O0"
-# Before each packed entry: GCC optimizes it as at -O2 in the -O0 glue.
-PACKED_ATTRIBUTE = ("#if defined(__GNUC__) && !defined(__clang__)\n"
-                    "#define SYMBACKPROP_PACKED __attribute__((optimize(\"O2\")))\n"
-                    "#else\n#define SYMBACKPROP_PACKED\n#endif\n")
-
-
-def build_commands(name: str, prefix: str, flags: tuple[str, ...], folder: Path,
-                   libraries: tuple[str, ...] = (), units: int = 1) -> tuple[list[list[str]], list[str]]:
-    """The commands making the extension: the objects of the cffi glue and of
-    the model (run at once; a model's C split into `units` translation
-    units, emit.cunits, is compiled once per unit), then the link."""
-    paths = sysconfig.get_paths()
-    includes = [f"-I{path}" for path in dict.fromkeys([paths["include"], paths["platinclude"], str(folder)])]
-
-    def compile_(source: str, output: str, *level: str) -> list[str]:
-        return [*compiler_command(), *flags, *level, *object_options(), *includes, "-c", str(folder / f"{source}.c"),
-                "-o", str(folder / output)]
-
-    objects = [compile_(name, f"{name}.o", GLUE_LEVEL)]
-    if units == 1:
-        objects.append(compile_(prefix, f"{prefix}.o"))
-    else:
-        objects += [compile_(prefix, f"{prefix}.unit{k}.o", f"-DSYMBACKPROP_UNIT={k}") for k in range(units)]
-    link = [*compiler_command(), *flags, *link_options(), *(command[-1] for command in objects),
-            "-o", str(folder / f"{name}{EXT_SUFFIX}"), *libraries, "-lm"]
-    return objects, link
 
 
 def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...] = ()) -> str:
@@ -284,35 +181,6 @@ def host_target(options: BuildOptions | None = None) -> str:
     return host_cpu() if asks_for_host_cpu(command) else ""
 
 
-_PROTOTYPE = re.compile(r"^(int|size_t) (\w+)\((.*)\);$")
-
-
-def packed_entries(cdef: str) -> tuple[str, str]:
-    """Declarations and definitions of one more entry point per generated
-    function, for symbackprop.run.fastcall: the dimensions as one int64 array
-    and the arrays as one pointer array, whatever the function's arity."""
-    declarations, definitions = [], []
-    for line in cdef.splitlines():
-        match = _PROTOTYPE.match(line.strip())
-        if not match:
-            continue
-        returns, name, params = match.groups()
-        kinds = [p.split()[0] if p != "void" else "" for p in params.split(", ")] if params != "void" else []
-        if any(kind not in ("int64_t", "void") for kind in kinds):
-            continue  # e.g. an epoch's hyperparameters: no packed entry
-        dims = [f"d[{k}]" for k, kind in enumerate(kinds) if kind == "int64_t"]
-        arrays = [f"a[{k}]" for k in range(len(kinds) - len(dims))]
-        if returns == "size_t":
-            signature = f"size_t {name}__packed(const int64_t *d)"
-            body = f"return {name}({', '.join(dims)});"
-        else:
-            signature = f"int {name}__packed(const int64_t *d, void *const *a)"
-            body = f"return {name}({', '.join(dims + arrays)});"
-        declarations.append(signature + ";")
-        definitions.append(f"SYMBACKPROP_PACKED {signature}\n{{\n    (void)d;\n    {body}\n}}")
-    return "\n".join(declarations) + "\n", PACKED_ATTRIBUTE + "\n".join(definitions) + "\n"
-
-
 def module_name(prefix: str, key: str) -> str:
     return f"_sbp_{prefix}_{key[:16]}"
 
@@ -324,7 +192,7 @@ def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tupl
     blas = _blas_for(options)
     vector_flags, vector_libraries = _vector_math_args(options)
     openmp = ("-fopenmp",) if options.openmp else ()
-    simd = _simd_flags(tuple(compiler_command()))
+    simd = simd_flags(tuple(compiler_command()))
     flags = options.flags + (blas.compile_args if blas else ()) + vector_flags + simd + openmp
     libraries = (blas.link_args if blas else ()) + vector_libraries + openmp
     return flags, libraries
@@ -682,100 +550,6 @@ def _load(folder: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     return module
 
-
-# --- the front cache: a model's generated code and plan, by fingerprint ------
-
-MEMO_FOLDER = "models"
-
-
-@lru_cache(maxsize=1)
-def package_digest() -> str:
-    """A hash of symbackprop's own code and templates: a memo made by other
-    code is never used (no hand-bumped cache versions). One walk with
-    os.walk and plain strings (pathlib's rglob and Path sorting took 3x as
-    long: this runs in every cached compile)."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # every stage's code, templates and C
-    named = []
-    if not os.path.isdir(os.path.join(package, "templates")):  # a checkout's: emit.templatecache.TEMPLATES
-        templates = os.path.join(os.path.dirname(package), "templates")
-        named += [(f"templates/{name}", os.path.join(templates, name)) for name in os.listdir(templates)
-                  if name.endswith(".j2")]
-    for folder, subfolders, files in os.walk(package):
-        subfolders[:] = [name for name in subfolders if name != "__pycache__"]
-        relative = os.path.relpath(folder, package).replace(os.sep, "/")
-        named += [(name if relative == "." else f"{relative}/{name}", os.path.join(folder, name))
-                  for name in files if name.endswith((".py", ".j2", ".c"))]
-    parts: list[str | bytes] = []
-    for name, path in sorted(named):
-        with open(path, "rb") as handle:
-            parts += [name, handle.read()]
-    return digest("package", __version__, *parts, length=64)
-
-
-MEMO_MAX_BYTES = 64 << 20  # far above any memo; a bigger file is not one of ours
-
-
-def read_memo(key: str, options: BuildOptions | None = None) -> dict | None:
-    """The dict write_memo stored under key, or None: absent, or (with a
-    logged warning) unreadable, not JSON, not a dict, too large, or in a
-    file or folder that is not this user's alone. Reading runs no code."""
-    try:
-        folder = cache_root(options) / MEMO_FOLDER
-    except OSError:
-        return None
-    path = folder / f"{key}.json"
-    if not os.path.lexists(path):
-        return None
-    problem = cache_trust.untrusted(folder, "folder") or cache_trust.untrusted(path, "file")
-    if problem is None:
-        try:
-            with open(path, "rb") as handle:  # the size again on the open file: it may have changed
-                data = handle.read(MEMO_MAX_BYTES + 1)
-            if len(data) > MEMO_MAX_BYTES:
-                problem = f"{path} is larger than {MEMO_MAX_BYTES} bytes"
-            else:
-                value = json.loads(data.decode("utf-8"))
-                problem = None if isinstance(value, dict) else f"{path} holds a {type(value).__name__}, not a dict"
-        except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            problem = f"{path} is not a readable JSON memo ({type(exc).__name__}: {exc})"
-    if problem is not None:
-        warn("ignoring a model memo (it is made again): %s", problem)
-        return None
-    return value
-
-
-def write_memo(key: str, value: object, options: BuildOptions | None = None) -> None:
-    """Store the JSON-serializable dict `value` under key, atomically (a
-    reader sees all of it or none). The memo only saves time: any failure
-    (a value JSON cannot hold, a full disk) is a logged warning, and leaves
-    no temporary file."""
-    try:
-        if not isinstance(value, dict):
-            raise TypeError(f"a memo is a dict, not a {type(value).__name__}")
-        text = json.dumps(value)
-    except (TypeError, ValueError, RecursionError) as exc:
-        warn("not storing the model memo %s: %s: %s", key, type(exc).__name__, exc)
-        return
-    temporary: str | None = None
-    try:
-        root = cache_root(options)
-        folder = root / MEMO_FOLDER
-        secure_root(root)
-        cache_trust.make_private_folder(folder)
-        problem = cache_trust.untrusted(folder, "folder")
-        if problem:
-            raise OSError(problem)
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix="tmp-", suffix=".json")
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, folder / f"{key}.json")
-        temporary = None
-    except (OSError, BuildError) as exc:
-        warn("not storing the model memo %s: %s", key, exc)
-    finally:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
 
 
 def load_built(folder: Path, prefix: str, options: BuildOptions | None = None) -> ModuleType | None:

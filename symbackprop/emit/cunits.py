@@ -27,7 +27,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from symbackprop.emit.codegen import CFunction, CKernel, CModule, branches, straight_kernels, template_environment
+from symbackprop.emit.cfunction import branches, straight_kernels
+from symbackprop.emit.codegen import CFunction, CKernel, CModule, template_environment
 from symbackprop.emit.cparts import part_ranges
 
 # About 0.15-0.35 s of GCC -O3: a unit less than this is not worth a process
@@ -120,7 +121,7 @@ def split_units(module: CModule) -> CModule:
 
 def _separated(module: CModule, sizes: dict[str, list[int]]) -> CModule:
     """The module with each kernel of ALONE_CHARS or more that has a
-    value-only variant as two kernels (codegen.branches): a call with
+    value-only variant as two kernels (cfunction.branches): a call with
     gradients and one without run different code, which can then be
     compiled in different units (llsq's per-example loop was one unit's
     whole time, both variants in one function)."""

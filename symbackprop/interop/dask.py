@@ -38,8 +38,9 @@ import dask.array as da
 import dask.base
 import numpy as np
 
-from symbackprop.build.builder import BuildOptions, build, package_digest
+from symbackprop.build.builder import BuildOptions, build
 from symbackprop.build.key import digest as key_digest
+from symbackprop.build.memo import package_digest
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import Emitted
 from symbackprop.progress import Progress, ProgressArg
@@ -71,7 +72,7 @@ class ModuleSpec:
         options: the BuildOptions (compiler flags, cache folder, BLAS).
         optimizer: None, or the SGD/Adam the module was compiled with.
         wrt: the differentiated names.
-        digest: build.package_digest() of the code that generated the C.
+        digest: build.memo.package_digest() of the code that generated the C.
         key: identifies the module (its C, settings and digest).
     """
 
@@ -82,7 +83,7 @@ class ModuleSpec:
     options: BuildOptions | None  # compiler flags, cache folder, BLAS
     optimizer: Any  # None, or the SGD/Adam the module was compiled with
     wrt: tuple[str, ...]
-    digest: str  # symbackprop's code that generated the C (build.package_digest)
+    digest: str  # symbackprop's code that generated the C (build.memo.package_digest)
     key: str  # identifies the module: the source, settings and digest
 
     @classmethod
@@ -487,26 +488,9 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
         symbackprop.ArgumentError: a differentiated parameter that is not
             a writable C-contiguous array of the module's dtype.
     """
-    from symbackprop.run.binding import check_writable
-
     job = _Job(module, params, data, reduction)
-    optimizer = optimizer if optimizer is not None else job.module.optimizer
-    if not isinstance(optimizer, OPTIMIZERS):
-        raise TypeError(f"optimizer must be symbackprop.SGD or symbackprop.Adam; got {type(optimizer).__name__} "
-                        "(and the module was compiled without one)")
-    for what, value in (("epochs", epochs), ("chunks_per_step", chunks_per_step)):
-        if value is None and what == "chunks_per_step":
-            continue
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-            raise ValueError(f"{what} must be a positive integer; got {value!r}")
-    fn = job.module.function("value_and_grad")
-    differentiated = [out.key for out in fn.outputs if out.group == "grads"]
-    specs = {spec.name: spec for spec in fn.inputs}
-    for key in differentiated:
-        if key not in params:
-            raise ValueError(f"the module differentiates {key!r}, which is not in params; train updates params only")
-        check_writable(specs[key], params[key], job.module.dtype)  # the binder's rule for what is written in place
-    update = NumpyStep(optimizer, {key: params[key] for key in differentiated}, state if state is not None else {})
+    optimizer = _checked_optimizer(job, optimizer, epochs, chunks_per_step)
+    update = _update(job, optimizer, params, state)
     client = _client(client)
     if persist:
         job.persist(client)
@@ -525,6 +509,37 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
             losses.append(loss)
         bar.step(loss=float(np.mean(losses[-math.ceil(count / per_step):])))  # this epoch's steps
     return np.array(losses, dtype=job.module.dtype)
+
+
+def _checked_optimizer(job: _Job, optimizer: SGD | Adam | None, epochs: int, chunks_per_step: int | None) -> SGD | Adam:
+    """The optimizer train steps with (given, else the module's), once it
+    and the counts of epochs and chunks are checked."""
+    optimizer = optimizer if optimizer is not None else job.module.optimizer
+    if not isinstance(optimizer, OPTIMIZERS):
+        raise TypeError(f"optimizer must be symbackprop.SGD or symbackprop.Adam; got {type(optimizer).__name__} "
+                        "(and the module was compiled without one)")
+    for what, value in (("epochs", epochs), ("chunks_per_step", chunks_per_step)):
+        if value is None and what == "chunks_per_step":
+            continue
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"{what} must be a positive integer; got {value!r}")
+    return optimizer
+
+
+def _update(job: _Job, optimizer: SGD | Adam, params: Mapping[str, np.ndarray],
+            state: dict[str, np.ndarray] | None) -> NumpyStep:
+    """The driver's update of the differentiated params, in place (each
+    checked as the binder checks what it writes)."""
+    from symbackprop.run.binding import check_writable
+
+    fn = job.module.function("value_and_grad")
+    differentiated = [out.key for out in fn.outputs if out.group == "grads"]
+    specs = {spec.name: spec for spec in fn.inputs}
+    for key in differentiated:
+        if key not in params:
+            raise ValueError(f"the module differentiates {key!r}, which is not in params; train updates params only")
+        check_writable(specs[key], params[key], job.module.dtype)  # the binder's rule for what is written in place
+    return NumpyStep(optimizer, {key: params[key] for key in differentiated}, state if state is not None else {})
 
 
 def _dims(firsts: Mapping[str, Any]) -> str:

@@ -224,7 +224,7 @@ def _product_text(places: list[int], sign: int, negated: int) -> str:
 def _copies(em: FunctionEmitter, places: list[tuple[str, sp.Expr, int]], way: str) -> tuple[list, list]:
     """A table's loads or stores (buffer, offset, value index): those at a
     constant place of one array (an input, an output, `work` for the
-    workspace's buffers: codegen.work_offsets) as one loop over a table of
+    workspace's buffers: cfunction.work_offsets) as one loop over a table of
     (value index, place) each; the rest one statement each,
     (buffer[offset], value index). Hundreds of copies written out, between
     a local array and as many workspace buffers, cost GCC 0.8 s of its

@@ -5,7 +5,7 @@ generated function with a dozen arrays spends more than that on checks,
 allocation and pointers than on its arithmetic. `Caller` does the checks,
 the allocation of the outputs and the call in C, through a packed entry
 point that every module has beside each function (see
-build.packed_entries). It declines (returns None) whatever it does not
+build.packed.packed_entries). It declines (returns None) whatever it does not
 expect, and the Python path then converts or explains.
 
 The extension is built with the package where it is installed (setup.py:
@@ -32,17 +32,14 @@ from typing import Any
 import numpy as np
 
 from symbackprop.build.builder import (
-    EXT_SUFFIX,
     BuildOptions,
     _load,
     _run_logged,
     build_once,
     cache_root,
-    compiler_command,
     entry_ok,
-    link_options,
-    toolchain,
 )
+from symbackprop.build.compiler import EXT_SUFFIX, compiler_command, link_options, toolchain
 from symbackprop.build.key import digest
 from symbackprop.build.trust import entry_problem
 from symbackprop.errors import BuildError

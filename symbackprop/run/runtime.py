@@ -23,11 +23,9 @@ from symbackprop.build.builder import (
     find_blas,
     load_built,
     load_entry,
-    package_digest,
-    read_memo,
     warm_up,
-    write_memo,
 )
+from symbackprop.build.memo import package_digest, read_memo, write_memo
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ModelError
