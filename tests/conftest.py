@@ -143,3 +143,30 @@ def module_cache(tmp_path_factory, request):
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = saved
+
+
+@pytest.fixture(scope="module")
+def mlp_example():
+    """examples/mlp.py, loaded once a test module."""
+    return load_example("mlp")
+
+
+@pytest.fixture(scope="module")
+def mlp_module(mlp_example):
+    """examples/mlp.py's model, compiled once a test module."""
+    import symbackprop as sbp
+
+    return sbp.compile(mlp_example.model)
+
+
+@pytest.fixture(scope="module")
+def jax_x64():
+    """JAX in float64 while a module's tests run (its oracles compare at
+    1e-10), as it was before. A module that imports jax asks for it with
+    `pytestmark = pytest.mark.usefixtures("jax_x64")`."""
+    import jax  # only modules that skip without jax ask for it
+
+    saved = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", saved)

@@ -3,33 +3,17 @@ stand as they are under SymPy's doit (which SymPy calls, deep, on every
 matrix product and sum it builds), and a per-example Jacobian is derived
 in one reverse sweep per output, equal to SymPy's own."""
 
-import sys
 
 import numpy as np
 import pytest
 import sympy as sp
 from conftest import load_example
+from helpers import count_calls
 
 import symbackprop as sbp
 from symbackprop import nn
 from symbackprop.declare.standing import Standing
 from symbackprop.ir.exprdag import substitute
-
-
-def _doit_calls(build) -> int:
-    """How many doit methods run while build() runs."""
-    count = [0]
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "doit":
-            count[0] += 1
-
-    sys.setprofile(profile)
-    try:
-        build()
-    finally:
-        sys.setprofile(None)
-    return count[0]
 
 
 def _residual_stack(layers: int) -> sp.MatrixExpr:
@@ -49,7 +33,7 @@ def test_a_residual_stack_declares_in_work_linear_in_its_depth():
     241,626 doit calls at 4, 8 and 12 layers. Stopped at the layer norm,
     each layer adds the same few calls."""
     stacks = {k: _residual_stack(k) for k in (4, 8, 12)}  # (each + and * of a chain walks down it: SymPy's)
-    calls = {k: _doit_calls(lambda k=k: nn.sum_all(stacks[k])) for k in stacks}
+    calls = {k: count_calls(lambda k=k: nn.sum_all(stacks[k]), "doit") for k in stacks}
     assert calls[12] - calls[8] == calls[8] - calls[4], calls
     assert calls[12] < 2000, calls
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sympy as sp
+from helpers import count_calls
 from sympy.core.cache import clear_cache
 
 import symbackprop as sbp
@@ -461,22 +462,6 @@ def test_400_layers_declare_under_the_default_recursion_limit():
     assert _in_child("declare_without_recursion(400)") == "ok\n"
 
 
-def _calls_while(build) -> int:
-    """How many Python functions run while build() runs."""
-    count = [0]
-
-    def profile(frame, event, arg):
-        if event == "call":
-            count[0] += 1
-
-    sys.setprofile(profile)
-    try:
-        build()
-    finally:
-        sys.setprofile(None)
-    return count[0]
-
-
 def test_each_layer_costs_the_same_to_declare():
     """The work of declaring a layer does not grow with the layers below it:
     SymPy's doit, shapes and sort keys walked the whole stack at every
@@ -486,7 +471,7 @@ def test_each_layer_costs_the_same_to_declare():
     calls = {}
     for k in (20, 40, 60):
         clear_cache()  # each from SymPy's empty cache (else a hit or a miss depends on what ran before)
-        calls[k] = _calls_while(lambda k=k: readme_mlp(k))
+        calls[k] = count_calls(lambda k=k: readme_mlp(k))
     first, second = calls[40] - calls[20], calls[60] - calls[40]
     assert second < 1.25 * first, calls
     assert second / 20 < 3000, calls  # calls per layer (1,800 now)

@@ -13,22 +13,7 @@ import symbackprop as sbp  # noqa: E402  (kept below the skip, as in test_intero
 PARAMS = ("W1", "b1", "W2", "b2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    saved = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", saved)
-
-
-@pytest.fixture(scope="module")
-def mlp():
-    return load_example("mlp")
-
-
-@pytest.fixture(scope="module")
-def mod(mlp):
-    return sbp.compile(mlp.model)
+pytestmark = pytest.mark.usefixtures("jax_x64")  # conftest.py
 
 
 def jax_mlp(p, x, t):
@@ -37,10 +22,10 @@ def jax_mlp(p, x, t):
     return jnp.mean((y - t) ** 2), y
 
 
-def test_grad_and_jit_equal_jax_autodiff(mlp, mod):
-    data = mlp.sample_data(np.random.default_rng(0), batch=6)
+def test_grad_and_jit_equal_jax_autodiff(mlp_example, mlp_module):
+    data = mlp_example.sample_data(np.random.default_rng(0), batch=6)
     params = {k: jnp.asarray(data[k]) for k in PARAMS}
-    f = mod.as_jax()
+    f = mlp_module.as_jax()
 
     def ours(p):
         return f(X=data["X"], T=data["T"], **p)
@@ -61,9 +46,9 @@ def test_grad_and_jit_equal_jax_autodiff(mlp, mod):
     np.testing.assert_allclose(np.asarray(scaled["W1"]), np.asarray(expected["W1"]), rtol=0, atol=1e-10)
 
 
-def test_outputs_and_chosen_inputs(mlp):
-    mod = sbp.compile(mlp.model, wrt=["W1", "X"])
-    data = mlp.sample_data(np.random.default_rng(1), batch=5)
+def test_outputs_and_chosen_inputs(mlp_example):
+    mod = sbp.compile(mlp_example.model, wrt=["W1", "X"])
+    data = mlp_example.sample_data(np.random.default_rng(1), batch=5)
     f = mod.as_jax(outputs=["Y"])
     args = {k: jnp.asarray(v) for k, v in data.items()}
 
@@ -83,9 +68,9 @@ def test_outputs_and_chosen_inputs(mlp):
     assert float(jnp.abs(jax.grad(lambda w2: f(**{**args, "W2": w2})[0])(args["W2"])).max()) == 0.0
 
 
-def test_vmap_calls_per_example(mlp, mod):
-    data = mlp.sample_data(np.random.default_rng(2), batch=4)
-    f = mod.as_jax()
+def test_vmap_calls_per_example(mlp_example, mlp_module):
+    data = mlp_example.sample_data(np.random.default_rng(2), batch=4)
+    f = mlp_module.as_jax()
     params = {k: data[k] for k in PARAMS}
     xs = jnp.stack([jnp.asarray(data["X"]), 2.0 * jnp.asarray(data["X"])])
     got = jax.vmap(lambda x: f(X=x, T=data["T"], **params))(xs)
@@ -93,11 +78,11 @@ def test_vmap_calls_per_example(mlp, mod):
     np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=1e-12)
 
 
-def test_wrong_arguments_are_named(mod):
+def test_wrong_arguments_are_named(mlp_module):
     with pytest.raises(sbp.ArgumentError, match="missing"):
-        mod.as_jax()(X=np.ones((2, 3)))
+        mlp_module.as_jax()(X=np.ones((2, 3)))
     with pytest.raises(sbp.ArgumentError, match="no output named"):
-        mod.as_jax(outputs=["Z"])
+        mlp_module.as_jax(outputs=["Z"])
 
 
 def test_index_inputs_stay_integers_under_grad_and_jit():

@@ -12,16 +12,6 @@ import symbackprop as sbp  # noqa: E402
 from symbackprop.interop.torch import SymbackpropModule, as_torch  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def mlp():
-    return load_example("mlp")
-
-
-@pytest.fixture(scope="module")
-def mod(mlp):
-    return sbp.compile(mlp.model)
-
-
 def torch_mlp(t):
     """examples/mlp.py written in torch: the independent oracle."""
     hidden = torch.sigmoid(t["X"] @ t["W1"] + t["b1"])
@@ -33,10 +23,10 @@ def leaves(data, grad=("W1", "b1", "W2", "b2")):
     return {k: torch.tensor(v, requires_grad=k in grad) for k, v in data.items()}
 
 
-def test_gradients_equal_torch_autograd(mlp, mod):
-    data = mlp.sample_data(np.random.default_rng(0), batch=6)
+def test_gradients_equal_torch_autograd(mlp_example, mlp_module):
+    data = mlp_example.sample_data(np.random.default_rng(0), batch=6)
     ours, theirs = leaves(data), leaves(data)
-    loss = as_torch(mod)(**ours)
+    loss = as_torch(mlp_module)(**ours)
     assert loss.shape == () and loss.dtype == torch.float64
     (3.0 * loss).backward()  # grad_output is carried through
     expected, _ = torch_mlp(theirs)
@@ -48,9 +38,9 @@ def test_gradients_equal_torch_autograd(mlp, mod):
     assert ours["X"].grad is None and ours["T"].grad is None
 
 
-def test_gradients_through_outputs_and_chosen_inputs(mlp):
-    mod = sbp.compile(mlp.model, wrt=["W1", "X"])
-    data = mlp.sample_data(np.random.default_rng(1), batch=5)
+def test_gradients_through_outputs_and_chosen_inputs(mlp_example):
+    mod = sbp.compile(mlp_example.model, wrt=["W1", "X"])
+    data = mlp_example.sample_data(np.random.default_rng(1), batch=5)
     ours, theirs = leaves(data, ("W1", "X", "W2")), leaves(data, ("W1", "X", "W2"))
     loss, outs = mod.as_torch(outputs=["Y"])(**ours)
     (loss + torch.sin(outs["Y"]).sum()).backward()
@@ -62,13 +52,13 @@ def test_gradients_through_outputs_and_chosen_inputs(mlp):
     assert ours["W2"].grad is None  # not in wrt: no gradient
 
 
-def test_one_c_call_in_forward_and_none_without_grad(mlp, mod, monkeypatch):
-    data = mlp.sample_data(np.random.default_rng(2), batch=3)
+def test_one_c_call_in_forward_and_none_without_grad(mlp_example, mlp_module, monkeypatch):
+    data = mlp_example.sample_data(np.random.default_rng(2), batch=3)
     calls = []
     for kind in ("forward", "value_and_grad", "vjp"):
-        real = getattr(mod, kind)
-        monkeypatch.setattr(mod, kind, lambda *a, _real=real, _kind=kind, **k: calls.append(_kind) or _real(*a, **k))
-    f = as_torch(mod)
+        real = getattr(mlp_module, kind)
+        monkeypatch.setattr(mlp_module, kind, lambda *a, _real=real, _kind=kind, **k: calls.append(_kind) or _real(*a, **k))
+    f = as_torch(mlp_module)
     f(**leaves(data)).backward()
     assert calls == ["value_and_grad"]
     calls.clear()
@@ -77,21 +67,21 @@ def test_one_c_call_in_forward_and_none_without_grad(mlp, mod, monkeypatch):
     assert calls == ["forward"] and value.item() == pytest.approx(torch_mlp(leaves(data))[0].item(), abs=1e-12)
 
 
-def test_wrong_arguments_are_named(mlp, mod):
-    data = mlp.sample_data(np.random.default_rng(3), batch=2)
-    f = as_torch(mod)
+def test_wrong_arguments_are_named(mlp_example, mlp_module):
+    data = mlp_example.sample_data(np.random.default_rng(3), batch=2)
+    f = as_torch(mlp_module)
     with pytest.raises(sbp.ArgumentError, match="missing \\['T'\\]"):
         f(**{k: torch.tensor(v) for k, v in data.items() if k != "T"})
     with pytest.raises(sbp.ArgumentError, match="dtype float64; got float32"):
         f(**{k: torch.tensor(v, dtype=torch.float32) for k, v in data.items()})
     with pytest.raises(sbp.ArgumentError, match="no output named"):
-        as_torch(mod, outputs=["Z"])
+        as_torch(mlp_module, outputs=["Z"])
 
 
-def test_sgd_steps_equal_pure_torch(mlp, mod):
-    data = mlp.sample_data(np.random.default_rng(4), batch=8)
+def test_sgd_steps_equal_pure_torch(mlp_example, mlp_module):
+    data = mlp_example.sample_data(np.random.default_rng(4), batch=8)
     params = {k: data[k] for k in ("W1", "b1", "W2", "b2")}
-    net = SymbackpropModule(mod, params)
+    net = SymbackpropModule(mlp_module, params)
     assert [n for n, _ in net.named_parameters()] == ["W1", "b1", "W2", "b2"]
     reference = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
     ours_opt = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)

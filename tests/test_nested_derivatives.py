@@ -22,12 +22,7 @@ jnp = pytest.importorskip("jax.numpy")
 n = sp.Symbol("n", integer=True, positive=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    saved = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", saved)
+pytestmark = pytest.mark.usefixtures("jax_x64")  # conftest.py
 
 
 def square(m):

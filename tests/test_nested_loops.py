@@ -23,12 +23,7 @@ RTOL = 1e-10
 MODES = ["implicit", "unrolled"]
 
 
-@pytest.fixture(autouse=True)
-def x64():
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+pytestmark = pytest.mark.usefixtures("jax_x64")  # conftest.py
 
 
 # --- a fixed point inside a fixed point: y = sqrt(a + y) / 2, the sqrt by Newton ---

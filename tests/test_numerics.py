@@ -363,9 +363,8 @@ def test_new_forms_compile_without_warnings(dtype, tmp_path):
     """The C of the stable functions and the NaN tests, in every kind of
     function (second derivatives too), under -Wall -Wextra -Wpedantic
     -Werror, and for float32 -Wdouble-promotion (no double literal)."""
-    import subprocess
 
-    from c_driver import STRICT_FLAGS, write_runtime_header
+    from c_driver import strict_compile_errors
 
     from symbackprop.pipeline import generate
 
@@ -377,13 +376,8 @@ def test_new_forms_compile_without_warnings(dtype, tmp_path):
     loss = nn.sum_all(mixed) + nn.sum_all(nn.log_sigmoid(Z)) + kinks * sp.OneMatrix(1, 1)
     model = sbp.Model(f"numerics_strict_{dtype}", params=[Z, V, a, b], loss=loss)
     emitted, _ = generate(model, dtype=dtype, functions=("forward", "value_and_grad", "jvp", "hvp"))
-    source = tmp_path / f"{emitted.prefix}.c"
-    source.write_text(emitted.source)
-    (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
-    write_runtime_header(tmp_path)
-    flags = [*STRICT_FLAGS] + (["-Wdouble-promotion"] if dtype == "float32" else [])
-    result = subprocess.run(["cc", *flags, "-c", str(source), "-o", str(tmp_path / "m.o")], capture_output=True, text=True)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
+    errors = strict_compile_errors(emitted, tmp_path, dtype)
+    assert errors == "", errors
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

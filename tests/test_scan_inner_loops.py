@@ -24,12 +24,7 @@ h = sbp.as_scalar(h_row)
 RTOL = 1e-10
 
 
-@pytest.fixture(autouse=True)
-def x64():
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+pytestmark = pytest.mark.usefixtures("jax_x64")  # conftest.py
 
 
 def rk4(f, y0, size):
@@ -132,19 +127,9 @@ def test_shift_against_numpy_and_finite_differences(k, axis, fill, transposed):
     loss = nn.sum_all(sp.HadamardProduct(sbp.shift(A, k, axis, fill), A).applyfunc(sp.sin))
     mod = sbp.compile(sbp.Model(f"shift_{k + 9}_{axis}_{int(transposed)}", params=[M], loss=loss))
 
-    def moved(a):
-        out = np.full_like(a, float(fill))
-        length = a.shape[axis]
-        if abs(k) < length:
-            src = np.take(a, range(length - k) if k > 0 else range(-k, length), axis=axis)
-            index = [slice(None)] * 2
-            index[axis] = slice(k, length) if k > 0 else slice(0, length + k)
-            out[tuple(index)] = src
-        return out
-
     def numpy_loss(m):
         a = m.T if transposed else m
-        return np.sin(moved(a) * a).sum()
+        return np.sin(_moved_np(a, k, axis, fill) * a).sum()
 
     m = np.random.default_rng(2).uniform(-1, 1, (5, 4))
     value, grads = mod.value_and_grad(M=m)

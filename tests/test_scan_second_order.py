@@ -23,12 +23,7 @@ jnp = pytest.importorskip("jax.numpy")
 T = sp.Symbol("T", integer=True, positive=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def x64():
-    saved = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", saved)
+pytestmark = pytest.mark.usefixtures("jax_x64")  # conftest.py
 
 
 # --- a tanh RNN: output and final state in the loss ---------------------------

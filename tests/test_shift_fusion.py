@@ -29,12 +29,7 @@ h = sbp.as_scalar(h_row)
 RTOL = 1e-10
 
 
-@pytest.fixture(autouse=True)
-def x64():
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+pytestmark = pytest.mark.usefixtures("jax_x64")  # conftest.py
 
 
 def _rel(got, want):

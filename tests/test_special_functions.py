@@ -12,12 +12,11 @@ without scipy).
 from __future__ import annotations
 
 import math
-import subprocess
 
 import numpy as np
 import pytest
 import sympy as sp
-from c_driver import STRICT_FLAGS, write_runtime_header
+from c_driver import strict_compile_errors
 from oracles import central_differences, relative_error
 
 import symbackprop as sbp
@@ -372,13 +371,8 @@ def test_the_helper_is_emitted_once_and_compiles_without_warnings(dtype, tmp_pat
     assert emitted.source.count("static double symbackprop_polygamma(int n, double x)") == 1
     assert f"symbackprop_polygamma{suffix}(0, " in emitted.source and f"symbackprop_polygamma{suffix}(1, " in emitted.source
     assert "the n-th derivative of digamma" in emitted.source  # the helper says what it computes
-    source = tmp_path / f"{emitted.prefix}.c"
-    source.write_text(emitted.source)
-    (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
-    write_runtime_header(tmp_path)
-    flags = [*STRICT_FLAGS] + (["-Wdouble-promotion"] if dtype == "float32" else [])
-    result = subprocess.run(["cc", *flags, "-c", str(source), "-o", str(tmp_path / "m.o")], capture_output=True, text=True)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
+    errors = strict_compile_errors(emitted, tmp_path, dtype)
+    assert errors == "", errors
 
 
 def test_modules_without_polygamma_have_no_helper():
