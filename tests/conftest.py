@@ -1,5 +1,14 @@
 """Shared fixtures, and the suite's compiler flags.
 
+The tests sit in folders by what they exercise: ops/ (an op's or an op
+family's values and derivative rules), compiled/ (the compiled module, its
+C, build, cache and runtime), models/ (examples, models, training, the
+PyTorch/JAX/Dask bridges) and tools/ (command line, review, docs,
+packaging, lint, layering). Their helpers (helpers.py, oracles.py,
+c_driver.py, diff_models.py) and tests/golden/ stay here, importable from
+every folder (the sys.path line below). The tiers are markers (slow), not
+folders.
+
 Build flags: the suite builds its C at TEST_FLAGS (-O1, no -march=native;
 IEEE arithmetic, never -ffast-math) through $SYMBACKPROP_CFLAGS, which
 child processes inherit: GCC at -O3 -march=native was most of the suite's
