@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 
 SOURCE = "symbackprop/run/_fastcall.c"
 NAME = "symbackprop.run.symbackprop_fastcall"  # the last part is its PyInit_ name
-FLAGS = ["-O2", "-std=c11", "-pthread"]  # symbackprop.run.fastcall.FLAGS (tests/test_fastcall.py checks they agree)
+FLAGS = ["-O2", "-std=c11", "-pthread"]  # symbackprop.run.fastcall.FLAGS (tests/compiled/test_fastcall.py checks they agree)
 
 
 def source_digest(path: Path) -> str:

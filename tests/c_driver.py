@@ -40,6 +40,21 @@ def write_runtime_header(folder: Path) -> Path:
     return path
 
 
+
+def strict_compile_errors(emitted, folder: Path, dtype: str) -> str:
+    """Compile a generated module's C (an Emitted: source, header, prefix)
+    into an object file at STRICT_FLAGS (-Wdouble-promotion for float32):
+    the compiler's errors and warnings, "" when it compiles clean."""
+    folder = Path(folder)
+    source = folder / f"{emitted.prefix}.c"
+    source.write_text(emitted.source)
+    (folder / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(folder)
+    flags = [*STRICT_FLAGS] + (["-Wdouble-promotion"] if dtype == "float32" else [])
+    result = subprocess.run(["cc", *flags, "-c", str(source), "-o", str(folder / "m.o")], capture_output=True, text=True)
+    return result.stderr if result.returncode == 0 else result.stderr or f"cc exited with {result.returncode}"
+
+
 def fill_values(size: int, salt: int) -> np.ndarray:
     """The deterministic values a driver puts in an array: sin(k + salt)."""
     return np.sin(np.arange(size, dtype=np.float64) + salt) * 0.5

@@ -1,5 +1,14 @@
 """Shared fixtures, and the suite's compiler flags.
 
+The tests sit in folders by what they exercise: ops/ (an op's or an op
+family's values and derivative rules), compiled/ (the compiled module, its
+C, build, cache and runtime), models/ (examples, models, training, the
+PyTorch/JAX/Dask bridges) and tools/ (command line, review, docs,
+packaging, lint, layering). Their helpers (helpers.py, oracles.py,
+c_driver.py, diff_models.py) and tests/golden/ stay here, importable from
+every folder (the sys.path line below). The tiers are markers (slow), not
+folders.
+
 Build flags: the suite builds its C at TEST_FLAGS (-O1, no -march=native;
 IEEE arithmetic, never -ffast-math) through $SYMBACKPROP_CFLAGS, which
 child processes inherit: GCC at -O3 -march=native was most of the suite's
@@ -143,3 +152,30 @@ def module_cache(tmp_path_factory, request):
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = saved
+
+
+@pytest.fixture(scope="module")
+def mlp_example():
+    """examples/mlp.py, loaded once a test module."""
+    return load_example("mlp")
+
+
+@pytest.fixture(scope="module")
+def mlp_module(mlp_example):
+    """examples/mlp.py's model, compiled once a test module."""
+    import symbackprop as sbp
+
+    return sbp.compile(mlp_example.model)
+
+
+@pytest.fixture(scope="module")
+def jax_x64():
+    """JAX in float64 while a module's tests run (its oracles compare at
+    1e-10), as it was before. A module that imports jax asks for it with
+    `pytestmark = pytest.mark.usefixtures("jax_x64")`."""
+    import jax  # only modules that skip without jax ask for it
+
+    saved = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", saved)

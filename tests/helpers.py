@@ -1,11 +1,15 @@
-"""Shared helpers of the robustness tests: a numpy evaluator of SymPy model
+"""Shared helpers of the tests: a numpy evaluator of SymPy model
 expressions (an oracle that shares no code with symbackprop), random data
-for a model's leaves, and a gradient check against central differences."""
+for a model's leaves, a gradient check against central differences, and a
+count of the Python calls a piece of code makes. (C programs: c_driver.py;
+numpy losses of the examples: oracles.py; models for the diff tests:
+diff_models.py.)"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from functools import reduce
 from typing import Any
 
@@ -171,3 +175,19 @@ def assert_gradients_match(module, model, data: Mapping[str, Any], dims: Mapping
         scale = 1.0 + float(np.abs(numeric).max()) + 1e-3 * abs(expected_loss)
         error = float(np.abs(actual - numeric).max())
         assert error <= rtol * scale, f"d loss / d {leaf.name}: {actual} != finite differences {numeric}"
+
+
+def count_calls(build: Callable[[], Any], name: str | None = None) -> int:
+    """How many Python functions (of that name, if given) run while build() runs."""
+    count = [0]
+
+    def profile(frame, event, arg):
+        if event == "call" and (name is None or frame.f_code.co_name == name):
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        build()
+    finally:
+        sys.setprofile(None)
+    return count[0]

@@ -1,5 +1,5 @@
 """Checks of the GradBench ports at their smallest sizes (`python -m pytest
-benchmarks/gradbench`; tests/test_gradbench_ports.py runs the same tests in the
+benchmarks/gradbench`; tests/models/test_gradbench_ports.py runs the same tests in the
 default test run): symbackprop's primal and derivative against the numpy
 reference (its closed-form derivative, or finite differences where the eval has
 none), the JAX and PyTorch peers against the same, and the data generators'

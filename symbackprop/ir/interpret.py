@@ -2,7 +2,7 @@
 
 It evaluates forward graphs and the graphs that `autodiff.vjp` and
 `autodiff.jvp` build, so an op's rules can be checked in milliseconds
-against finite differences of the same interpreter (tests/test_op_rules.py,
+against finite differences of the same interpreter (tests/ops/test_op_rules.py,
 in the manner of JAX's lax_autodiff_test), and a compiled module can be
 compared with an independent evaluation of its own IR.
 

@@ -7,7 +7,7 @@ of a determinant by minors'). The count is a sum over the terms the walk
 visits of what each adds, and what a term adds and which terms it visits
 next depend on that term alone; so here the same walk is made over the
 DAG, with the count of each distinct term kept. The rules are sp.count_ops'
-own (SymPy 1.12 to 1.14), term for term; tests/test_opcount.py checks the
+own (SymPy 1.12 to 1.14), term for term; tests/compiled/test_opcount.py checks the
 two agree.
 """
 
