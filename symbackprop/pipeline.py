@@ -34,12 +34,12 @@ from symbackprop.emit.cfunction import emit_function, emit_wrapper
 from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, render
 from symbackprop.emit.cunits import split_units
-from symbackprop.emit.sizes import shared_size_checks
 from symbackprop.emit.derivation import plan_derivation, render_derivation
 from symbackprop.emit.emitted import Emitted
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
 from symbackprop.emit.maps import share_maps
 from symbackprop.emit.products import share_products
+from symbackprop.emit.sizes import shared_size_checks
 from symbackprop.emit.stepcall import calling_step
 from symbackprop.errors import ModelError
 from symbackprop.gcpause import gc_paused
