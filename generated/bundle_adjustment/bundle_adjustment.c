@@ -873,7 +873,14 @@ int bundle_adjustment_forward_n_out(void)
 
 const char *bundle_adjustment_forward_name_in(int64_t i)
 {
-    static const char *const names[] = {"feats", "cam", "pt", "cams", "pts", "weights"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "feats",
+        "cam",
+        "pt",
+        "cams",
+        "pts",
+        "weights",
+    };
     return i >= 0 && i < 6 ? names[i] : NULL;
 }
 
@@ -986,7 +993,14 @@ int bundle_adjustment_value_and_grad_n_out(void)
 
 const char *bundle_adjustment_value_and_grad_name_in(int64_t i)
 {
-    static const char *const names[] = {"feats", "cam", "pt", "cams", "pts", "weights"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "feats",
+        "cam",
+        "pt",
+        "cams",
+        "pts",
+        "weights",
+    };
     return i >= 0 && i < 6 ? names[i] : NULL;
 }
 

@@ -1568,7 +1568,18 @@ int cnn_digits_forward_n_out(void)
 
 const char *cnn_digits_forward_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "T", "K1", "c1", "K2", "c2", "W1", "b1", "W2", "b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "T",
+        "K1",
+        "c1",
+        "K2",
+        "c2",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+    };
     return i >= 0 && i < 10 ? names[i] : NULL;
 }
 
@@ -1681,13 +1692,34 @@ int cnn_digits_value_and_grad_n_out(void)
 
 const char *cnn_digits_value_and_grad_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "T", "K1", "c1", "K2", "c2", "W1", "b1", "W2", "b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "T",
+        "K1",
+        "c1",
+        "K2",
+        "c2",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+    };
     return i >= 0 && i < 10 ? names[i] : NULL;
 }
 
 const char *cnn_digits_value_and_grad_name_out(int64_t i)
 {
-    static const char *const names[] = {"loss", "grad_K1", "grad_c1", "grad_K2", "grad_c2", "grad_W1", "grad_b1", "grad_W2", "grad_b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "loss",
+        "grad_K1",
+        "grad_c1",
+        "grad_K2",
+        "grad_c2",
+        "grad_W1",
+        "grad_b1",
+        "grad_W2",
+        "grad_b2",
+    };
     return i >= 0 && i < 9 ? names[i] : NULL;
 }
 
@@ -1803,7 +1835,40 @@ int cnn_digits_train_step_n_out(void)
 
 const char *cnn_digits_train_step_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "T", "K1", "c1", "K2", "c2", "W1", "b1", "W2", "b2", "lr", "beta1", "beta2", "eps", "weight_decay", "step", "m_K1", "v_K1", "m_c1", "v_c1", "m_K2", "v_K2", "m_c2", "v_c2", "m_W1", "v_W1", "m_b1", "v_b1", "m_W2", "v_W2", "m_b2", "v_b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "T",
+        "K1",
+        "c1",
+        "K2",
+        "c2",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+        "lr",
+        "beta1",
+        "beta2",
+        "eps",
+        "weight_decay",
+        "step",
+        "m_K1",
+        "v_K1",
+        "m_c1",
+        "v_c1",
+        "m_K2",
+        "v_K2",
+        "m_c2",
+        "v_c2",
+        "m_W1",
+        "v_W1",
+        "m_b1",
+        "v_b1",
+        "m_W2",
+        "v_W2",
+        "m_b2",
+        "v_b2",
+    };
     return i >= 0 && i < 32 ? names[i] : NULL;
 }
 
@@ -1946,7 +2011,41 @@ int cnn_digits_train_epoch_n_out(void)
 
 const char *cnn_digits_train_epoch_name_in(int64_t i)
 {
-    static const char *const names[] = {"order", "X", "T", "K1", "c1", "K2", "c2", "W1", "b1", "W2", "b2", "lr", "beta1", "beta2", "eps", "weight_decay", "step", "m_K1", "v_K1", "m_c1", "v_c1", "m_K2", "v_K2", "m_c2", "v_c2", "m_W1", "v_W1", "m_b1", "v_b1", "m_W2", "v_W2", "m_b2", "v_b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "order",
+        "X",
+        "T",
+        "K1",
+        "c1",
+        "K2",
+        "c2",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+        "lr",
+        "beta1",
+        "beta2",
+        "eps",
+        "weight_decay",
+        "step",
+        "m_K1",
+        "v_K1",
+        "m_c1",
+        "v_c1",
+        "m_K2",
+        "v_K2",
+        "m_c2",
+        "v_c2",
+        "m_W1",
+        "v_W1",
+        "m_b1",
+        "v_b1",
+        "m_W2",
+        "v_W2",
+        "m_b2",
+        "v_b2",
+    };
     return i >= 0 && i < 33 ? names[i] : NULL;
 }
 

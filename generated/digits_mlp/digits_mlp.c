@@ -646,7 +646,14 @@ int digits_mlp_forward_n_out(void)
 
 const char *digits_mlp_forward_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "T", "W1", "b1", "W2", "b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "T",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+    };
     return i >= 0 && i < 6 ? names[i] : NULL;
 }
 
@@ -752,13 +759,26 @@ int digits_mlp_value_and_grad_n_out(void)
 
 const char *digits_mlp_value_and_grad_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "T", "W1", "b1", "W2", "b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "T",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+    };
     return i >= 0 && i < 6 ? names[i] : NULL;
 }
 
 const char *digits_mlp_value_and_grad_name_out(int64_t i)
 {
-    static const char *const names[] = {"loss", "grad_W1", "grad_b1", "grad_W2", "grad_b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "loss",
+        "grad_W1",
+        "grad_b1",
+        "grad_W2",
+        "grad_b2",
+    };
     return i >= 0 && i < 5 ? names[i] : NULL;
 }
 
@@ -862,7 +882,28 @@ int digits_mlp_train_step_n_out(void)
 
 const char *digits_mlp_train_step_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "T", "W1", "b1", "W2", "b2", "lr", "beta1", "beta2", "eps", "weight_decay", "step", "m_W1", "v_W1", "m_b1", "v_b1", "m_W2", "v_W2", "m_b2", "v_b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "T",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+        "lr",
+        "beta1",
+        "beta2",
+        "eps",
+        "weight_decay",
+        "step",
+        "m_W1",
+        "v_W1",
+        "m_b1",
+        "v_b1",
+        "m_W2",
+        "v_W2",
+        "m_b2",
+        "v_b2",
+    };
     return i >= 0 && i < 20 ? names[i] : NULL;
 }
 
@@ -988,7 +1029,29 @@ int digits_mlp_train_epoch_n_out(void)
 
 const char *digits_mlp_train_epoch_name_in(int64_t i)
 {
-    static const char *const names[] = {"order", "X", "T", "W1", "b1", "W2", "b2", "lr", "beta1", "beta2", "eps", "weight_decay", "step", "m_W1", "v_W1", "m_b1", "v_b1", "m_W2", "v_W2", "m_b2", "v_b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "order",
+        "X",
+        "T",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+        "lr",
+        "beta1",
+        "beta2",
+        "eps",
+        "weight_decay",
+        "step",
+        "m_W1",
+        "v_W1",
+        "m_b1",
+        "v_b1",
+        "m_W2",
+        "v_W2",
+        "m_b2",
+        "v_b2",
+    };
     return i >= 0 && i < 21 ? names[i] : NULL;
 }
 

@@ -465,7 +465,13 @@ int gmm_forward_n_out(void)
 
 const char *gmm_forward_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "alpha", "means", "qd", "ql"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "alpha",
+        "means",
+        "qd",
+        "ql",
+    };
     return i >= 0 && i < 5 ? names[i] : NULL;
 }
 
@@ -570,13 +576,25 @@ int gmm_value_and_grad_n_out(void)
 
 const char *gmm_value_and_grad_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "alpha", "means", "qd", "ql"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "alpha",
+        "means",
+        "qd",
+        "ql",
+    };
     return i >= 0 && i < 5 ? names[i] : NULL;
 }
 
 const char *gmm_value_and_grad_name_out(int64_t i)
 {
-    static const char *const names[] = {"loss", "grad_alpha", "grad_means", "grad_qd", "grad_ql"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "loss",
+        "grad_alpha",
+        "grad_means",
+        "grad_qd",
+        "grad_ql",
+    };
     return i >= 0 && i < 5 ? names[i] : NULL;
 }
 

@@ -2434,7 +2434,31 @@ int lstm_sequence_forward_n_out(void)
 
 const char *lstm_sequence_forward_name_in(int64_t i)
 {
-    static const char *const names[] = {"x1_", "x2_", "x3_", "x4_", "x5_", "x6_", "x7_", "x8_", "y", "W_i", "W_f", "W_g", "W_o", "U_i", "U_f", "U_g", "U_o", "b_i", "b_f", "b_g", "b_o", "V", "c0"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "x1_",
+        "x2_",
+        "x3_",
+        "x4_",
+        "x5_",
+        "x6_",
+        "x7_",
+        "x8_",
+        "y",
+        "W_i",
+        "W_f",
+        "W_g",
+        "W_o",
+        "U_i",
+        "U_f",
+        "U_g",
+        "U_o",
+        "b_i",
+        "b_f",
+        "b_g",
+        "b_o",
+        "V",
+        "c0",
+    };
     return i >= 0 && i < 23 ? names[i] : NULL;
 }
 
@@ -2566,13 +2590,53 @@ int lstm_sequence_value_and_grad_n_out(void)
 
 const char *lstm_sequence_value_and_grad_name_in(int64_t i)
 {
-    static const char *const names[] = {"x1_", "x2_", "x3_", "x4_", "x5_", "x6_", "x7_", "x8_", "y", "W_i", "W_f", "W_g", "W_o", "U_i", "U_f", "U_g", "U_o", "b_i", "b_f", "b_g", "b_o", "V", "c0"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "x1_",
+        "x2_",
+        "x3_",
+        "x4_",
+        "x5_",
+        "x6_",
+        "x7_",
+        "x8_",
+        "y",
+        "W_i",
+        "W_f",
+        "W_g",
+        "W_o",
+        "U_i",
+        "U_f",
+        "U_g",
+        "U_o",
+        "b_i",
+        "b_f",
+        "b_g",
+        "b_o",
+        "V",
+        "c0",
+    };
     return i >= 0 && i < 23 ? names[i] : NULL;
 }
 
 const char *lstm_sequence_value_and_grad_name_out(int64_t i)
 {
-    static const char *const names[] = {"loss", "grad_W_i", "grad_W_f", "grad_W_g", "grad_W_o", "grad_U_i", "grad_U_f", "grad_U_g", "grad_U_o", "grad_b_i", "grad_b_f", "grad_b_g", "grad_b_o", "grad_V", "grad_c0"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "loss",
+        "grad_W_i",
+        "grad_W_f",
+        "grad_W_g",
+        "grad_W_o",
+        "grad_U_i",
+        "grad_U_f",
+        "grad_U_g",
+        "grad_U_o",
+        "grad_b_i",
+        "grad_b_f",
+        "grad_b_g",
+        "grad_b_o",
+        "grad_V",
+        "grad_c0",
+    };
     return i >= 0 && i < 15 ? names[i] : NULL;
 }
 

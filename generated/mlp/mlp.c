@@ -248,7 +248,14 @@ int mlp_forward_n_out(void)
 
 const char *mlp_forward_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "T", "W1", "b1", "W2", "b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "T",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+    };
     return i >= 0 && i < 6 ? names[i] : NULL;
 }
 
@@ -353,13 +360,26 @@ int mlp_value_and_grad_n_out(void)
 
 const char *mlp_value_and_grad_name_in(int64_t i)
 {
-    static const char *const names[] = {"X", "T", "W1", "b1", "W2", "b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "X",
+        "T",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+    };
     return i >= 0 && i < 6 ? names[i] : NULL;
 }
 
 const char *mlp_value_and_grad_name_out(int64_t i)
 {
-    static const char *const names[] = {"loss", "grad_W1", "grad_b1", "grad_W2", "grad_b2"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "loss",
+        "grad_W1",
+        "grad_b1",
+        "grad_W2",
+        "grad_b2",
+    };
     return i >= 0 && i < 5 ? names[i] : NULL;
 }
 

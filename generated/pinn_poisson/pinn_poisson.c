@@ -1040,7 +1040,16 @@ int pinn_poisson_forward_n_out(void)
 
 const char *pinn_poisson_forward_name_in(int64_t i)
 {
-    static const char *const names[] = {"x", "xb", "W1", "b1", "W2", "b2", "W3", "b3"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "x",
+        "xb",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+        "W3",
+        "b3",
+    };
     return i >= 0 && i < 8 ? names[i] : NULL;
 }
 
@@ -1150,13 +1159,30 @@ int pinn_poisson_value_and_grad_n_out(void)
 
 const char *pinn_poisson_value_and_grad_name_in(int64_t i)
 {
-    static const char *const names[] = {"x", "xb", "W1", "b1", "W2", "b2", "W3", "b3"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "x",
+        "xb",
+        "W1",
+        "b1",
+        "W2",
+        "b2",
+        "W3",
+        "b3",
+    };
     return i >= 0 && i < 8 ? names[i] : NULL;
 }
 
 const char *pinn_poisson_value_and_grad_name_out(int64_t i)
 {
-    static const char *const names[] = {"loss", "grad_W1", "grad_b1", "grad_W2", "grad_b2", "grad_W3", "grad_b3"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "loss",
+        "grad_W1",
+        "grad_b1",
+        "grad_W2",
+        "grad_b2",
+        "grad_W3",
+        "grad_b3",
+    };
     return i >= 0 && i < 7 ? names[i] : NULL;
 }
 

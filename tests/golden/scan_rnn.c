@@ -1013,7 +1013,16 @@ int scan_rnn_forward_n_out(void)
 
 const char *scan_rnn_forward_name_in(int64_t i)
 {
-    static const char *const names[] = {"XT_", "Z", "W", "Ux", "b", "V", "h0", "M"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "XT_",
+        "Z",
+        "W",
+        "Ux",
+        "b",
+        "V",
+        "h0",
+        "M",
+    };
     return i >= 0 && i < 8 ? names[i] : NULL;
 }
 
@@ -1120,13 +1129,30 @@ int scan_rnn_value_and_grad_n_out(void)
 
 const char *scan_rnn_value_and_grad_name_in(int64_t i)
 {
-    static const char *const names[] = {"XT_", "Z", "W", "Ux", "b", "V", "h0", "M"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "XT_",
+        "Z",
+        "W",
+        "Ux",
+        "b",
+        "V",
+        "h0",
+        "M",
+    };
     return i >= 0 && i < 8 ? names[i] : NULL;
 }
 
 const char *scan_rnn_value_and_grad_name_out(int64_t i)
 {
-    static const char *const names[] = {"loss", "grad_W", "grad_Ux", "grad_b", "grad_V", "grad_h0", "grad_M"};
+    static const char *const names[] = { /* one a line: a new one is one line of a diff */
+        "loss",
+        "grad_W",
+        "grad_Ux",
+        "grad_b",
+        "grad_V",
+        "grad_h0",
+        "grad_M",
+    };
     return i >= 0 && i < 7 ? names[i] : NULL;
 }
 
