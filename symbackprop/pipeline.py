@@ -26,11 +26,12 @@ from dataclasses import replace
 import sympy as sp
 
 from symbackprop._version import __version__
+from symbackprop.base.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
+from symbackprop.base.functions import HELPER_C_NAMES
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.deep import run_deep
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.diff.hessian import hessian_vector
-from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, emit_function, emit_wrapper, render
 from symbackprop.emit.cunits import split_units
 from symbackprop.emit.derivation import plan_derivation, render_derivation
@@ -45,7 +46,6 @@ from symbackprop.ir.construct import const, leaf
 from symbackprop.ir.lower import Lowered, lower
 from symbackprop.ir.node import SCALAR, Node, topological_order
 from symbackprop.log import op_counts, stage
-from symbackprop.ops.functions import HELPER_C_NAMES
 from symbackprop.plan import DEFAULT_FUNCTIONS, FunctionPlan, Plan
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.scheduler import FunctionSchedule, schedule
@@ -329,7 +329,7 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
     lowered = the_plan.lowered
     prefix = sanitize(model.name).lower()
     real = replace(REAL_TYPES[dtype], c=real_macro(prefix))  # its text names the type by a macro
-    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, functions)  # helpers (ops.functions), ABI
+    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, functions)  # helpers (base.functions), ABI
     namer = CNamer(reserved | (reserved_names(prefix) if "train_step" in functions else frozenset()))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]

@@ -12,10 +12,10 @@ from pathlib import Path
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.build.key import executable_stamp
 from symbackprop.declare.nn import relu, sum_all
 from symbackprop.run import fastcall
 from symbackprop.run.runtime import model_fingerprint
+from symbackprop.toolchain.key import executable_stamp
 
 x, a = sp.symbols("x a", real=True)
 

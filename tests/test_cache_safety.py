@@ -26,12 +26,12 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-import symbackprop.build.builder as build_module
-import symbackprop.build.key as cache_key_module
-from symbackprop.build.builder import EXT_SUFFIX, BuildOptions, cache_entry, cache_key, read_memo, write_memo
-from symbackprop.build.key import digest
+import symbackprop.toolchain.builder as build_module
+import symbackprop.toolchain.key as cache_key_module
 from symbackprop.pipeline import generate
 from symbackprop.run.runtime import DEFAULT_FUNCTIONS, model_fingerprint
+from symbackprop.toolchain.builder import EXT_SUFFIX, BuildOptions, cache_entry, cache_key, read_memo, write_memo
+from symbackprop.toolchain.key import digest
 
 ROOT = Path(__file__).resolve().parent.parent
 AS_ROOT = hasattr(os, "getuid") and os.getuid() == 0
@@ -597,7 +597,7 @@ def test_a_whole_entry_whose_library_cannot_load_here_is_a_build_error(tmp_path)
     subprocess.run([cc, "-shared", "-fPIC", str(libdir / "extra.c"), "-o", str(libdir / "libsbpextra.so")], check=True)
     flags = ("-O1", f"-L{libdir}", "-Wl,--no-as-needed", "-lsbpextra", f"-Wl,-rpath,{libdir}")
     code = f"""
-        from symbackprop.build.builder import BuildOptions
+        from symbackprop.toolchain.builder import BuildOptions
         try:
             sbp.compile(model(96), options=BuildOptions(flags={flags!r}))
             print("loaded")

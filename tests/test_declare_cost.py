@@ -12,8 +12,8 @@ from conftest import load_example
 
 import symbackprop as sbp
 from symbackprop import nn
+from symbackprop.base.exprdag import substitute
 from symbackprop.declare.standing import Standing
-from symbackprop.ir.exprdag import substitute
 
 
 def _doit_calls(build) -> int:

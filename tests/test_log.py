@@ -9,11 +9,11 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-import symbackprop.build.builder as build_module
 import symbackprop.log as log
-from symbackprop.build.builder import BuildOptions
+import symbackprop.toolchain.builder as build_module
 from symbackprop.cli import main
 from symbackprop.declare import nn
+from symbackprop.toolchain.builder import BuildOptions
 
 
 def small_model():

@@ -306,7 +306,7 @@ def test_compiled_module_agrees_with_the_interpreter(name):
 
 
 def test_stable_functions_through_the_interpreter():
-    """sigmoid and softplus (symbackprop.declare.stable) evaluate and differentiate
+    """sigmoid and softplus (symbackprop.base.stable) evaluate and differentiate
     without C, at ordinary points and where exp would overflow."""
     model = _model("m_stable", _sum((X * W).applyfunc(lambda t: nn.sigmoid(t) + nn.softplus(-t))))
     lowered = lower(model)

@@ -21,9 +21,9 @@ import sympy as sp
 from c_driver import STRICT_FLAGS, unwrapped, write_runtime_header
 
 import symbackprop as sbp
-from symbackprop.build import builder
-from symbackprop.build.builder import DEFAULT_FLAGS, SIMD_FLAGS, BuildOptions
 from symbackprop.ops.emap import WIDE_SUMS_NARROW
+from symbackprop.toolchain import builder
+from symbackprop.toolchain.builder import DEFAULT_FLAGS, SIMD_FLAGS, BuildOptions
 
 M = 64  # coefficients: a body far over LANES_MAX_OPS
 FUNCTIONS = ("forward", "value_and_grad")

@@ -1,6 +1,6 @@
 """Layer, activation and loss helpers. Each returns an ordinary SymPy
 expression: whatever a helper builds, a user could have written by hand
-(sigmoid and softplus are the functions of symbackprop.declare.stable, which is
+(sigmoid and softplus are the functions of symbackprop.base.stable, which is
 also what 1/(1 + exp(-z)) and log(1 + exp(z)) written by hand compile to).
 
 Matrices are row-major batches: X is (batch, features), W is (in, out).
@@ -15,7 +15,7 @@ import sympy as sp
 from sympy.codegen.cfunctions import expm1
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
-from symbackprop.declare import stable
+from symbackprop.base import stable
 from symbackprop.declare.attention import (  # noqa: F401  (attention and transformer layers)
     Sequences,
     add_positions,

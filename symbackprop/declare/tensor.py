@@ -26,11 +26,11 @@ from typing import Any
 import sympy as sp
 from sympy.core.symbol import Str
 
+from symbackprop.base.registry import reductions
+from symbackprop.base.scalar import partials
 from symbackprop.declare.standing import Standing
-from symbackprop.diff.scalar import partials
 from symbackprop.errors import ModelError
 from symbackprop.messages import short
-from symbackprop.ops.registry import reductions
 
 
 class Index(sp.MatrixSymbol):

@@ -20,18 +20,18 @@ import sympy as sp
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
+from symbackprop.base.abi import ARG_KINDS, SIZE_DOES_NOT_FIT, STATUS_TEXT
+from symbackprop.base.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanitize
+from symbackprop.base.cprint import IEEEPrinter
+from symbackprop.base.functions import CHelper, helpers_called
+from symbackprop.base.registry import helpers, record
 from symbackprop.emit import sizes
-from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanitize
 from symbackprop.emit.cparts import Prelude, part_ranges, prelude
-from symbackprop.emit.cprint import IEEEPrinter
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
 from symbackprop.emit.emitted import FLOAT32, FLOAT64, REAL_TYPES, RealType
 from symbackprop.emit.templatecache import TEMPLATES, environment, template_bytecode_cache
 from symbackprop.emit.wrap import wrap_c_code, wrap_c_comments
 from symbackprop.errors import ModelError
-from symbackprop.ops.functions import CHelper, helpers_called
-from symbackprop.ops.registry import helpers, record
-from symbackprop.run.abi import ARG_KINDS, SIZE_DOES_NOT_FIT, STATUS_TEXT
 from symbackprop.schedule.cse import MAX_PRODUCT_POWER
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes, loop_index
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
@@ -337,7 +337,7 @@ class CModule:
 
     @property
     def function_helpers(self) -> tuple[CHelper, ...]:
-        """The scalar-function helpers its kernels call (ops.functions)."""
+        """The scalar-function helpers its kernels call (base.functions)."""
         return helpers_called(_texts([k.fields for k in self.all_kernels()]))
 
 
@@ -554,7 +554,7 @@ class RuntimeType:
     gemm: str
     trmm: str
     vector_math: tuple[str, ...]
-    helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (ops.registry.helpers): all of them
+    helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (base.registry.helpers): all of them
     blas_min: int = BLAS_MIN_MULTIPLY_ADDS
     parallel_product_min: int = PARALLEL_MIN_PRODUCT
     parallel_sum_min: int = PARALLEL_MIN_WORK

@@ -24,7 +24,7 @@ of B*D entries and the outputs back as (T*B) x O through a "reshape" view
 The pipeline, one module per stage, hooked into the stages through their
 public hooks, registered by `register` alone (which the op registry
 imports on its first look-up, like the built-in families) (one record per op in
-symbackprop.ops.registry: scan, scan_part, scan_vjp, scan_seed,
+symbackprop.base.registry: scan, scan_part, scan_vjp, scan_seed,
 scan_add_product):
 
 - lowering (lower.py; the record's `lowering`): a "scan" node whose args are the initial

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import OpRecord, plain_grad_fn, register
 from symbackprop.declare import attention as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, min_rows_for_threads, worth_threads
 from symbackprop.ir.construct import map_
 from symbackprop.ir.node import Node, op_node, placeholder
 from symbackprop.ops.conv import Operand, _bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.kernel import Equation, latex_name
 
 A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))

@@ -34,12 +34,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import OpRecord, plain_grad_fn, register
 from symbackprop.declare import conv as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.kernel import Equation, latex_name
 
 A0, A1 = placeholder(0), placeholder(1)

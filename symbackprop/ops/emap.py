@@ -16,18 +16,18 @@ import numpy as np
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symbackprop.declare.stable import stabilize
+from symbackprop.base.exprdag import shallow_program, substitute
+from symbackprop.base.registry import OpRecord, plain_grad_fn, register
+from symbackprop.base.scalar import backward, forward
+from symbackprop.base.stable import stabilize
 from symbackprop.declare.tensor import ExampleMap, Gather, Index
-from symbackprop.diff.scalar import backward, forward
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import accumulates, binding_width, element, emap, let_symbol, row_placeholder
-from symbackprop.ir.exprdag import shallow_program, substitute
 from symbackprop.ir.interpret import Context, apply_body
 from symbackprop.ir.lower import as_dim, scalar_atoms
 from symbackprop.ir.node import SCALAR, Node, Shape
 from symbackprop.messages import short
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.cse import cse_program, inline
 from symbackprop.schedule.kernel import (
     LOOP_I,

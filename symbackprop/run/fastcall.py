@@ -31,7 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from symbackprop.build.builder import (
+from symbackprop.base.trust import entry_problem
+from symbackprop.errors import BuildError
+from symbackprop.log import event
+from symbackprop.toolchain.builder import (
     EXT_SUFFIX,
     BuildOptions,
     _load,
@@ -43,10 +46,7 @@ from symbackprop.build.builder import (
     link_options,
     toolchain,
 )
-from symbackprop.build.key import digest
-from symbackprop.build.trust import entry_problem
-from symbackprop.errors import BuildError
-from symbackprop.log import event
+from symbackprop.toolchain.key import digest
 
 SOURCE = Path(__file__).with_name("_fastcall.c")
 NAME = "symbackprop_fastcall"

@@ -56,8 +56,12 @@ from types import ModuleType
 from typing import Any
 
 from symbackprop._version import __version__
-from symbackprop.build import trust as cache_trust
-from symbackprop.build.blas import (
+from symbackprop.base import trust as cache_trust
+from symbackprop.base.cachedir import CACHE_ENV, cache_folder
+from symbackprop.base.trust import ABSENT, entry_problem, secure_root, warn
+from symbackprop.errors import BuildError
+from symbackprop.log import event, stage
+from symbackprop.toolchain.blas import (
     INSTALL,
     STUB_FOLDER,
     Blas,
@@ -65,12 +69,8 @@ from symbackprop.build.blas import (
     prepare_blas,
     set_blas_threads,  # noqa: F401  (re-exported: older scripts import it here)
 )
-from symbackprop.build.cachedir import CACHE_ENV, cache_folder
-from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
-from symbackprop.build.threads import blas_beside_openmp
-from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
-from symbackprop.errors import BuildError
-from symbackprop.log import event, stage
+from symbackprop.toolchain.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
+from symbackprop.toolchain.threads import blas_beside_openmp
 
 # Speed without changing results beyond rounding: no -ffast-math. -O3 and
 # the host's vector units; contraction to FMA is allowed. On x86-64, loops
@@ -109,7 +109,7 @@ class BuildOptions:
             DEFAULT_FLAGS).
         cache_dir: where built modules are kept (None: $SYMBACKPROP_CACHE_DIR,
             else the user cache folder).
-        blas: large matrix products call a BLAS (build.blas: MKL when the
+        blas: large matrix products call a BLAS (toolchain.blas: MKL when the
             `mkl` wheel is installed, else OpenBLAS from scipy-openblas32;
             None: use one if there is one; True: require one, a BuildError
             where none is; False: plain C loops only).
@@ -170,7 +170,7 @@ def _simd_flags(command: tuple[str, ...]) -> tuple[str, ...]:
 
 def cache_root(options: BuildOptions | None = None) -> Path:
     """Where compiled modules are kept: BuildOptions.cache_dir, else
-    $SYMBACKPROP_CACHE_DIR, else the user cache folder (build.cachedir)."""
+    $SYMBACKPROP_CACHE_DIR, else the user cache folder (base.cachedir)."""
     return cache_folder(options.cache_dir if options is not None else None)
 
 

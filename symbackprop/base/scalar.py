@@ -25,7 +25,7 @@ from sympy.core.exprtools import _keep_coeff
 from sympy.core.function import ArgumentIndexError
 from sympy.functions.elementary.piecewise import ExprCondPair
 
-from symbackprop.ir.exprdag import _args, post_order
+from symbackprop.base.exprdag import _args, post_order
 
 Let = Callable[[sp.Expr], sp.Expr]
 
