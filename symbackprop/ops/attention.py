@@ -41,7 +41,7 @@ from symbackprop.declare import attention as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, min_rows_for_threads, worth_threads
 from symbackprop.ir.construct import map_
 from symbackprop.ir.node import Node, op_node, placeholder
-from symbackprop.ops.conv import Operand, _bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
+from symbackprop.ops.conv import Operand, bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
 from symbackprop.schedule.kernel import Equation, latex_name
 
 A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))
@@ -286,10 +286,10 @@ def _op(name: str, vjp, jvp, evaluate, grad_fn: str, lowers: type | None = None)
                       template="kernel_attention.c.j2", grad_fn=plain_grad_fn(grad_fn), **more))  # type: ignore[arg-type]
 
 
-_op("attention_scores", _scores_vjp, _bilinear_jvp(attention_scores), _eval_scores, "AttentionScores",
+_op("attention_scores", _scores_vjp, bilinear_jvp(attention_scores), _eval_scores, "AttentionScores",
     declared.AttentionScores)
-_op("attention_mix", _mix_vjp, _bilinear_jvp(attention_mix), _eval_mix, "AttentionMix", declared.AttentionMix)
-_op("attention_mix_t", _mix_t_vjp, _bilinear_jvp(attention_mix_t), _eval_mix_t, "AttentionMixT")
+_op("attention_mix", _mix_vjp, bilinear_jvp(attention_mix), _eval_mix, "AttentionMix", declared.AttentionMix)
+_op("attention_mix_t", _mix_t_vjp, bilinear_jvp(attention_mix_t), _eval_mix_t, "AttentionMixT")
 _op("causal_softmax", _softmax_vjp, _softmax_jvp, _eval_softmax, "CausalSoftmax", declared.CausalSoftmax)
 _op("softmax_vjp", _softmax_vjp_vjp, _softmax_vjp_jvp, _eval_softmax_vjp, "SoftmaxVjp")
 

@@ -170,7 +170,7 @@ def _weight_grad_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node 
             conv2d_input_grad(y, g, geometry) if needed[1] else None)
 
 
-def _bilinear_jvp(build: Callable[[Node, Node, tuple], Node]) -> Callable:
+def bilinear_jvp(build: Callable[[Node, Node, tuple], Node]) -> Callable:
     def jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
         a, b = node.args
         ta, tb = tangents
@@ -519,9 +519,9 @@ def _op(name: str, vjp, jvp, evaluate, grad_fn: str, lowers: type | None = None)
                       template="kernel_conv.c.j2", grad_fn=plain_grad_fn(grad_fn), **more))  # type: ignore[arg-type]
 
 
-_op("conv2d", _conv_vjp, _bilinear_jvp(conv2d), _eval_conv, "Conv2d", declared.Conv2d)
-_op("conv2d_input_grad", _input_grad_vjp, _bilinear_jvp(conv2d_input_grad), _eval_input_grad, "Conv2dInputGrad")
-_op("conv2d_weight_grad", _weight_grad_vjp, _bilinear_jvp(conv2d_weight_grad), _eval_weight_grad, "Conv2dWeightGrad")
+_op("conv2d", _conv_vjp, bilinear_jvp(conv2d), _eval_conv, "Conv2d", declared.Conv2d)
+_op("conv2d_input_grad", _input_grad_vjp, bilinear_jvp(conv2d_input_grad), _eval_input_grad, "Conv2dInputGrad")
+_op("conv2d_weight_grad", _weight_grad_vjp, bilinear_jvp(conv2d_weight_grad), _eval_weight_grad, "Conv2dWeightGrad")
 _op("max_pool2d", _max_vjp, _max_jvp, _eval_max, "MaxPool2d", declared.MaxPool2d)
 _op("max_unpool2d", _unpool_vjp, _unpool_jvp, _eval_unpool, "MaxUnpool2d")
 _op("avg_pool2d", *_linear(avg_pool2d, avg_unpool2d), _eval_avg, "AvgPool2d", declared.AvgPool2d)

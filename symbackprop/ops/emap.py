@@ -990,7 +990,7 @@ def _copy_fields(em: FunctionEmitter, copy: ColumnCopy) -> dict:
 # --- lowering from SymPy ---------------------------------------------------------
 
 
-def _index_leaf(lowerer, index: Index) -> Node:
+def index_leaf(lowerer, index: Index) -> Node:
     node = lowerer.leaves.get(index)
     if node is None or node.attrs[1] != "index":
         raise ModelError(f"the Index {index} is not declared as an input")
@@ -1000,7 +1000,7 @@ def _index_leaf(lowerer, index: Index) -> Node:
 def _gather(lowerer, expr: Gather) -> Node:
     """A gather alone is a map that copies the chosen rows."""
     array = lowerer.lower(expr.array)
-    index = _index_leaf(lowerer, expr.index)
+    index = index_leaf(lowerer, expr.index)
     width = int(array.shape[1])
     bodies = [row_placeholder(1, col) for col in range(width)]
     rows = index.shape[0]
@@ -1022,7 +1022,7 @@ def _example_map(lowerer, expr: ExampleMap) -> Node:
 
     for symbols, source in expr.bindings:
         if isinstance(source, Gather):
-            index = add(_index_leaf(lowerer, source.index), ("index",))
+            index = add(index_leaf(lowerer, source.index), ("index",))
             loop = loops.index(as_dim(source.index.shape[0], source))
             position = add(lowerer.lower(source.array), ("gather", index, loop))
         else:

@@ -37,13 +37,13 @@ from symbackprop.log import event
 from symbackprop.toolchain.builder import (
     EXT_SUFFIX,
     BuildOptions,
-    _load,
-    _run_logged,
     build_once,
     cache_root,
     compiler_command,
     entry_ok,
     link_options,
+    load_checked,
+    run_logged,
     toolchain,
 )
 from symbackprop.toolchain.key import digest
@@ -75,10 +75,10 @@ def extension() -> ModuleType | None:
     try:
         source, final, built = _entry()
         try:
-            return _load(final, NAME)  # checks the entry, then loads it
+            return load_checked(final, NAME)  # checks the entry, then loads it
         except BuildError:
             _build(source, final, built)  # (a damaged entry: with a warning)
-            return _load(final, NAME)
+            return load_checked(final, NAME)
     except (OSError, BuildError, ImportError) as exc:
         event("no C hot path for calls (%s): calls take the Python path", exc)
         return None
@@ -150,7 +150,7 @@ def build_beside() -> threading.Thread | None:
 
 def _compile(source: str, staging: Path, final: Path) -> None:
     (staging / SOURCE.name).write_text(source)
-    _run_logged([[_command(staging)]], staging / "build.log", final.parent, "the call hot path")
+    run_logged([[_command(staging)]], staging / "build.log", final.parent, "the call hot path")
 
 
 def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,

@@ -435,7 +435,7 @@ def load_entry(final: Path, prefix: str) -> ModuleType:
     Raises:
         BuildError: the entry fails its check or does not load.
     """
-    return _load(final, module_name(prefix, final.name))
+    return load_checked(final, module_name(prefix, final.name))
 
 
 def build_once(final: Path, complete: Callable[[Path], bool], fill: Callable[[Path], None]) -> None:
@@ -551,7 +551,7 @@ def _compile_into(
             kept = linked[0]
             return [link if kept == libraries else build_commands(name, prefix, flags, staging, kept, units)[1]]
 
-        _run_logged([objects, stub_step, link_step], staging / "build.log", final.parent, prefix,
+        run_logged([objects, stub_step, link_step], staging / "build.log", final.parent, prefix,
                     started=[(model, write_glue), ([glue], meanwhile)])
         for command in objects:
             Path(command[-1]).unlink()  # in the library now
@@ -573,7 +573,7 @@ def _link_stub(folder: Path, blas: Blas) -> list[list[str]]:
 PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often
 
 
-def _run_logged(steps: list[list[list[str]] | Callable[[], list[list[str]]]], log: Path, keep_in: Path,
+def run_logged(steps: list[list[list[str]] | Callable[[], list[list[str]]]], log: Path, keep_in: Path,
                 subject: str = "", started: list[tuple[list[list[str]], Callable[[], None]]] | None = None) -> None:
     """Run the compiler: step after step, the commands of a step at once,
     their output in `log`, logging "still compiling <subject>: <s> s
@@ -660,7 +660,7 @@ def _one_blas_pool(library: Path) -> None:
             blas_beside_openmp()
 
 
-def _load(folder: Path, name: str) -> ModuleType:
+def load_checked(folder: Path, name: str) -> ModuleType:
     """The module `name` of the cache entry `folder`, loaded only once the
     entry is checked (BuildError where it fails the check)."""
     if name in sys.modules:
@@ -784,7 +784,7 @@ def load_built(folder: Path, prefix: str, options: BuildOptions | None = None) -
     if not os.path.lexists(folder):
         return None  # removed since: a plain miss
     try:
-        module = _load(folder, module_name(prefix, folder.name))  # checks the entry (once) before loading
+        module = load_checked(folder, module_name(prefix, folder.name))  # checks the entry (once) before loading
     except BuildError as exc:  # the memo only saves time: generate and build instead
         warn("%s", exc)
         return None
