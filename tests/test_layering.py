@@ -20,10 +20,11 @@ PACKAGE = ROOT / "symbackprop"
 STAGES = (
     "_version", "messages", "errors", "progress", "log", "deep", "gcpause",  # top-level leaves
     "base",  # shared leaves: op registry, scalar functions, C printer and names, ABI, cache trust
-    "declare", "ir", "diff", "schedule", "emit",
+    "declare", "ir", "diff", "schedule",
+    "plan",  # what a module computes: the lowered IR and its schedules, data for emit
+    "emit",
     "ops",  # the op families: they register the rules the stages above look up by tag
-    "loops",
-    "plan", "pipeline", "toolchain", "run",
+    "loops", "pipeline", "toolchain", "run",
     "review", "interop", "dask", "nn", "optim", "cli", "__main__", "__init__",
 )
 

@@ -21,7 +21,7 @@ from symbackprop.diff.autodiff import depends_on
 from symbackprop.ir.node import Node, topological_order
 
 if TYPE_CHECKING:  # only for annotations
-    from symbackprop.pipeline import Plan
+    from symbackprop.plan import Plan
 
 
 @dataclass
