@@ -9,9 +9,10 @@ them by name on the first look-up: a registration, not an import arrow."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())  # wherever tests/ nests it
 PACKAGE = ROOT / "symbackprop"
 
 # The stages, bottom first. A unit is a top-level module of the package or
@@ -61,6 +62,7 @@ def _imports(tree: ast.AST, here: str, is_package: bool, annotations: bool) -> s
     return found
 
 
+@functools.cache  # read by several tests; none changes it
 def import_graph(package: Path = PACKAGE, annotations: bool = False) -> dict[str, set[str]]:
     """Module -> the package's modules it imports (a submodule's import
     also imports its packages' __init__); with `annotations`, the imports
