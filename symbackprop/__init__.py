@@ -18,8 +18,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from symbackprop._version import __version__
-from symbackprop.build.builder import BuildOptions
-from symbackprop.build.threads import get_num_threads, set_num_threads
 from symbackprop.declare.attention import Sequences, position_ids, sequences
 from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp
@@ -35,6 +33,8 @@ from symbackprop.loops.fixpoint import fixed_point, iterations
 from symbackprop.run.module import CompiledModule
 from symbackprop.run.runtime import compile, compile_all  # the run stage and the builder, not the compiler
 from symbackprop.run.sparse import SparseLayout, sparse_layout
+from symbackprop.toolchain.builder import BuildOptions
+from symbackprop.toolchain.threads import get_num_threads, set_num_threads
 
 if TYPE_CHECKING:  # imported on first use (__getattr__)
     from symbackprop.interop.from_torch import from_torch

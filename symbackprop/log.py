@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from symbackprop.progress import _is_terminal  # where a bar shows, a notice does
+from symbackprop.progress import is_terminal  # where a bar shows, a notice does
 
 logger = logging.getLogger("symbackprop")
 
@@ -99,7 +99,7 @@ def notice(text: str) -> None:
     a terminal, else nowhere."""
     if logger.hasHandlers():
         logger.info("%s", text)
-    elif _is_terminal(sys.stderr):
+    elif is_terminal(sys.stderr):
         print(f"symbackprop: {text}", file=sys.stderr, flush=True)
 
 

@@ -26,12 +26,13 @@ from dataclasses import replace
 import sympy as sp
 
 from symbackprop._version import __version__
+from symbackprop.base.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
+from symbackprop.base.functions import HELPER_C_NAMES
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.deep import run_deep
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.diff.hessian import hessian_vector
 from symbackprop.emit.cfunction import emit_function, emit_wrapper
-from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, render
 from symbackprop.emit.cunits import split_units
 from symbackprop.emit.derivation import plan_derivation, render_derivation
@@ -47,7 +48,6 @@ from symbackprop.ir.construct import const, leaf
 from symbackprop.ir.lower import Lowered, lower
 from symbackprop.ir.node import SCALAR, Node, topological_order
 from symbackprop.log import op_counts, stage
-from symbackprop.ops.functions import HELPER_C_NAMES
 from symbackprop.plan import DEFAULT_FUNCTIONS, FunctionPlan, Plan
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.scheduler import FunctionSchedule, schedule

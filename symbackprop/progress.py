@@ -71,7 +71,7 @@ class Progress:
 
 def _tqdm_bar(total: int, what: str, progress: bool | None) -> Any:
     """A tqdm bar on stderr, or None: not asked for, not a terminal, or no tqdm."""
-    if progress is False or (progress is None and not _is_terminal(sys.stderr)):
+    if progress is False or (progress is None and not is_terminal(sys.stderr)):
         return None
     try:
         from tqdm.auto import tqdm
@@ -80,7 +80,7 @@ def _tqdm_bar(total: int, what: str, progress: bool | None) -> Any:
     return tqdm(total=total, unit=what, desc=what + "s", file=sys.stderr, dynamic_ncols=True)
 
 
-def _is_terminal(stream: Any) -> bool:
+def is_terminal(stream: Any) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 

@@ -34,12 +34,12 @@ from pathlib import Path
 # (its OpenBLAS) or a module's BLAS loads; children inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("MKL_NUM_THREADS", "1")  # where the mkl wheel is the BLAS (build/blas.py)
+    os.environ.setdefault("MKL_NUM_THREADS", "1")  # where the mkl wheel is the BLAS (toolchain/blas.py)
 
 import pytest
 
-from symbackprop.build.builder import CACHE_ENV, FLAGS_ENV
 from symbackprop.declare.model import Model
+from symbackprop.toolchain.builder import CACHE_ENV, FLAGS_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -20,7 +20,7 @@ from sympy.codegen.cfunctions import expm1
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symbackprop.declare.stable import sigmoid, softplus
+from symbackprop.base.stable import sigmoid, softplus
 
 _UNARY = {
     sp.exp: np.exp,
@@ -37,7 +37,7 @@ _UNARY = {
     # every array here is real
     sp.re: np.real,
     sp.im: np.imag,
-    # nn.sigmoid and nn.softplus (symbackprop.declare.stable), in numpy's own stable forms
+    # nn.sigmoid and nn.softplus (symbackprop.base.stable), in numpy's own stable forms
     sigmoid: lambda z: np.exp(-np.logaddexp(0.0, -z)),
     softplus: lambda z: np.logaddexp(0.0, z),
     expm1: np.expm1,

@@ -34,7 +34,7 @@ VERSION = sbp.__version__
 # The worker leaves BLAS's threads alone: run.py's OPENBLAS_NUM_THREADS
 # holds with one thread, and with more a module built with OpenMP keeps
 # OpenBLAS's pool at one thread and splits its products across OpenMP's
-# (build/builder.py); threadpoolctl would set that pool back to --threads.
+# (toolchain/builder.py); threadpoolctl would set that pool back to --threads.
 SETS_ITS_BLAS_THREADS = True
 
 

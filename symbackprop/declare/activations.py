@@ -1,6 +1,6 @@
 """Activations: elementwise ones (sigmoid, relu, gelu, ...), each one
 Lambda applied to every entry, and softmax and log_softmax along an axis.
-sigmoid and softplus are the functions of symbackprop.declare.stable, which
+sigmoid and softplus are the functions of symbackprop.base.stable, which
 is also what 1/(1 + exp(-z)) and log(1 + exp(z)) written by hand compile
 to. Public through symbackprop.nn."""
 
@@ -13,7 +13,7 @@ import sympy as sp
 from sympy.codegen.cfunctions import expm1
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
-from symbackprop.declare import stable
+from symbackprop.base import stable
 from symbackprop.declare.standing import layered
 from symbackprop.declare.tensor import Softmax
 from symbackprop.errors import ModelError

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from symbackprop.declare.conv import ImageOp, _positive
+from symbackprop.declare.conv import ImageOp, whole_number
 from symbackprop.declare.standing import Standing
 from symbackprop.declare.tensor import Index, gather
 from symbackprop.errors import ModelError
@@ -84,7 +84,7 @@ class Sequences:
     length: int
 
     def __post_init__(self) -> None:
-        _positive("a sequence's length", self.length)
+        whole_number("a sequence's length", self.length)
 
     @property
     def features(self) -> int:
@@ -125,11 +125,11 @@ def sequences(name: str, m: sp.Expr | int, length: int, features: int) -> Sequen
         length: L, the rows of one sequence.
         features: d.
     """
-    return Sequences(sp.MatrixSymbol(name, m, _positive("features", features)), _positive("length", length))
+    return Sequences(sp.MatrixSymbol(name, m, whole_number("features", features)), whole_number("length", length))
 
 
 def _head_size(d: object, heads: int, what: str) -> int:
-    _positive(f"{what}'s heads", heads)
+    whole_number(f"{what}'s heads", heads)
     if not isinstance(d, (int, sp.Integer)) or int(d) % heads:
         raise ModelError(f"{what}: {d} features do not split into {heads} heads")
     return int(d) // heads
@@ -207,7 +207,7 @@ def embedding(table: sp.MatrixExpr, ids: Index, length: int) -> Sequences:
     """The rows of `table` (vocabulary x d) at the token ids (an Index of m
     entries: the n x L ids, flattened), as sequences of `length`. Its
     gradient adds each position's adjoint into its token's row (scatter-add)."""
-    return Sequences(gather(table, ids), _positive("length", length))
+    return Sequences(gather(table, ids), whole_number("length", length))
 
 
 def add_positions(x: Sequences, table: sp.MatrixExpr, positions: Index) -> Sequences:

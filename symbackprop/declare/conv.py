@@ -196,7 +196,7 @@ def _checked(x: Images, what: str) -> Images:
     return x
 
 
-def _positive(what: str, value: int, least: int = 1) -> int:
+def whole_number(what: str, value: int, least: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise ModelError(f"{what} must be an int >= {least}; got {value!r}")
     return value
@@ -239,8 +239,8 @@ def conv2d(x: Images, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None, stride: 
         ModelError: shapes that do not fit, or a window larger than the padded image.
     """
     x = _checked(x, "conv2d")
-    _positive("conv2d's stride", stride)
-    _positive("conv2d's padding", padding, 0)
+    whole_number("conv2d's stride", stride)
+    whole_number("conv2d's padding", padding, 0)
     out_channels, per = w.shape
     if not isinstance(out_channels, (int, sp.Integer)) or per % x.channels:
         raise ModelError(f"conv2d's weights {w} must be C_out x (C_in*k*k) with C_in = {x.channels}; "
@@ -260,8 +260,8 @@ def conv2d(x: Images, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None, stride: 
 
 def _pool(cls: type[ImageOp], x: Images, k: int, stride: int | None) -> Images:
     x = _checked(x, cls.op)
-    _positive(f"{cls.op}'s window", k)
-    stride = _positive(f"{cls.op}'s stride", k if stride is None else stride)
+    whole_number(f"{cls.op}'s window", k)
+    stride = whole_number(f"{cls.op}'s stride", k if stride is None else stride)
     if k > min(x.height, x.width):
         raise ModelError(f"{cls.op}'s {k}x{k} window is larger than the {x.height}x{x.width} image")
     y = cls(x.matrix, x.channels, x.height, x.width, k, stride)

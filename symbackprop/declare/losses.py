@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from symbackprop.declare import stable
+from symbackprop.base import stable
 from symbackprop.declare.activations import log_softmax
 from symbackprop.declare.pick import pick
 from symbackprop.declare.reductions import mean_all, row_sums, shallow_doit, sum_all

@@ -26,11 +26,11 @@ from typing import Any
 import sympy as sp
 from sympy.core.symbol import Str
 
+from symbackprop.base.registry import reductions
+from symbackprop.base.scalar import partials
 from symbackprop.declare.standing import Standing
-from symbackprop.diff.scalar import partials
 from symbackprop.errors import ModelError
 from symbackprop.messages import short
-from symbackprop.ops.registry import reductions
 
 
 class Index(sp.MatrixSymbol):
@@ -128,8 +128,15 @@ def gather(array: sp.MatrixExpr, index: Index) -> Gather:
     return Gather(array, index)
 
 
-def _keys(key: sp.Basic) -> tuple[sp.Symbol, ...]:
-    """The scalar symbols of a binding's key, row-major."""
+def key_symbols(key: sp.Basic) -> tuple[sp.Symbol, ...]:
+    """The scalar symbols of a binding's key, row-major.
+
+    Args:
+        key: a Symbol, or a matrix (or sequence) of Symbols.
+
+    Raises:
+        ModelError: `key` is not made of Symbols.
+    """
     if isinstance(key, sp.Symbol):
         return (key,)
     if isinstance(key, (sp.MatrixBase, tuple, list, sp.Tuple)):
@@ -206,9 +213,9 @@ class ExampleMap(Standing, sp.MatrixExpr):
         keys = [key for key, _ in self.bindings]
         symbols: list[sp.Symbol] = []
         for key in wrt:
-            if _keys(key) not in keys:
+            if key_symbols(key) not in keys:
                 raise ModelError(f"{key} is not a key bound by this map")
-            symbols += _keys(key)
+            symbols += key_symbols(key)
         # reverse mode over each output's DAG: sp.diff by each symbol walked it as a tree
         # (bundle adjustment's projection by its 15 inputs: most of 4 s of declaring the model)
         rows = [d for output in self.body for d in partials(output, symbols)]
@@ -254,7 +261,7 @@ def map_examples(body: sp.Basic, bindings: Mapping[Any, sp.Basic] | Iterable[tup
     keys, sources, seen = [], [], set()
     pairs = bindings.items() if isinstance(bindings, Mapping) else bindings
     for key, source in pairs:
-        symbols = _keys(key)
+        symbols = key_symbols(key)
         for s in symbols:
             if s in seen:
                 raise ModelError(f"{s} is bound twice in a map")

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from symbackprop.diff.scalar import partials
+from symbackprop.base.registry import rule
+from symbackprop.base.scalar import partials
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_, pack, reduce_sum
 from symbackprop.ir.node import Node, placeholder, topological_order
 from symbackprop.messages import short
-from symbackprop.ops.registry import rule
 
 
 def unbroadcast(adjoint: Node, shape: tuple) -> Node:

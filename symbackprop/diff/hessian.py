@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from symbackprop.base.registry import is_loop
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.ir.construct import const
 from symbackprop.ir.node import Node, topological_order
-from symbackprop.ops.registry import is_loop
 
 
 def route(loss: Node) -> str:

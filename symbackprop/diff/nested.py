@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from symbackprop.base.registry import extend
 from symbackprop.declare.derivatives import Grad, Jvp
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.errors import ModelError
 from symbackprop.ir.lower import Lowerer, shape_of
 from symbackprop.ir.node import Node
 from symbackprop.messages import short
-from symbackprop.ops.registry import extend
 
 
 def _target(lowerer: Lowerer, wrt, what: Callable[[], str]) -> Node:

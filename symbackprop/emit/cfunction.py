@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import sympy as sp
 
+from symbackprop.base.abi import SIZE_DOES_NOT_FIT
+from symbackprop.base.cnames import CNamer, sanitize
 from symbackprop.emit import sizes
-from symbackprop.emit.cnames import CNamer, sanitize
 from symbackprop.emit.codegen import CFunction, CKernel, CParam, FunctionEmitter
 from symbackprop.emit.cparts import part_ranges
 from symbackprop.emit.emitted import RealType
-from symbackprop.run.abi import SIZE_DOES_NOT_FIT
 from symbackprop.schedule.kernel import kernel_reads, kernel_writes
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
 

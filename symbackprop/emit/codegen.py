@@ -23,17 +23,17 @@ import sympy as sp
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
-from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text
+from symbackprop.base.abi import ARG_KINDS, SIZE_DOES_NOT_FIT, STATUS_TEXT
+from symbackprop.base.cnames import DESCRIBE_MODULE, CNamer, comment_text
+from symbackprop.base.cprint import IEEEPrinter
+from symbackprop.base.functions import CHelper, helpers_called
+from symbackprop.base.registry import helpers, record
 from symbackprop.emit.cparts import Prelude, prelude
-from symbackprop.emit.cprint import IEEEPrinter
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
 from symbackprop.emit.emitted import FLOAT32, FLOAT64, REAL_TYPES, RealType
 from symbackprop.emit.templatecache import TEMPLATES, environment, template_bytecode_cache
 from symbackprop.emit.wrap import wrap_c_code, wrap_c_comments
 from symbackprop.errors import ModelError
-from symbackprop.ops.functions import CHelper, helpers_called
-from symbackprop.ops.registry import helpers, record
-from symbackprop.run.abi import ARG_KINDS, SIZE_DOES_NOT_FIT, STATUS_TEXT
 from symbackprop.schedule.cse import MAX_PRODUCT_POWER
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, loop_index
 
@@ -203,7 +203,7 @@ class CFunction:
         end call for: SYMBACKPROP_WIDE for a wide per-example body, else
         SYMBACKPROP_STRAIGHT for a long straight-line one; or nothing.
         SYMBACKPROP_WIDE_SUMS where a wide body adds into many sums
-        (emit.emap_c.WIDE_SUMS_NARROW)."""
+        (ops.emap_c.WIDE_SUMS_NARROW)."""
         if any(k.fields.get("wide_sums") for k in self.kernels[start:end]):
             return "SYMBACKPROP_WIDE_SUMS "
         if self.wide(start, end):

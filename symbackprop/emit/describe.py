@@ -9,8 +9,8 @@ dimensions in the order a `dims` array holds them. For each public function
 F (train_epoch too): F_n_dims() and F_name_dim(i), the dimensions its `dims`
 array holds (the module's, but for train_epoch: rows, batch, the others);
 F_n_in(), F_n_out(), F_name_in(i), F_name_out(i), F_kind_in(i) (a code of
-run.abi.ARG_KINDS), F_shape_in(i, dims, shape), F_shape_out(i, dims, shape)
-(a status of run.abi.STATUS_TEXT); the array-form call F_call(dims, in, out,
+base.abi.ARG_KINDS), F_shape_in(i, dims, shape), F_shape_out(i, dims, shape)
+(a status of base.abi.STATUS_TEXT); the array-form call F_call(dims, in, out,
 work), which checks its pointers (NULL_POINTER) and calls F, and
 F_call_work_len(dims), besides F_work_len(dims...). An input F updates in
 place (ARG_UPDATED) is in `in`, as F_kind_in says, and must be writable.
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from symbackprop.emit.cnames import describing
-from symbackprop.run.abi import ARG_INDEX, ARG_REAL, ARG_UPDATED, SIZE_DOES_NOT_FIT
+from symbackprop.base.abi import ARG_INDEX, ARG_REAL, ARG_UPDATED, SIZE_DOES_NOT_FIT
+from symbackprop.base.cnames import describing
 
 
 class EpochNames(Protocol):
@@ -62,7 +62,7 @@ class EpochNames(Protocol):
     @property
     def size_check(self) -> str | None: ...
 
-# What the shape functions return (run.abi.STATUS_TEXT): success, a
+# What the shape functions return (base.abi.STATUS_TEXT): success, a
 # dimension below 1, no argument of that number, a size that does not fit
 # (the function's: emit/sizes.py).
 SHAPE_STATUSES = (0, 1, 3, SIZE_DOES_NOT_FIT)
@@ -76,7 +76,7 @@ class CArgument:
     """One array of a function, as its self-description tells it."""
 
     name: str  # its C parameter name
-    kind: int  # run.abi.ARG_KINDS (inputs; ARG_REAL for outputs)
+    kind: int  # base.abi.ARG_KINDS (inputs; ARG_REAL for outputs)
     shape: tuple[str, str]  # C expressions in the dimensions' C names
 
 

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import sympy as sp
 
-from symbackprop.emit.cnames import describing
+from symbackprop.base.abi import SIZE_DOES_NOT_FIT
+from symbackprop.base.cnames import describing
 from symbackprop.errors import ModelError
-from symbackprop.run.abi import SIZE_DOES_NOT_FIT
 
 if TYPE_CHECKING:  # only for annotations
-    from symbackprop.emit.cnames import CNamer
+    from symbackprop.base.cnames import CNamer
     from symbackprop.emit.codegen import CFunction
     from symbackprop.emit.emitted import RealType
     from symbackprop.ir.lower import Lowered
@@ -132,7 +132,7 @@ class CEpoch:
     gather_len: str  # C expression: workspace entries for the gathered rows
     checks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # the step's index checks for the whole epoch
     words: int = 1  # workspace entries an int64_t takes (gathered Index rows are aligned to it)
-    statuses: tuple[int, ...] = (0, 1, 2)  # what it returns (run.abi.STATUS_TEXT): it checks its order too
+    statuses: tuple[int, ...] = (0, 1, 2)  # what it returns (base.abi.STATUS_TEXT): it checks its order too
     # the step's sizes with every row one minibatch, checked C (emit/sizes.py): they bound the
     # epoch's (its data, order and losses; a step's workspace and the gathered rows)
     size_check: str | None = None

@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from symbackprop.base.registry import rule
 from symbackprop.diff.autodiff import depends_on
 from symbackprop.ir.node import Node, topological_order
-from symbackprop.ops.registry import rule
 
 if TYPE_CHECKING:  # only for annotations
-    from symbackprop.pipeline import Plan
+    from symbackprop.plan import Plan
 
 
 @dataclass

@@ -6,9 +6,9 @@ from F_work_len or F_shape_out would get a small buffer for a large call.
 
 `checked` prints one size in the saturating arithmetic of the runtime
 header (symbackprop_size_add, _sub, _mul, _div: a result above
-SYMBACKPROP_SIZE_MAX, which is run.abi.SIZE_LIMIT, stays above it). A
+SYMBACKPROP_SIZE_MAX, which is base.abi.SIZE_LIMIT, stays above it). A
 function's `size_check` is the sum of all its sizes printed so: where it
-is above the limit the function returns run.abi.SIZE_DOES_NOT_FIT (and its
+is above the limit the function returns base.abi.SIZE_DOES_NOT_FIT (and its
 work_len 0, its shape functions that status) before it computes anything,
 and every size the plain C then computes is below the limit (the sizes'
 terms are products of dimensions with positive coefficients; the limit,
@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import sympy as sp
 
+from symbackprop.base.abi import SIZE_LIMIT
 from symbackprop.errors import ModelError
-from symbackprop.run.abi import SIZE_LIMIT
 
 LIMIT_MACRO = "SYMBACKPROP_SIZE_MAX"
 
@@ -80,7 +80,7 @@ def fixed_size(expr: object, what: str) -> None:
     """A size with no dimension in it must fit at generation.
 
     Raises:
-        ModelError: it is above run.abi.SIZE_LIMIT (names what and both numbers).
+        ModelError: it is above base.abi.SIZE_LIMIT (names what and both numbers).
     """
     value = sp.sympify(expr)
     if value.is_Integer and int(value) > SIZE_LIMIT:

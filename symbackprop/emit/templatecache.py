@@ -19,7 +19,7 @@ this Python and this Jinja (their versions are in the header and the key),
 in the same settings (an overlay that escapes, derivation.html, never loads
 a plain one's); otherwise the template compiles as without, into the module
 cache. The second copy is only a shortcut: where that folder cannot be
-made, or is not this user's alone (build.trust: whoever could write it
+made, or is not this user's alone (base.trust: whoever could write it
 could put code there that this process would run), it is not used. The
 first is part of the package, as trusted as its Python files.
 
@@ -138,8 +138,8 @@ def template_bytecode_cache(installed: bool = True) -> jinja2.BytecodeCache | No
     """The templates' bytecode caches (see the module's docstring): the
     package's copy (COMPILED) where `installed` and it was built, then the
     module cache's where it may be kept; None where neither."""
-    from symbackprop.build.cachedir import cache_folder
-    from symbackprop.build.trust import make_private_folder, untrusted
+    from symbackprop.base.cachedir import cache_folder
+    from symbackprop.base.trust import make_private_folder, untrusted
 
     shipped = _QuietCache(str(COMPILED), anywhere=True) if installed and COMPILED.is_dir() else None
     private: _QuietCache | None = None

@@ -38,18 +38,18 @@ import dask.array as da
 import dask.base
 import numpy as np
 
-from symbackprop.build.builder import BuildOptions, build
-from symbackprop.build.key import digest as key_digest
-from symbackprop.build.memo import package_digest
+from symbackprop.base.abi import ModuleSpec as AbiSpec
+from symbackprop.base.abi import show
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import Emitted
 from symbackprop.progress import Progress, ProgressArg
-from symbackprop.run.abi import ModuleSpec as AbiSpec
-from symbackprop.run.abi import show
 from symbackprop.run.function import Function
 from symbackprop.run.module import CompiledModule
 from symbackprop.run.optim import OPTIMIZERS, SGD, Adam, NumpyStep
 from symbackprop.run.runtime import compile as compile_model
+from symbackprop.toolchain.builder import BuildOptions, build
+from symbackprop.toolchain.key import digest as key_digest
+from symbackprop.toolchain.memo import package_digest
 
 __all__ = ["ModuleSpec", "train", "value_and_grad"]
 

@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from symbackprop.base.abi import concrete
 from symbackprop.errors import ArgumentError
 from symbackprop.interop.common import check_outputs, differentiable, leaf_names, scaled_gradients, value_and_grad_or_zero
-from symbackprop.run.abi import concrete
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.module import CompiledModule

@@ -34,9 +34,9 @@ from functools import lru_cache
 
 import sympy as sp
 
-from symbackprop.declare.stable import fuse_across, stabilize
+from symbackprop.base.exprdag import substitute
+from symbackprop.base.stable import fuse_across, stabilize
 from symbackprop.declare.tensor import reduced_shape
-from symbackprop.ir.exprdag import substitute
 from symbackprop.ir.node import SCALAR, Node, Shape, ShapeMismatch, op_node, placeholder
 
 # --- constructors ---------------------------------------------------------

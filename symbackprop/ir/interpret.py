@@ -22,9 +22,9 @@ from functools import lru_cache
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.functions import numpy_namespace
+from symbackprop.base.registry import record
 from symbackprop.ir.node import Node, topological_order
-from symbackprop.ops.functions import numpy_namespace
-from symbackprop.ops.registry import record
 
 
 @dataclass(frozen=True)

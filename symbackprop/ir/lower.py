@@ -14,14 +14,14 @@ from sympy.functions.elementary.piecewise import ExprCondPair
 from sympy.logic.boolalg import BooleanAtom, BooleanFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
+from symbackprop.base.exprdag import Splitter, shared_xreplace
+from symbackprop.base.registry import lowering_rule, shape_rule
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.declare.tensor import ExampleMap, Index
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import element, leaf, map_, pack
-from symbackprop.ir.exprdag import Splitter, shared_xreplace
 from symbackprop.ir.node import SCALAR, Dim, Node, Shape, ShapeMismatch, placeholder
 from symbackprop.messages import described, shape_text, short
-from symbackprop.ops.registry import lowering_rule, shape_rule
 
 # --- lowering SymPy -------------------------------------------------------
 

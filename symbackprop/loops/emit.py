@@ -11,7 +11,7 @@ from typing import Any
 
 import sympy as sp
 
-from symbackprop.emit.cnames import CNamer, comment_text
+from symbackprop.base.cnames import CNamer, comment_text
 from symbackprop.emit.codegen import CKernel, FunctionEmitter, ScalarPrinter
 from symbackprop.loops.bind import STEP, Fill, Loop, PartKernel, Pointer, ScanKernel, U, natural_layout
 from symbackprop.loops.declare import ceildiv, entries

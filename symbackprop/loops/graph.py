@@ -11,10 +11,10 @@ from typing import Any
 
 import sympy as sp
 
+from symbackprop.base.registry import is_view
 from symbackprop.ir.construct import is_const, leaf
 from symbackprop.ir.node import Node, op_node, topological_order
 from symbackprop.loops.declare import ceildiv, entries, is_vector
-from symbackprop.ops.registry import is_view
 
 
 @dataclass(frozen=True)

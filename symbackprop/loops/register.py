@@ -1,11 +1,12 @@
 """Every registration of scan into the other stages, in one place: the
-records of its ops (symbackprop.ops.registry) with their lowering (ir),
+records of its ops (symbackprop.base.registry) with their lowering (ir),
 derivative rules (autodiff), kernel builders (schedule), kernels' template
 data (codegen) and templates. Importing this module makes the stages know
 scan; symbackprop.scan imports it."""
 
 from __future__ import annotations
 
+from symbackprop.base.registry import extend, plain_grad_fn
 from symbackprop.loops.again import backward_jvp
 from symbackprop.loops.declare import ScanFinal, ScanOutput
 from symbackprop.loops.diff import backward_vjp_rule, part_jvp, part_vjp, scan_jvp, scan_vjp, unsupported_jvp, unsupported_vjp
@@ -17,7 +18,6 @@ from symbackprop.loops.implicit import fixed_point_vjp
 from symbackprop.loops.kernels import build_backward, build_forward, build_part
 from symbackprop.loops.lower import lower_final, lower_output
 from symbackprop.loops.reshape import reshape as _reshape  # noqa: F401  (registers the "reshape" view)
-from symbackprop.ops.registry import extend, plain_grad_fn
 
 # a scan node runs the loop; its scan_part nodes name what it writes (the
 # user's ScanOutput and ScanFinal lower to them); its VJP is a scan_vjp node

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import OpRecord, ViewRule, is_view, plain_grad_fn, register
 from symbackprop.ir.construct import const, is_const, placeholder
 from symbackprop.ir.interpret import Context
 from symbackprop.ir.node import Node, op_node
 from symbackprop.loops.declare import entries
-from symbackprop.ops.registry import OpRecord, ViewRule, is_view, plain_grad_fn, register
 from symbackprop.schedule.kernel import View
 
 

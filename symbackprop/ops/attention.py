@@ -36,12 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import MissingRule, OpRecord, plain_grad_fn, record, register
 from symbackprop.declare import attention as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, min_rows_for_threads, worth_threads
 from symbackprop.ir.construct import map_
 from symbackprop.ir.node import Node, op_node, placeholder
-from symbackprop.ops.conv import Operand, _bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
-from symbackprop.ops.registry import MissingRule, OpRecord, plain_grad_fn, record, register
+from symbackprop.ops.conv import Operand, bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
 from symbackprop.schedule.kernel import Equation, latex_name
 
 A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))
@@ -321,11 +321,11 @@ def _op(name: str, attrs: AttentionAttrs, vjp, jvp, evaluate, grad_fn: str, lowe
                       **more))  # type: ignore[arg-type]
 
 
-_op("attention_scores", AttentionAttrs("scores", workspace=True), _scores_vjp, _bilinear_jvp(attention_scores),
+_op("attention_scores", AttentionAttrs("scores", workspace=True), _scores_vjp, bilinear_jvp(attention_scores),
     _eval_scores, "AttentionScores", declared.AttentionScores)
-_op("attention_mix", AttentionAttrs("mix"), _mix_vjp, _bilinear_jvp(attention_mix), _eval_mix, "AttentionMix",
+_op("attention_mix", AttentionAttrs("mix"), _mix_vjp, bilinear_jvp(attention_mix), _eval_mix, "AttentionMix",
     declared.AttentionMix)
-_op("attention_mix_t", AttentionAttrs("mix", transposed=True), _mix_t_vjp, _bilinear_jvp(attention_mix_t),
+_op("attention_mix_t", AttentionAttrs("mix", transposed=True), _mix_t_vjp, bilinear_jvp(attention_mix_t),
     _eval_mix_t, "AttentionMixT")
 _op("causal_softmax", AttentionAttrs(None, row="softmax", row_work=(0, 3)), _softmax_vjp, _softmax_jvp,
     _eval_softmax, "CausalSoftmax", declared.CausalSoftmax)

@@ -34,12 +34,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import MissingRule, OpRecord, plain_grad_fn, record, register
 from symbackprop.declare import conv as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
-from symbackprop.ops.registry import MissingRule, OpRecord, plain_grad_fn, record, register
 from symbackprop.schedule.kernel import Equation, latex_name
 
 A0, A1 = placeholder(0), placeholder(1)
@@ -170,7 +170,7 @@ def _weight_grad_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node 
             conv2d_input_grad(y, g, geometry) if needed[1] else None)
 
 
-def _bilinear_jvp(build: Callable[[Node, Node, tuple], Node]) -> Callable:
+def bilinear_jvp(build: Callable[[Node, Node, tuple], Node]) -> Callable:
     def jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
         a, b = node.args
         ta, tb = tangents
@@ -558,12 +558,12 @@ def _op(name: str, attrs: ImageAttrs, vjp, jvp, evaluate, grad_fn: str, lowers: 
                       **more))  # type: ignore[arg-type]
 
 
-_op("conv2d", ImageAttrs("im2col", image="a"), _conv_vjp, _bilinear_jvp(conv2d), _eval_conv, "Conv2d",
+_op("conv2d", ImageAttrs("im2col", image="a"), _conv_vjp, bilinear_jvp(conv2d), _eval_conv, "Conv2d",
     declared.Conv2d, conv2d)
-_op("conv2d_input_grad", ImageAttrs("im2col", scatter=True), _input_grad_vjp, _bilinear_jvp(conv2d_input_grad),
+_op("conv2d_input_grad", ImageAttrs("im2col", scatter=True), _input_grad_vjp, bilinear_jvp(conv2d_input_grad),
     _eval_input_grad, "Conv2dInputGrad")
 _op("conv2d_weight_grad", ImageAttrs("im2col", image="b", batch_sum=True), _weight_grad_vjp,
-    _bilinear_jvp(conv2d_weight_grad), _eval_weight_grad, "Conv2dWeightGrad")
+    bilinear_jvp(conv2d_weight_grad), _eval_weight_grad, "Conv2dWeightGrad")
 _op("max_pool2d", ImageAttrs("window", window="max"), _max_vjp, _max_jvp, _eval_max, "MaxPool2d",
     declared.MaxPool2d, lambda x, geometry: max_pool2d(x, x, geometry))  # x's argmax, x's entry there
 _op("max_unpool2d", ImageAttrs("window", scatter=True, window="max", argmax="select"), _unpool_vjp, _unpool_jvp,

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import GradFnName, JvpRule, OpRecord, VjpRule, plain_grad_fn, register
 from symbackprop.declare.tensor import Cumsum, Shift
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import Node, Shape, op_node
-from symbackprop.ops.registry import GradFnName, JvpRule, OpRecord, VjpRule, plain_grad_fn, register
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
 

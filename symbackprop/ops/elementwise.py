@@ -12,9 +12,10 @@ import numpy as np
 import sympy as sp
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
-from symbackprop.declare.stable import sigmoid, softplus
+from symbackprop.base.cnames import comment_text
+from symbackprop.base.registry import OpRecord, register
+from symbackprop.base.stable import sigmoid, softplus
 from symbackprop.diff.autodiff import add_all, local_derivative, unbroadcast
-from symbackprop.emit.cnames import comment_text
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, map_
@@ -22,7 +23,6 @@ from symbackprop.ir.interpret import Context, apply_body
 from symbackprop.ir.lower import scalar_atoms, shape_of
 from symbackprop.ir.node import SCALAR, Node, placeholder
 from symbackprop.messages import short
-from symbackprop.ops.registry import OpRecord, register
 from symbackprop.schedule.kernel import MapKernel, View
 from symbackprop.schedule.shifted import ShiftedView, guard_text, inside
 from symbackprop.schedule.straight import Row

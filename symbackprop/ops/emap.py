@@ -5,7 +5,7 @@ examples share one loop in the scheduler (fused="examples").
 
 This module holds the op's rules (derivatives, numpy reference, lowering);
 its kernel is ops/emap_kernel.py, built by ops/emap_group.py, and its C is
-emit/emap_c.py.
+ops/emap_c.py.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ import numpy as np
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symbackprop.declare.stable import stabilize
+from symbackprop.base.exprdag import shallow_program, substitute
+from symbackprop.base.registry import OpRecord, plain_grad_fn, register
+from symbackprop.base.scalar import backward, forward
+from symbackprop.base.stable import stabilize
 from symbackprop.declare.tensor import ExampleMap, Gather, Index
-from symbackprop.diff.scalar import backward, forward
-from symbackprop.emit.emap_c import emit_emap
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import accumulates, binding_width, element, emap, let_symbol, row_placeholder
-from symbackprop.ir.exprdag import shallow_program, substitute
 from symbackprop.ir.interpret import Context, apply_body
 from symbackprop.ir.lower import as_dim, scalar_atoms
 from symbackprop.ir.node import SCALAR, Node
 from symbackprop.messages import short
+from symbackprop.ops.emap_c import emit_emap
 from symbackprop.ops.emap_group import group_kernel
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 
 # --- derivatives ------------------------------------------------------------
 
@@ -171,7 +171,7 @@ def _evaluate_scalar(expr: sp.Expr, env: Mapping[sp.Symbol, np.ndarray], count: 
 # --- lowering from SymPy ---------------------------------------------------------
 
 
-def _index_leaf(lowerer, index: Index) -> Node:
+def index_leaf(lowerer, index: Index) -> Node:
     node = lowerer.leaves.get(index)
     if node is None or node.attrs[1] != "index":
         raise ModelError(f"the Index {index} is not declared as an input")
@@ -181,7 +181,7 @@ def _index_leaf(lowerer, index: Index) -> Node:
 def _gather(lowerer, expr: Gather) -> Node:
     """A gather alone is a map that copies the chosen rows."""
     array = lowerer.lower(expr.array)
-    index = _index_leaf(lowerer, expr.index)
+    index = index_leaf(lowerer, expr.index)
     width = int(array.shape[1])
     bodies = [row_placeholder(1, col) for col in range(width)]
     rows = index.shape[0]
@@ -203,7 +203,7 @@ def _example_map(lowerer, expr: ExampleMap) -> Node:
 
     for symbols, source in expr.bindings:
         if isinstance(source, Gather):
-            index = add(_index_leaf(lowerer, source.index), ("index",))
+            index = add(index_leaf(lowerer, source.index), ("index",))
             loop = loops.index(as_dim(source.index.shape[0], source))
             position = add(lowerer.lower(source.array), ("gather", index, loop))
         else:

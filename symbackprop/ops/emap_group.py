@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import sympy as sp
 
+from symbackprop.base.exprdag import substitute
 from symbackprop.ir.construct import accumulates, binding_width, row_placeholder
-from symbackprop.ir.exprdag import substitute
 from symbackprop.ir.node import Node
 from symbackprop.ops.emap_kernel import (
     LANES,
@@ -266,7 +266,7 @@ def _whole_eights(sched, kernel: EmapKernel) -> EmapKernel | None:
 
 
 def _body_ops(kernel: EmapKernel) -> int:
-    """About how many operations an example's body takes (as emit_emap counts them: emit/emap_c.py)."""
+    """About how many operations an example's body takes (as emit_emap counts them: ops/emap_c.py)."""
     return sum(op_count(e) for _, e in kernel.temps) + sum(op_count(e) for *_, e in kernel.stores)
 
 

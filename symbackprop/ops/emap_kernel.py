@@ -1,6 +1,6 @@
 """What one emap loop is (EmapKernel: its loads, program and outputs, and
 the copies and sums it is given), and what both its grouping
-(ops/emap_group.py) and its C (emit/emap_c.py) ask of it: which loop runs
+(ops/emap_group.py) and its C (ops/emap_c.py) ask of it: which loop runs
 outside, which outputs add up in locals, what the inner loop does not
 change, whether it runs on threads."""
 

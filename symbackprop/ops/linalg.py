@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import JvpRule, OpRecord, VjpRule, plain_grad_fn, register
 from symbackprop.declare.linalg import Cholesky, Det, LogDet, Solve, TriangularSolve
 from symbackprop.diff.autodiff import add_all
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
 from symbackprop.ir.construct import const, is_const, map_, matmul, reduce_sum, transpose
 from symbackprop.ir.node import SCALAR, Node, Shape, op_node, placeholder
-from symbackprop.ops.registry import JvpRule, OpRecord, VjpRule, plain_grad_fn, register
 from symbackprop.schedule.kernel import Equation, View, latex_name
 
 A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import OpRecord, plain_grad_fn, register
 from symbackprop.diff.autodiff import add_all
 from symbackprop.emit.codegen import BLAS_MIN_MULTIPLY_ADDS, LOOP_K, FunctionEmitter
 from symbackprop.errors import ModelError
@@ -17,7 +18,6 @@ from symbackprop.ir.lower import as_dim
 from symbackprop.ir.node import SCALAR, Dim, Node
 from symbackprop.messages import short
 from symbackprop.ops.elementwise import A0, A1
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex, latex_name
 
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import OpRecord, plain_grad_fn, register
 from symbackprop.declare.attention import RowNormalize
 from symbackprop.diff import autodiff
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.ir.construct import is_const, leaf, map_, reduce_sum
 from symbackprop.ir.node import Node, op_node, placeholder, topological_order
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.kernel import LOOP_I, Equation, View, latex_name
 
 A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import OpRecord, plain_grad_fn, register
 from symbackprop.declare.pick import Pick
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import Node, op_node
-from symbackprop.ops.emap import _index_leaf
-from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
+from symbackprop.ops.emap import index_leaf
 from symbackprop.schedule.kernel import LOOP_I, Equation, View, latex_name
 
 # --- constructors ---------------------------------------------------------------
@@ -145,7 +145,7 @@ def _emit(em: FunctionEmitter, kernel: PickKernel) -> dict:
 
 
 def _lower(lowerer, expr: Pick) -> Node:
-    return pick(lowerer.lower(expr.array), _index_leaf(lowerer, expr.index))
+    return pick(lowerer.lower(expr.array), index_leaf(lowerer, expr.index))
 
 
 def _op(name: str, vjp, jvp, evaluate, grad_fn: str, **more) -> None:

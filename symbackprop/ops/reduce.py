@@ -16,13 +16,13 @@ from typing import NoReturn
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
 from symbackprop.declare.tensor import Reduce, Softmax, reduced_shape
 from symbackprop.emit.codegen import FunctionEmitter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import broadcast, const, is_const, log_softmax, logsumexp, map_, reduce_extreme, reduce_sum, softmax
 from symbackprop.ir.node import Node, Shape, op_node, placeholder
 from symbackprop.ops.cumulative import axis_op
-from symbackprop.ops.registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
 A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
+from symbackprop.base.registry import OpRecord, ViewRule, plain_grad_fn, register
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
 from symbackprop.ir.construct import element, is_const, matmul, pack, transpose
 from symbackprop.ir.interpret import Context
 from symbackprop.ir.node import Node
-from symbackprop.ops.registry import OpRecord, ViewRule, plain_grad_fn, register
 from symbackprop.schedule.kernel import Equation, View, equation
 
 # --- transpose ------------------------------------------------------------------

@@ -36,8 +36,8 @@ from typing import Any
 
 import sympy as sp
 
+from symbackprop.base.cnames import sanitize
 from symbackprop.declare.model import Model
-from symbackprop.emit.cnames import sanitize
 from symbackprop.emit.derivation import derive, itemsize_of, memory_plan
 from symbackprop.pipeline import DEFAULT_FUNCTIONS, plan
 from symbackprop.schedule.kernel import Equation

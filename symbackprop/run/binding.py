@@ -34,8 +34,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from symbackprop.base.abi import STATUS_TEXT, ArgSpec, FunctionSpec, show
 from symbackprop.errors import ArgumentError
-from symbackprop.run.abi import STATUS_TEXT, ArgSpec, FunctionSpec, show
 
 
 def _masked(value: Any) -> bool:

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from symbackprop.base.abi import ArgSpec, ModuleSpec, concrete, show
 from symbackprop.declare.model import Model
 from symbackprop.errors import ArgumentError
-from symbackprop.run.abi import ArgSpec, ModuleSpec, concrete, show
 from symbackprop.run.binding import convert
 from symbackprop.run.function import Function
 from symbackprop.run.gradcheck import GradCheckReport, check_gradient, default_tolerance, enforce

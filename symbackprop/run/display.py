@@ -19,11 +19,11 @@ from symbackprop.emit.graph import graph_dot, graph_text
 from symbackprop.emit.picture import dot_program, render_dot
 
 if TYPE_CHECKING:  # only for annotations
+    from symbackprop.base.abi import ModuleSpec
     from symbackprop.declare.model import Model
     from symbackprop.emit.derivation import MemoryPlan
     from symbackprop.emit.emitted import Emitted
     from symbackprop.plan import Plan
-    from symbackprop.run.abi import ModuleSpec
 
 
 class Shown(Protocol):

@@ -31,19 +31,19 @@ from typing import Any
 
 import numpy as np
 
-from symbackprop.build.builder import (
+from symbackprop.base.trust import entry_problem
+from symbackprop.errors import BuildError
+from symbackprop.log import event
+from symbackprop.toolchain.builder import (
     BuildOptions,
-    _load,
-    _run_logged,
     build_once,
     cache_root,
     entry_ok,
+    load_checked,
+    run_logged,
 )
-from symbackprop.build.compiler import EXT_SUFFIX, compiler_command, link_options, toolchain
-from symbackprop.build.key import digest
-from symbackprop.build.trust import entry_problem
-from symbackprop.errors import BuildError
-from symbackprop.log import event
+from symbackprop.toolchain.compiler import EXT_SUFFIX, compiler_command, link_options, toolchain
+from symbackprop.toolchain.key import digest
 
 SOURCE = Path(__file__).with_name("_fastcall.c")
 NAME = "symbackprop_fastcall"
@@ -72,10 +72,10 @@ def extension() -> ModuleType | None:
     try:
         source, final, built = _entry()
         try:
-            return _load(final, NAME)  # checks the entry, then loads it
+            return load_checked(final, NAME)  # checks the entry, then loads it
         except BuildError:
             _build(source, final, built)  # (a damaged entry: with a warning)
-            return _load(final, NAME)
+            return load_checked(final, NAME)
     except (OSError, BuildError, ImportError) as exc:
         event("no C hot path for calls (%s): calls take the Python path", exc)
         return None
@@ -147,7 +147,7 @@ def build_beside() -> threading.Thread | None:
 
 def _compile(source: str, staging: Path, final: Path) -> None:
     (staging / SOURCE.name).write_text(source)
-    _run_logged([[_command(staging)]], staging / "build.log", final.parent, "the call hot path")
+    run_logged([[_command(staging)]], staging / "build.log", final.parent, "the call hot path")
 
 
 def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,

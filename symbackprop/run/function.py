@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from symbackprop.base.abi import FunctionSpec
 from symbackprop.emit.emitted import REAL_TYPES
 from symbackprop.run import fastcall
-from symbackprop.run.abi import FunctionSpec
 from symbackprop.run.binding import Binder
 
 

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from symbackprop.build.builder import BuildOptions, build
+from symbackprop.base.abi import ModuleSpec
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ArgumentError
 from symbackprop.log import slow_work
-from symbackprop.run.abi import ModuleSpec
 from symbackprop.run.bridge import BRIDGES
 from symbackprop.run.derivatives import Derivatives
 from symbackprop.run.function import Function, PreparedCall
 from symbackprop.run.train import Trainer, Training
+from symbackprop.toolchain.builder import BuildOptions, build
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.emit.derivation import MemoryPlan

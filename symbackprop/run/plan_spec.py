@@ -9,10 +9,10 @@ from typing import Any
 
 import sympy as sp
 
+from symbackprop.base.abi import ArgSpec, FunctionSpec, ModuleSpec, ReturnSpec, Shape
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.emit.epoch import try_epoch_plan
 from symbackprop.plan import FunctionPlan, Plan
-from symbackprop.run.abi import ArgSpec, FunctionSpec, ModuleSpec, ReturnSpec, Shape
 
 
 def _dim(d: Any) -> int | str:

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symbackprop.build.builder import (
+from symbackprop.base.abi import ModuleSpec
+from symbackprop.declare.model import Model
+from symbackprop.emit.emitted import REAL_TYPES, Emitted
+from symbackprop.errors import ModelError
+from symbackprop.log import slow_work
+from symbackprop.plan import DEFAULT_FUNCTIONS
+from symbackprop.run import fastcall
+from symbackprop.run.module import CompiledModule
+from symbackprop.toolchain.builder import (
     BuildOptions,
     build_entry,
     find_blas,
@@ -25,15 +33,7 @@ from symbackprop.build.builder import (
     load_entry,
     warm_up,
 )
-from symbackprop.build.memo import package_digest, read_memo, write_memo
-from symbackprop.declare.model import Model
-from symbackprop.emit.emitted import REAL_TYPES, Emitted
-from symbackprop.errors import ModelError
-from symbackprop.log import slow_work
-from symbackprop.plan import DEFAULT_FUNCTIONS
-from symbackprop.run import fastcall
-from symbackprop.run.abi import ModuleSpec
-from symbackprop.run.module import CompiledModule
+from symbackprop.toolchain.memo import package_digest, read_memo, write_memo
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.optim import SGD, Adam
@@ -293,7 +293,7 @@ class _ExpressionDigest:
 
     def value(self, *roots: int) -> str:
         """The digest of the listing so far and of the roots' line numbers."""
-        from symbackprop.build.key import digest
+        from symbackprop.toolchain.key import digest
 
         return digest("expressions", repr(self.lines), "|", *map(str, roots))  # a list's repr: one hash update, not one a line
 
@@ -305,8 +305,8 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
     $SYMBACKPROP_CFLAGS may change them), whether BLAS is installed, the CPU where the flags ask for
     the host's (the memo names a cache entry built for it), and
     symbackprop's own code."""
-    from symbackprop.build.builder import host_target
-    from symbackprop.build.key import digest as key_digest
+    from symbackprop.toolchain.builder import host_target
+    from symbackprop.toolchain.key import digest as key_digest
 
     options = next((s for s in settings if isinstance(s, BuildOptions)), None)
     expressions = [model.loss, *model.outputs.values(), *model.names.values()]

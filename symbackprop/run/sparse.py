@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
-from symbackprop.declare.tensor import ExampleMap, Gather, _keys
+from symbackprop.declare.tensor import ExampleMap, Gather, key_symbols
 from symbackprop.errors import ArgumentError, ModelError
 
 
@@ -151,7 +151,7 @@ def sparse_layout(emap: ExampleMap, *wrt: sp.Basic) -> SparseLayout:
     bound = dict(emap.bindings)
     blocks, arrays = [], []
     for key in wrt:
-        symbols = _keys(key)
+        symbols = key_symbols(key)
         if symbols not in bound:
             raise ModelError(f"{key} is not a key bound by this map")
         source = bound[symbols]

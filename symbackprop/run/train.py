@@ -21,7 +21,7 @@ from symbackprop.errors import ArgumentError
 from symbackprop.progress import Progress, ProgressArg
 
 if TYPE_CHECKING:  # only for annotations
-    from symbackprop.run.abi import ModuleSpec
+    from symbackprop.base.abi import ModuleSpec
     from symbackprop.run.function import Function
     from symbackprop.run.optim import SGD, Adam
 

@@ -24,7 +24,7 @@ from sympy.functions.elementary.piecewise import ExprCondPair
 from sympy.logic.boolalg import BooleanFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symbackprop.ir.exprdag import rebuild
+from symbackprop.base.exprdag import rebuild
 
 # An argument read by more sums (or products) than this is not a reason to
 # compare them for common parts (see _share_parts).

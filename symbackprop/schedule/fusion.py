@@ -18,9 +18,9 @@ from functools import lru_cache
 
 import sympy as sp
 
+from symbackprop.base.registry import is_view, record
 from symbackprop.ir.construct import is_broadcast, is_const
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder, topological_order
-from symbackprop.ops.registry import is_view, record
 from symbackprop.schedule.shifted import foldable, signed_k
 
 # How far (in entries, the lowest to the highest) a loop's member may read

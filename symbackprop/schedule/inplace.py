@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from symbackprop.base.registry import is_view
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import SCALAR, Node
-from symbackprop.ops.registry import is_view
 from symbackprop.schedule.fusion import MapGroup
 
 

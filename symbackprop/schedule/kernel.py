@@ -14,8 +14,8 @@ import sympy as sp
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.str import StrPrinter
 
-from symbackprop.emit.cprint import OrderedTerms
-from symbackprop.ir.exprdag import shared_xreplace
+from symbackprop.base.cprint import OrderedTerms
+from symbackprop.base.exprdag import shared_xreplace
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
 

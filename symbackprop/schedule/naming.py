@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from symbackprop.emit.cnames import sanitize
+from symbackprop.base.cnames import sanitize
+from symbackprop.base.registry import is_view
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import Node, topological_order
-from symbackprop.ops.registry import is_view
 
 # The op word of a node's name, where the op's tag is long or says little
 _OP_WORDS = {"matmul": "mm", "normalize_rows": "norm", "normalize_rows_vjp": "dnorm", "causal_softmax": "softmax",

@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 import sympy as sp
 
+from symbackprop.base.exprdag import shared_xreplace
+from symbackprop.base.registry import is_view, rule
 from symbackprop.ir.construct import is_const
-from symbackprop.ir.exprdag import shared_xreplace
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
-from symbackprop.ops.registry import is_view, rule
 from symbackprop.schedule.cse import cse_program, share_powers
 from symbackprop.schedule.dagcse import dag_cse
 from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement

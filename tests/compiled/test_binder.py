@@ -15,9 +15,9 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
+from symbackprop.base.abi import ModuleSpec
 from symbackprop.declare import nn
 from symbackprop.errors import ArgumentError
-from symbackprop.run.abi import ModuleSpec
 
 n, m, c = sp.symbols("n m c", integer=True, positive=True)
 X = sp.MatrixSymbol("X", n, 3)
@@ -342,7 +342,7 @@ from symbackprop import nn
 n = sp.Symbol("n", integer=True, positive=True)
 X, W = sp.MatrixSymbol("X", n, 32), sp.MatrixSymbol("W", 32, 32)
 mod = sbp.compile(sbp.Model("binder_threads", inputs=[X], params=[W], loss=nn.sum_all(nn.tanh(nn.tanh(X * W) * W))))
-from symbackprop.build.builder import set_blas_threads
+from symbackprop.toolchain.builder import set_blas_threads
 set_blas_threads(1)  # BLAS's own threads are not checked here; spinning, they took 3/4 of the CPU time
 assert mod.function("value_and_grad").fast is not None
 d = {"X": np.ones((2000, 32)), "W": np.full((32, 32), 0.01)}  # about 2 MB of scratch

@@ -1,4 +1,4 @@
-"""Which BLAS a module links (symbackprop.build.blas): each installed one
+"""Which BLAS a module links (symbackprop.toolchain.blas): each installed one
 gives numpy's products and their gradients, is the library the process
 loads, and a wrong $SYMBACKPROP_BLAS is an error that names it."""
 
@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from symbackprop.build import blas
-from symbackprop.build.blas import BLAS_ENV, FINDERS, find_blas
 from symbackprop.errors import BuildError
+from symbackprop.toolchain import blas
+from symbackprop.toolchain.blas import BLAS_ENV, FINDERS, find_blas
 
 # In a child process: the choice is read once per process (find_blas is cached).
 CHILD = textwrap.dedent("""
@@ -20,7 +20,7 @@ CHILD = textwrap.dedent("""
     import numpy as np, sympy as sp
     import symbackprop as sbp
     from symbackprop import nn
-    from symbackprop.build.blas import find_blas
+    from symbackprop.toolchain.blas import find_blas
 
     n = sp.Symbol("n", integer=True, positive=True)
     X, W = sp.MatrixSymbol("X", n, 300), sp.MatrixSymbol("W", 300, 40)

@@ -1,5 +1,5 @@
 """A module's link names the BLAS only where one of its objects calls it
-(symbackprop.build.builder._linked): an elementwise model's link reads no
+(symbackprop.toolchain.builder._linked): an elementwise model's link reads no
 BLAS library, a matrix product's does, the same model at -O0 (where the
 runtime header's unused static helpers, the products among them, are
 compiled too) loads, and all give numpy's values."""
@@ -14,7 +14,7 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import nn
-from symbackprop.build.builder import BuildOptions, find_blas
+from symbackprop.toolchain.builder import BuildOptions, find_blas
 
 pytestmark = pytest.mark.skipif(find_blas() is None, reason="no BLAS: pip install scipy-openblas32")
 

@@ -18,9 +18,9 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-import symbackprop.build.builder as build_module
-from symbackprop.build.builder import BuildOptions, build, cache_entry, cache_key
+import symbackprop.toolchain.builder as build_module
 from symbackprop.pipeline import generate
+from symbackprop.toolchain.builder import BuildOptions, build, cache_entry, cache_key
 
 ROOT = Path(__file__).resolve().parents[2]
 

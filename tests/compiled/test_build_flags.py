@@ -11,8 +11,8 @@ import sympy as sp
 from conftest import TEST_FLAGS
 
 import symbackprop as sbp
-from symbackprop.build.builder import CACHE_ENV, DEFAULT_FLAGS, FLAGS_ENV, BuildOptions
 from symbackprop.errors import BuildError
+from symbackprop.toolchain.builder import CACHE_ENV, DEFAULT_FLAGS, FLAGS_ENV, BuildOptions
 
 
 def test_the_environment_sets_the_default_flags_only(monkeypatch):

@@ -1,5 +1,5 @@
 """A cold compile runs the C compiler as soon as the model's C is written
-(symbackprop.build.builder): the model's objects start before cffi writes
+(symbackprop.toolchain.builder): the model's objects start before cffi writes
 the glue, and the derivation is written while they compile; the module's
 derivation is generate's, in compile() and compile_all() alike."""
 
@@ -10,8 +10,8 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import nn, pipeline
-from symbackprop.build.builder import BuildOptions
 from symbackprop.pipeline import generate
+from symbackprop.toolchain.builder import BuildOptions
 
 
 def _model(name: str):

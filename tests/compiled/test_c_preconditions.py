@@ -18,10 +18,10 @@ from c_driver import STRICT_FLAGS, unwrapped, write_runtime_header
 from test_memory_safety import SANITIZE, SANITIZER_ENV, _sanitizer_works
 
 import symbackprop as sbp
+from symbackprop.base.abi import SIZE_DOES_NOT_FIT, STATUS_TEXT
 from symbackprop.declare import nn
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES
 from symbackprop.pipeline import generate
-from symbackprop.run.abi import SIZE_DOES_NOT_FIT, STATUS_TEXT
 from symbackprop.run.optim import SGD, Adam
 
 N, C, K, T, V = sp.symbols("N C K T V", integer=True, positive=True)
@@ -619,8 +619,8 @@ def test_a_gather_nested_in_a_kernel_schedule_is_refused():
     """Should a nested step ever gather, its rows would go unchecked: codegen refuses."""
     from types import SimpleNamespace
 
+    from symbackprop.base.cnames import CNamer
     from symbackprop.emit.cfunction import entry_checks
-    from symbackprop.emit.cnames import CNamer
     from symbackprop.emit.codegen import FLOAT64, FunctionEmitter
     from symbackprop.ops.emap_kernel import EmapKernel
     from symbackprop.schedule.scheduler import FunctionSchedule

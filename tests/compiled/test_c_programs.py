@@ -22,8 +22,8 @@ from c_driver import STRICT_FLAGS, fill_values, write_runtime_header
 from test_c_preconditions import trained_model, two_gathers_model
 
 import symbackprop as sbp
+from symbackprop.base.abi import ARG_INDEX, ARG_REAL, ARG_UPDATED, concrete
 from symbackprop.pipeline import generate
-from symbackprop.run.abi import ARG_INDEX, ARG_REAL, ARG_UPDATED, concrete
 from symbackprop.run.optim import SGD
 
 ROOT = Path(__file__).resolve().parents[2]

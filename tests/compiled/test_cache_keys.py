@@ -12,10 +12,10 @@ from pathlib import Path
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.build.key import executable_stamp
 from symbackprop.declare.nn import relu, sum_all
 from symbackprop.run import fastcall
 from symbackprop.run.runtime import model_fingerprint
+from symbackprop.toolchain.key import executable_stamp
 
 x, a = sp.symbols("x a", real=True)
 
@@ -122,8 +122,8 @@ def test_the_package_digest_reads_every_template(monkeypatch):
     """The memo's key hashes the templates, though a checkout keeps them in
     the top-level templates/, outside the package it walks: a template
     edited in a checkout is a new digest."""
-    from symbackprop.build import builder
     from symbackprop.emit import templatecache
+    from symbackprop.toolchain import builder
 
     read: list[str] = []
 

@@ -26,17 +26,17 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-import symbackprop.build.builder as build_module
-import symbackprop.build.compiler as compiler_module
-import symbackprop.build.key as cache_key_module
-import symbackprop.build.memo as memo_module
-from symbackprop.build.builder import BuildOptions, cache_entry, cache_key
-from symbackprop.build.compiler import EXT_SUFFIX
-from symbackprop.build.key import digest
-from symbackprop.build.memo import read_memo, write_memo
+import symbackprop.toolchain.builder as build_module
+import symbackprop.toolchain.compiler as compiler_module
+import symbackprop.toolchain.key as cache_key_module
+import symbackprop.toolchain.memo as memo_module
 from symbackprop.pipeline import generate
 from symbackprop.plan import DEFAULT_FUNCTIONS
 from symbackprop.run.runtime import model_fingerprint
+from symbackprop.toolchain.builder import BuildOptions, cache_entry, cache_key
+from symbackprop.toolchain.compiler import EXT_SUFFIX
+from symbackprop.toolchain.key import digest
+from symbackprop.toolchain.memo import read_memo, write_memo
 
 ROOT = Path(__file__).resolve().parents[2]
 AS_ROOT = hasattr(os, "getuid") and os.getuid() == 0
@@ -602,7 +602,7 @@ def test_a_whole_entry_whose_library_cannot_load_here_is_a_build_error(tmp_path)
     subprocess.run([cc, "-shared", "-fPIC", str(libdir / "extra.c"), "-o", str(libdir / "libsbpextra.so")], check=True)
     flags = ("-O1", f"-L{libdir}", "-Wl,--no-as-needed", "-lsbpextra", f"-Wl,-rpath,{libdir}")
     code = f"""
-        from symbackprop.build.builder import BuildOptions
+        from symbackprop.toolchain.builder import BuildOptions
         try:
             sbp.compile(model(96), options=BuildOptions(flags={flags!r}))
             print("loaded")

@@ -5,8 +5,8 @@ import time
 from conftest import load_example
 
 import symbackprop as sbp
-from symbackprop.build.builder import BuildOptions
 from symbackprop.pipeline import generate
+from symbackprop.toolchain.builder import BuildOptions
 
 
 def test_mnist_sized_code_is_as_small_as_the_tiny_mlp(tmp_path, capsys):

@@ -10,9 +10,9 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.build.builder import BuildOptions
 from symbackprop.errors import BuildError, ModelError
 from symbackprop.run import runtime
+from symbackprop.toolchain.builder import BuildOptions
 
 N = 3
 

@@ -1,5 +1,5 @@
 """The printer's direct paths for symbols, products of symbols and their
-sums (emit.cprint: _product_text, the square-free key of ordered_terms):
+sums (base.cprint: _product_text, the square-free key of ordered_terms):
 the same text as SymPy's own C99 printer and the same order as SymPy's
 as_ordered_terms, on random sums of products (the terms of a large
 kernel), and the general path kept for anything else."""
@@ -9,8 +9,8 @@ import random
 import sympy as sp
 from sympy.printing.c import C99CodePrinter
 
+from symbackprop.base.cprint import ordered_terms
 from symbackprop.emit.codegen import FLOAT64, ScalarPrinter
-from symbackprop.emit.cprint import ordered_terms
 
 # names whose order by name differs from a naive one (x10 before x9, capitals first, underscores)
 NAMES = ["x0", "x1", "x9", "x10", "x11", "_load3", "_load12", "A", "a", "B_1", "b", "t19", "g0", "zz"]

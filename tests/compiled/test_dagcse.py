@@ -1,4 +1,4 @@
-"""The DAG CSE (schedule.dagcse) and the printer's term order (emit.cprint):
+"""The DAG CSE (schedule.dagcse) and the printer's term order (base.cprint):
 checked against evaluation of the original expressions and against
 SymPy's own as_ordered_terms."""
 
@@ -6,7 +6,7 @@ import random
 
 import sympy as sp
 
-from symbackprop.emit.cprint import ordered_terms
+from symbackprop.base.cprint import ordered_terms
 from symbackprop.schedule.dagcse import dag_cse
 
 x, y, z, w = sp.symbols("x y z w", real=True)

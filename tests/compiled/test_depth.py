@@ -21,6 +21,7 @@ from helpers import count_calls
 from sympy.core.cache import clear_cache
 
 import symbackprop as sbp
+from symbackprop.base.exprdag import MAX_BODY_DEPTH
 from symbackprop.declare import nn
 from symbackprop.deep import run_deep
 from symbackprop.emit.graph import graph_text
@@ -28,7 +29,6 @@ from symbackprop.errors import ModelError
 from symbackprop.ir import construct as ir_construct
 from symbackprop.ir import lower as ir_lower
 from symbackprop.ir import node as ir_node
-from symbackprop.ir.exprdag import MAX_BODY_DEPTH
 from symbackprop.pipeline import plan
 
 TESTS = Path(__file__).resolve().parent

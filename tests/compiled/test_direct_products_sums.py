@@ -1,4 +1,4 @@
-"""ir.exprdag's product and total (a fused loop's inlined values built
+"""base.exprdag's product and total (a fused loop's inlined values built
 without SymPy's flatten where it has nothing to combine): the same
 expression, argument for argument, as SymPy's Mul and Add, on random
 products and sums of symbols, matrix entries, sums, numbers and the cases that must go
@@ -10,7 +10,7 @@ import random
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symbackprop.ir.exprdag import product, total
+from symbackprop.base.exprdag import product, total
 from symbackprop.schedule.kernel import shared_xreplace
 
 NAMES = ["x0", "x1", "x9", "x10", "_load3", "_load12", "A", "a", "B_1", "t19"]

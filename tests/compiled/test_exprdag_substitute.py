@@ -7,7 +7,7 @@ import random
 
 import sympy as sp
 
-from symbackprop.ir.exprdag import substitute
+from symbackprop.base.exprdag import substitute
 
 x, y, z, w = sp.symbols("x y z w", real=True)
 

@@ -13,9 +13,9 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import pipeline
-from symbackprop.build.builder import BuildOptions
 from symbackprop.declare import nn
 from symbackprop.schedule import scheduler
+from symbackprop.toolchain.builder import BuildOptions
 
 n = sp.Symbol("n", integer=True, positive=True)
 SIZES = (7, 5, 3)

@@ -21,8 +21,8 @@ from c_driver import fill_values, parse_output, unwrapped, write_runtime_header
 from conftest import example_names, load_example
 
 import symbackprop as sbp
-from symbackprop.build.builder import BuildOptions
 from symbackprop.pipeline import generate
+from symbackprop.toolchain.builder import BuildOptions
 
 # -O0: every access the C states is made (and it builds fast: seconds for the LSTM example, not minutes)
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O0", "-std=c99"]

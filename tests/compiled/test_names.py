@@ -17,8 +17,8 @@ import sympy as sp
 from helpers import assert_gradients_match, random_data
 
 import symbackprop as sbp
+from symbackprop.base.cnames import C_KEYWORDS, C_LIBRARY, CNamer, sanitize
 from symbackprop.declare import nn
-from symbackprop.emit.cnames import C_KEYWORDS, C_LIBRARY, CNamer, sanitize
 from symbackprop.pipeline import generate
 
 MARK = "INJECTED"  # every payload that tries to escape carries it after a non-word character

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 import symbackprop as sbp
-from symbackprop.build import builder
+from symbackprop.toolchain import builder
 
 
 def _run(code: str) -> str:
@@ -33,8 +33,8 @@ def test_set_num_threads_refuses_what_is_not_a_count(bad):
 def test_set_then_get_and_the_blas_follows():
     out = _run("""
         import symbackprop as sbp
-        from symbackprop.build.blas import blas_threads
-        from symbackprop.build.threads import _libgomp
+        from symbackprop.toolchain.blas import blas_threads
+        from symbackprop.toolchain.threads import _libgomp
         for n in (1, 2, 1):
             sbp.set_num_threads(n)
             print(sbp.get_num_threads() if _libgomp() else n, blas_threads() or n)
@@ -47,8 +47,8 @@ def test_an_openmp_module_with_blas_keeps_the_blas_at_one_thread():
     out = _run("""
         import numpy as np, sympy as sp
         import symbackprop as sbp
-        from symbackprop.build.blas import blas_threads
-        from symbackprop.build.threads import _libgomp
+        from symbackprop.toolchain.blas import blas_threads
+        from symbackprop.toolchain.threads import _libgomp
         if blas_threads() is None or _libgomp() is None:
             print("skip")
         else:

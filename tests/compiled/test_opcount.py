@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sympy as sp
 
-from symbackprop.declare.stable import sigmoid, softplus
+from symbackprop.base.stable import sigmoid, softplus
 from symbackprop.schedule.opcount import count_all, count_ops, exceeds, exceeds_all
 
 x, y, z = sp.symbols("x y z", real=True)

@@ -162,8 +162,8 @@ def test_the_shared_helpers_are_in_the_runtime_header_only():
 
 
 def test_the_cffi_build_carries_the_runtime_header_and_keys_on_it(tmp_path, monkeypatch):
-    from symbackprop.build.builder import BuildOptions, cache_key
     from symbackprop.emit import codegen
+    from symbackprop.toolchain.builder import BuildOptions, cache_key
 
     x, w = sp.symbols("x w")
     mod = sbp.compile(sbp.Model("rt_header", params=[w], inputs=[x], loss=sp.tanh(w * x)),

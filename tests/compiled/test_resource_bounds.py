@@ -3,7 +3,7 @@
 The generated C computes every size (an array's rows x columns, a
 workspace, the minibatches of an epoch) from dimensions a C caller may pass
 as large as INT64_MAX: each is checked, and a call whose sizes do not fit
-returns run.abi.SIZE_DOES_NOT_FIT (its work_len 0, its shape functions that
+returns base.abi.SIZE_DOES_NOT_FIT (its work_len 0, its shape functions that
 status) instead of sizing a buffer from a value that wrapped around. The
 generated C is built with the strict flags (C99, no extension) and called
 through cffi in a child process, so a regression that writes out of bounds
@@ -23,9 +23,9 @@ import sympy as sp
 from c_driver import STRICT_FLAGS, write_runtime_header
 
 import symbackprop as sbp
+from symbackprop.base.abi import SIZE_DOES_NOT_FIT, SIZE_LIMIT, STATUS_TEXT
 from symbackprop.declare import nn
 from symbackprop.pipeline import generate
-from symbackprop.run.abi import SIZE_DOES_NOT_FIT, SIZE_LIMIT, STATUS_TEXT
 from symbackprop.run.optim import Adam
 
 INT64_MAX = 2**63 - 1

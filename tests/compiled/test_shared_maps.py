@@ -17,9 +17,9 @@ from test_depth import check_gru_gradient, gru_data, gru_model, gru_numpy
 
 import symbackprop as sbp
 from symbackprop import pipeline
-from symbackprop.build.builder import BuildOptions
 from symbackprop.emit.maps import _shape
 from symbackprop.schedule.kernel import kernel_reads, kernel_writes
+from symbackprop.toolchain.builder import BuildOptions
 
 STEPS = 4
 

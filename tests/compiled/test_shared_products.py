@@ -12,9 +12,9 @@ from conftest import load_example
 from test_depth import check_gru_gradient, gru_data, gru_model, gru_numpy
 
 import symbackprop as sbp
-from symbackprop.build.builder import BuildOptions
 from symbackprop.emit import products
 from symbackprop.pipeline import generate
+from symbackprop.toolchain.builder import BuildOptions
 
 STEPS = 4  # 14 products a step, 56 in all: past MAX_INLINED_PRODUCTS
 

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the benchmarks p
 
 import symbackprop as sbp
 from benchmarks.gradbench import det
-from symbackprop.build.builder import BuildOptions
 from symbackprop.pipeline import generate
+from symbackprop.toolchain.builder import BuildOptions
 
 
 def _marked(source: str) -> list[str]:

@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the benchmarks p
 
 import symbackprop as sbp
 from benchmarks.gradbench import det
-from symbackprop.build.builder import DEFAULT_FLAGS, BuildOptions
 from symbackprop.ir.node import SCALAR
 from symbackprop.pipeline import generate
 from symbackprop.schedule import straight
 from symbackprop.schedule.kernel import Equation, MapKernel, View
 from symbackprop.schedule.straight import cut_straight
+from symbackprop.toolchain.builder import DEFAULT_FLAGS, BuildOptions
 
 
 def _whole(buffer: str) -> View:

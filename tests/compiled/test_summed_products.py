@@ -18,7 +18,7 @@ from oracles import assert_matches_autograd
 
 import symbackprop as sbp
 from symbackprop import nn
-from symbackprop.build.builder import BuildOptions
+from symbackprop.toolchain.builder import BuildOptions
 
 torch = pytest.importorskip("torch")
 

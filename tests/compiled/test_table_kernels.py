@@ -26,12 +26,12 @@ from c_driver import STRICT_FLAGS, write_runtime_header
 
 import symbackprop as sbp
 from benchmarks.gradbench import det
-from symbackprop.build.builder import BuildOptions
 from symbackprop.ir.node import SCALAR
 from symbackprop.pipeline import generate
 from symbackprop.schedule import straight
 from symbackprop.schedule.kernel import MapKernel, View
 from symbackprop.schedule.straight import table_rows
+from symbackprop.toolchain.builder import BuildOptions
 
 x, y, z = sp.symbols("x y z", real=True)
 

@@ -11,8 +11,8 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.build.builder import BuildOptions
 from symbackprop.declare import nn
+from symbackprop.toolchain.builder import BuildOptions
 
 n = sp.Symbol("n", integer=True, positive=True)
 X = sp.MatrixSymbol("X", n, 64)

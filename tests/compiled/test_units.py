@@ -14,12 +14,12 @@ from c_driver import STRICT_FLAGS, write_runtime_header
 from conftest import load_example
 
 import symbackprop as sbp
-from symbackprop.build import builder
-from symbackprop.build.builder import DEFAULT_FLAGS, BuildOptions
 from symbackprop.emit import cunits
 from symbackprop.emit.cunits import unit_count
 from symbackprop.errors import BuildError
 from symbackprop.pipeline import generate
+from symbackprop.toolchain import builder
+from symbackprop.toolchain.builder import DEFAULT_FLAGS, BuildOptions
 
 FUNCTIONS = ("forward", "value_and_grad", "vjp")
 

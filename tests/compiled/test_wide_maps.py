@@ -21,10 +21,10 @@ import sympy as sp
 from c_driver import STRICT_FLAGS, unwrapped, write_runtime_header
 
 import symbackprop as sbp
-from symbackprop.build import compiler
-from symbackprop.build.builder import DEFAULT_FLAGS, BuildOptions
-from symbackprop.build.compiler import SIMD_FLAGS
-from symbackprop.emit.emap_c import WIDE_SUMS_NARROW
+from symbackprop.ops.emap_c import WIDE_SUMS_NARROW
+from symbackprop.toolchain import compiler
+from symbackprop.toolchain.builder import DEFAULT_FLAGS, BuildOptions
+from symbackprop.toolchain.compiler import SIMD_FLAGS
 
 M = 64  # coefficients: a body far over LANES_MAX_OPS
 FUNCTIONS = ("forward", "value_and_grad")

@@ -12,8 +12,8 @@ from helpers import count_calls
 
 import symbackprop as sbp
 from symbackprop import nn
+from symbackprop.base.exprdag import substitute
 from symbackprop.declare.standing import Standing
-from symbackprop.ir.exprdag import substitute
 
 
 def _residual_stack(layers: int) -> sp.MatrixExpr:

@@ -82,8 +82,8 @@ def _sampled_differences(loss, data, name, grad, count=24, step=1e-6):
 def test_blas_and_plain_loops_agree():
     """Large products call BLAS when scipy-openblas32 is installed; the plain
     C loops (the fallback, and what a C user builds by default) agree."""
-    from symbackprop.build.builder import BuildOptions, find_blas
     from symbackprop.emit.codegen import runtime_header
+    from symbackprop.toolchain.builder import BuildOptions, find_blas
 
     module = load_example("mnist_mlp")
     data = module.sample_data(np.random.default_rng(4))

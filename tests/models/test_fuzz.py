@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import symbackprop as sbp
-from symbackprop.build.builder import BuildOptions
 from symbackprop.declare import nn
+from symbackprop.toolchain.builder import BuildOptions
 
 # draws per property: (default run, slow tier); SYMBACKPROP_FUZZ_EXAMPLES=N for N fresh ones
 MATRIX_EXAMPLES, SCALAR_EXAMPLES, MAP_EXAMPLES = (20, 60), (10, 25), (6, 15)

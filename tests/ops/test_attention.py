@@ -13,8 +13,8 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import nn
-from symbackprop.build.builder import BuildOptions, find_blas
 from symbackprop.declare.attention import CausalSoftmax
+from symbackprop.toolchain.builder import BuildOptions, find_blas
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

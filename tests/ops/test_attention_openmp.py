@@ -15,8 +15,8 @@ from test_conv_openmp import _gomp
 
 import symbackprop as sbp
 from symbackprop import nn
-from symbackprop.build.blas import blas_threads
-from symbackprop.build.builder import BuildOptions
+from symbackprop.toolchain.blas import blas_threads
+from symbackprop.toolchain.builder import BuildOptions
 
 torch = pytest.importorskip("torch")
 

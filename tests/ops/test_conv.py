@@ -181,7 +181,7 @@ def test_lenet_block_float32_and_plain_loops(dtype, blas, rel):
     """The same net compiled in float32 (the conv kernels' C in float, their
     products through the float matmul helper) and without BLAS (the
     helper's plain loops), against PyTorch float64."""
-    from symbackprop.build.builder import BuildOptions
+    from symbackprop.toolchain.builder import BuildOptions
 
     model, reference, shapes = _lenet_block()
     mod, _ = _check(model, reference, shapes, 5, wrt=["w1", "b1", "w2", "gamma", "beta", "v", "c"], rel=rel,

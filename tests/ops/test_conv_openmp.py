@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_conv import _check, _lenet_block
 
-from symbackprop.build.builder import BuildOptions
+from symbackprop.toolchain.builder import BuildOptions
 
 torch = pytest.importorskip("torch")
 
@@ -55,7 +55,7 @@ def test_one_and_two_threads_give_identical_gradients(batch):
 _WAIT_POLICY_SCRIPT = """
 import os, sys, sympy as sp, symbackprop as sbp
 from symbackprop import nn
-from symbackprop.build.builder import BuildOptions
+from symbackprop.toolchain.builder import BuildOptions
 x = sp.MatrixSymbol("x", sp.Symbol("n", integer=True, positive=True), 3)
 model = sbp.Model(sys.argv[1], inputs=[x], params=[], grad_inputs=[x], loss=nn.sum_all(x.applyfunc(sp.sin)))
 sbp.compile(model, options=BuildOptions(openmp=sys.argv[1] == "with_omp"))

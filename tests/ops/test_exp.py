@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from c_driver import STRICT_FLAGS
 
-from symbackprop.build.builder import DEFAULT_FLAGS, compiler_command
 from symbackprop.emit.codegen import FLOAT32, FLOAT64, runtime_type, template_environment
+from symbackprop.toolchain.builder import DEFAULT_FLAGS, compiler_command
 
 TYPES = {"float64": (FLOAT64, np.float64), "float32": (FLOAT32, np.float32)}
 

@@ -21,8 +21,8 @@ import sympy as sp
 from sympy.codegen.cfunctions import log1p
 
 import symbackprop as sbp
+from symbackprop.base.stable import sigmoid, softplus, stabilize
 from symbackprop.declare import nn
-from symbackprop.declare.stable import sigmoid, softplus, stabilize
 
 NAN, INF = math.nan, math.inf
 ZS = [-1e4, -800.0, -710.0, -89.0, -88.0, -20.0, 0.0, 20.0, 88.0, 89.0, 710.0, 800.0, 1e4, NAN, INF, -INF]

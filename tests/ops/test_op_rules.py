@@ -9,7 +9,7 @@ A few models are also compiled, to check that the C computes what the
 interpreter does (the interpreter is then an oracle for the emitted code).
 The loop ops (scan, fixed_point), which the interpreter does not run, have
 compiled cases. The table is read against the registry
-(symbackprop.ops.registry.records()): an op registered without a case for
+(symbackprop.base.registry.records()): an op registered without a case for
 its VJP, JVP or evaluator fails test_every_registered_op_has_a_case.
 """
 
@@ -26,6 +26,7 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
+from symbackprop.base import registry
 from symbackprop.declare import nn
 from symbackprop.declare.pick import pick
 from symbackprop.diff.autodiff import jvp, vjp
@@ -36,7 +37,6 @@ from symbackprop.ir.interpret import bind_dims, evaluate
 from symbackprop.ir.lower import lower
 from symbackprop.ir.node import SCALAR, Node, placeholder, topological_order
 from symbackprop.loops.reshape import reshape
-from symbackprop.ops import registry
 
 n, k = sp.symbols("n k", integer=True, positive=True)
 X = sp.MatrixSymbol("X", n, 3)
@@ -412,7 +412,7 @@ def test_compiled_module_agrees_with_the_interpreter(name):
 
 
 def test_stable_functions_through_the_interpreter():
-    """sigmoid and softplus (symbackprop.declare.stable) evaluate and differentiate
+    """sigmoid and softplus (symbackprop.base.stable) evaluate and differentiate
     without C, at ordinary points and where exp would overflow."""
     model = sbp.Model("op_stable", **_model(_sum((X * W).applyfunc(lambda t: nn.sigmoid(t) + nn.softplus(-t)))))
     lowered = lower(model)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from symbackprop.base.registry import MissingRule, OpRecord, record, records, reductions, register, rule
 from symbackprop.declare.tensor import Reduce
-from symbackprop.ops.registry import MissingRule, OpRecord, record, records, reductions, register, rule
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 

@@ -1,4 +1,4 @@
-"""diff.scalar: the derivatives of one expression by all its symbols in one
+"""base.scalar: the derivatives of one expression by all its symbols in one
 sweep (reverse mode) and its differential (forward mode) equal sp.diff's,
 checked on random expressions at random points, with and without naming
 the shared adjoints and tangents as local values."""
@@ -8,9 +8,9 @@ import random
 import pytest
 import sympy as sp
 
+from symbackprop.base.scalar import backward, forward
+from symbackprop.base.stable import sigmoid, softplus
 from symbackprop.declare.select import where
-from symbackprop.declare.stable import sigmoid, softplus
-from symbackprop.diff.scalar import backward, forward
 
 XS = sp.symbols("x0:4", real=True)
 

@@ -14,10 +14,10 @@ from c_driver import STRICT_FLAGS, write_runtime_header
 from oracles import central_differences, relative_error, sigmoid
 
 import symbackprop as sbp
-from symbackprop.build.builder import DEFAULT_FLAGS, BuildOptions
 from symbackprop.declare import nn
 from symbackprop.pipeline import generate
 from symbackprop.run.optim import SGD, Adam
+from symbackprop.toolchain.builder import DEFAULT_FLAGS, BuildOptions
 
 T = sp.Symbol("T", integer=True, positive=True)
 

@@ -20,6 +20,7 @@ from c_driver import strict_compile_errors
 from oracles import central_differences, relative_error
 
 import symbackprop as sbp
+from symbackprop.base.functions import polygamma_scalar
 from symbackprop.declare import nn
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.errors import ModelError
@@ -27,7 +28,6 @@ from symbackprop.ir.construct import const, leaf
 from symbackprop.ir.interpret import bind_dims, evaluate
 from symbackprop.ir.lower import lower
 from symbackprop.ir.node import SCALAR
-from symbackprop.ops.functions import polygamma_scalar
 from symbackprop.pipeline import generate
 
 N = sp.Symbol("N", integer=True, positive=True)

@@ -34,7 +34,7 @@ CLASSES = [
     ("run.train", "Training"),  # CompiledModule's train_step, train_epoch, optimizer_state
     ("declare.model", "Model"),
     ("run.train", "Trainer"),
-    ("build.builder", "BuildOptions"),
+    ("toolchain.builder", "BuildOptions"),
 ]
 FUNCTIONS = [("cli", "main")]
 

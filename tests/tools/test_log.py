@@ -9,11 +9,11 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-import symbackprop.build.builder as build_module
 import symbackprop.log as log
-from symbackprop.build.builder import BuildOptions
+import symbackprop.toolchain.builder as build_module
 from symbackprop.cli import main
 from symbackprop.declare import nn
+from symbackprop.toolchain.builder import BuildOptions
 
 
 def small_model():
@@ -129,12 +129,12 @@ def test_a_fast_compile_says_nothing_and_a_terminal_hears_without_logging(tmp_pa
     _slow_compiler(tmp_path, monkeypatch)
     monkeypatch.setattr(log, "SLOW_SECONDS", 0.1)
     monkeypatch.setattr(log.logger, "hasHandlers", lambda: False)
-    monkeypatch.setattr(log, "_is_terminal", lambda stream: True)
+    monkeypatch.setattr(log, "is_terminal", lambda stream: True)
     sbp.compile(small_model(), options=BuildOptions(cache_dir=tmp_path / "other"))
     err = capsys.readouterr().err
     assert re.fullmatch(r"symbackprop: compiling 'logged' \(forward, value_and_grad, float64\): "
                         + SO_FAR.format("logged") + "\n", err), err
-    monkeypatch.setattr(log, "_is_terminal", lambda stream: False)  # not a terminal: silent, as progress bars
+    monkeypatch.setattr(log, "is_terminal", lambda stream: False)  # not a terminal: silent, as progress bars
     sbp.compile(small_model(), options=BuildOptions(cache_dir=tmp_path / "third"))
     assert capsys.readouterr().err == ""
 

@@ -56,8 +56,12 @@ from types import ModuleType
 from typing import Any
 
 from symbackprop._version import __version__
-from symbackprop.build import trust as cache_trust
-from symbackprop.build.blas import (
+from symbackprop.base import trust as cache_trust
+from symbackprop.base.cachedir import CACHE_ENV, cache_folder
+from symbackprop.base.trust import ABSENT, entry_problem, secure_root, warn
+from symbackprop.errors import BuildError
+from symbackprop.log import event, stage
+from symbackprop.toolchain.blas import (
     INSTALL,
     STUB_FOLDER,
     Blas,
@@ -65,8 +69,7 @@ from symbackprop.build.blas import (
     prepare_blas,
     set_blas_threads,  # noqa: F401  (re-exported: older scripts import it here)
 )
-from symbackprop.build.cachedir import CACHE_ENV, cache_folder
-from symbackprop.build.compiler import (
+from symbackprop.toolchain.compiler import (
     EXT_SUFFIX,
     build_commands,
     compiler_command,
@@ -74,12 +77,9 @@ from symbackprop.build.compiler import (
     simd_flags,
     toolchain,
 )
-from symbackprop.build.key import asks_for_host_cpu, digest, host_cpu
-from symbackprop.build.packed import packed_entries
-from symbackprop.build.threads import blas_beside_openmp
-from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
-from symbackprop.errors import BuildError
-from symbackprop.log import event, stage
+from symbackprop.toolchain.key import asks_for_host_cpu, digest, host_cpu
+from symbackprop.toolchain.packed import packed_entries
+from symbackprop.toolchain.threads import blas_beside_openmp
 
 # Speed without changing results beyond rounding: no -ffast-math. -O3 and
 # the host's vector units; contraction to FMA is allowed. On x86-64, loops
@@ -303,7 +303,7 @@ def load_entry(final: Path, prefix: str) -> ModuleType:
     Raises:
         BuildError: the entry fails its check or does not load.
     """
-    return _load(final, module_name(prefix, final.name))
+    return load_checked(final, module_name(prefix, final.name))
 
 
 def build_once(final: Path, complete: Callable[[Path], bool], fill: Callable[[Path], None]) -> None:
@@ -419,7 +419,7 @@ def _compile_into(
             kept = linked[0]
             return [link if kept == libraries else build_commands(name, prefix, flags, staging, kept, units)[1]]
 
-        _run_logged([objects, stub_step, link_step], staging / "build.log", final.parent, prefix,
+        run_logged([objects, stub_step, link_step], staging / "build.log", final.parent, prefix,
                     started=[(model, write_glue), ([glue], meanwhile)])
         for command in objects:
             Path(command[-1]).unlink()  # in the library now
@@ -441,7 +441,7 @@ def _link_stub(folder: Path, blas: Blas) -> list[list[str]]:
 PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often
 
 
-def _run_logged(steps: list[list[list[str]] | Callable[[], list[list[str]]]], log: Path, keep_in: Path,
+def run_logged(steps: list[list[list[str]] | Callable[[], list[list[str]]]], log: Path, keep_in: Path,
                 subject: str = "", started: list[tuple[list[list[str]], Callable[[], None]]] | None = None) -> None:
     """Run the compiler: step after step, the commands of a step at once,
     their output in `log`, logging "still compiling <subject>: <s> s
@@ -528,7 +528,7 @@ def _one_blas_pool(library: Path) -> None:
             blas_beside_openmp()
 
 
-def _load(folder: Path, name: str) -> ModuleType:
+def load_checked(folder: Path, name: str) -> ModuleType:
     """The module `name` of the cache entry `folder`, loaded only once the
     entry is checked (BuildError where it fails the check)."""
     if name in sys.modules:
@@ -562,7 +562,7 @@ def load_built(folder: Path, prefix: str, options: BuildOptions | None = None) -
     if not os.path.lexists(folder):
         return None  # removed since: a plain miss
     try:
-        module = _load(folder, module_name(prefix, folder.name))  # checks the entry (once) before loading
+        module = load_checked(folder, module_name(prefix, folder.name))  # checks the entry (once) before loading
     except BuildError as exc:  # the memo only saves time: generate and build instead
         warn("%s", exc)
         return None

@@ -2,7 +2,7 @@
 gets wrong or that it does not know: Max, Min, Heaviside, sign, DiracDelta
 and Piecewise propagate NaN (C's fmax returns the other argument, and a
 comparison with NaN is false, which would silently choose a branch). The
-functions with a record in symbackprop.ops.functions (sigmoid, softplus,
+functions with a record in symbackprop.base.functions (sigmoid, softplus,
 lgamma, polygamma, ...) print as their records say.
 """
 
@@ -18,7 +18,7 @@ from sympy.logic.boolalg import BooleanFunction
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.precedence import PRECEDENCE, precedence
 
-from symbackprop.ops.functions import scalar_function
+from symbackprop.base.functions import scalar_function
 
 
 def ordered_terms(expr: sp.Add) -> list[sp.Expr]:
@@ -134,7 +134,7 @@ class IEEEPrinter(OrderedTerms, C99CodePrinter):
     real: Any
 
     def _print(self, expr: Any, **kwargs: Any) -> str:
-        """A function with a record (ops.functions) prints as it says."""
+        """A function with a record (base.functions) prints as it says."""
         record = scalar_function(type(expr))
         if record is not None:
             return record.c(self, expr)

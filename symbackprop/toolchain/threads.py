@@ -1,6 +1,6 @@
 """The public thread setting of compiled modules (`sbp.set_num_threads`,
 `sbp.get_num_threads`), as torch.set_num_threads: one number for both
-thread pools the generated code may use, the BLAS's (build.blas) and
+thread pools the generated code may use, the BLAS's (toolchain.blas) and
 OpenMP's (libgomp, for modules built with BuildOptions(openmp=True)).
 
 A module built with both splits its products across its OpenMP threads,
@@ -18,8 +18,8 @@ import ctypes
 import ctypes.util
 from functools import cache
 
-from symbackprop.build.blas import blas_threads, set_blas_threads
 from symbackprop.errors import ArgumentError
+from symbackprop.toolchain.blas import blas_threads, set_blas_threads
 
 _shared = {"openmp_blas": False}  # a module built with OpenMP and BLAS was loaded
 

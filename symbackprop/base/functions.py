@@ -6,7 +6,7 @@ call of a helper function that the module defines when a kernel calls it,
 its C in templates/), and its numpy reference for the C-free interpreter
 (symbackprop.ir.interpret). The derivative is SymPy's own (`fdiff`): loggamma
 -> polygamma(0, x), polygamma(n, x) -> polygamma(n + 1, x), gamma -> gamma
-* polygamma(0, x); sigmoid and softplus define theirs (symbackprop.declare.stable).
+* polygamma(0, x); sigmoid and softplus define theirs (symbackprop.base.stable).
 
 The printer (cprint.IEEEPrinter), the interpreter and the module template
 (through codegen.CModule.function_helpers) read these records; adding a function is
@@ -26,7 +26,7 @@ import numpy as np
 import sympy as sp
 from sympy.codegen.cfunctions import expm1, log1p
 
-from symbackprop.declare.stable import sigmoid, softplus
+from symbackprop.base.stable import sigmoid, softplus
 from symbackprop.errors import ModelError
 
 # the printer (cprint.IEEEPrinter) and the application, e.g. lgamma(x)

@@ -11,11 +11,11 @@ import tempfile
 from functools import lru_cache
 
 from symbackprop._version import __version__
-from symbackprop.build import trust as cache_trust
-from symbackprop.build.builder import BuildOptions, cache_root
-from symbackprop.build.key import digest
-from symbackprop.build.trust import secure_root, warn
+from symbackprop.base import trust as cache_trust
+from symbackprop.base.trust import secure_root, warn
 from symbackprop.errors import BuildError
+from symbackprop.toolchain.builder import BuildOptions, cache_root
+from symbackprop.toolchain.key import digest
 
 MEMO_FOLDER = "models"
 

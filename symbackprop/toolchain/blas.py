@@ -139,7 +139,7 @@ def _library(blas: Blas) -> ctypes.CDLL:
 
 
 def prepare_blas() -> None:
-    """Before a module that calls BLAS is loaded (build.builder._load)."""
+    """Before a module that calls BLAS is loaded (toolchain.builder.load_checked)."""
     blas = find_blas()
     if blas is not None:
         _library(blas)

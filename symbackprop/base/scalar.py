@@ -25,7 +25,7 @@ from sympy.core.exprtools import _keep_coeff
 from sympy.core.function import ArgumentIndexError
 from sympy.functions.elementary.piecewise import ExprCondPair
 
-from symbackprop.ir.exprdag import _args, post_order
+from symbackprop.base.exprdag import post_order, walk_args
 
 Let = Callable[[sp.Expr], sp.Expr]
 
@@ -47,7 +47,7 @@ def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool], l
         adjoint = sp.Add(*terms.pop(sub, ()))
         if adjoint == 0 or not holds[sub]:
             continue
-        if not _args(sub):
+        if not walk_args(sub):
             found[sub] = adjoint
             continue
         local = _local(sub, holds)
@@ -76,13 +76,13 @@ def forward(expr: sp.Expr, tangent_of: Mapping[sp.Basic, sp.Expr], let: Let = _i
     holds = _holds(order, tangent_of.__contains__)
     uses: dict[sp.Basic, int] = {}
     for sub in order:
-        for arg in set(_args(sub)):
+        for arg in set(walk_args(sub)):
             uses[arg] = uses.get(arg, 0) + 1
     tangent: dict[sp.Basic, sp.Expr] = {}
     for sub in order:
         if not holds[sub]:
             continue
-        if not _args(sub):
+        if not walk_args(sub):
             tangent[sub] = tangent_of[sub]
             continue
         local = _local(sub, holds)
@@ -108,7 +108,7 @@ def _holds(order: list[sp.Basic], wanted: Callable[[sp.Basic], bool]) -> dict[sp
     """For each subexpression: whether a wanted symbol is it or under it."""
     holds: dict[sp.Basic, bool] = {}
     for sub in order:
-        args = _args(sub)
+        args = walk_args(sub)
         holds[sub] = any(holds[a] for a in args) if args else bool(wanted(sub))
     return holds
 

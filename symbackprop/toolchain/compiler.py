@@ -14,8 +14,8 @@ import sysconfig
 from functools import cache
 from pathlib import Path
 
-from symbackprop.build.key import asks_for_host_cpu, executable_stamp, target_cpu
 from symbackprop.errors import BuildError
+from symbackprop.toolchain.key import asks_for_host_cpu, executable_stamp, target_cpu
 
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTENSION_SUFFIXES[0]
 

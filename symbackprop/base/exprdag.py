@@ -31,11 +31,11 @@ MAX_BODY_PARTS = 80
 def is_value(expr: sp.Basic) -> bool:
     """A scalar operation (not a condition, a Piecewise branch, a matrix or
     its element): may be a part."""
-    return isinstance(expr, sp.Expr) and bool(_args(expr)) and not isinstance(
+    return isinstance(expr, sp.Expr) and bool(walk_args(expr)) and not isinstance(
         expr, (Relational, BooleanFunction, ExprCondPair, sp.MatrixExpr))
 
 
-def _args(expr: sp.Basic) -> tuple:
+def walk_args(expr: sp.Basic) -> tuple:
     """The arguments a walk visits: none for a matrix element (a leaf of
     the scalar expression) or a matrix."""
     return () if isinstance(expr, (MatrixElement, sp.MatrixExpr)) else expr.args
@@ -178,7 +178,7 @@ def post_order(expr: sp.Basic, skip: Container[sp.Basic] = ()) -> list[sp.Basic]
         elif sub not in seen and sub not in skip:
             seen.add(sub)
             stack.append((sub, True))
-            stack.extend((a, False) for a in reversed(_args(sub)) if a not in seen)
+            stack.extend((a, False) for a in reversed(walk_args(sub)) if a not in seen)
     return order
 
 
@@ -199,14 +199,14 @@ class Splitter:
         order = post_order(expr, self.done)
         uses: dict[sp.Basic, int] = {}
         for sub in order:
-            for arg in set(_args(sub)):
+            for arg in set(walk_args(sub)):
                 uses[arg] = uses.get(arg, 0) + 1
-        large = sum(1 for sub in order if _args(sub)) > MAX_BODY_PARTS
+        large = sum(1 for sub in order if walk_args(sub)) > MAX_BODY_PARTS
         parts = []
         for sub in order:
-            args = [self.done[a] for a in _args(sub)]
-            rebuilt = rebuild(sub, args) if _args(sub) else sub
-            height = 1 + max((self.height[a] for a in _args(sub)), default=-1)
+            args = [self.done[a] for a in walk_args(sub)]
+            rebuilt = rebuild(sub, args) if walk_args(sub) else sub
+            height = 1 + max((self.height[a] for a in walk_args(sub)), default=-1)
             if sub is not expr and is_value(sub) and (height >= MAX_BODY_DEPTH or (large and uses.get(sub, 0) > 1)):
                 symbol = self.name(sub)
                 parts.append((sub, symbol, rebuilt))

@@ -1,4 +1,5 @@
-"""The build stage: generated C compiled with cffi into a verified cache.
+"""The build stage (toolchain): generated C compiled with cffi into a
+verified cache.
 
     builder.py   BuildOptions and build: compile, cache, load
     compiler.py  the C compiler, its command lines and what its output depends on
@@ -6,7 +7,8 @@
     memo.py      the front cache: a model's generated code and plan, as JSON
     blas.py      which BLAS large products call, how to link it, its threads
     threads.py   sbp.set_num_threads / get_num_threads (the BLAS's and OpenMP's)
-    cachedir.py  where the caches are kept
     key.py       cache keys, and what -march=native means here
-    trust.py     which folders, files and entries the cache trusts
+
+Where the caches live and what they trust: symbackprop.base (cachedir.py,
+trust.py), shared with the template cache.
 """
