@@ -123,7 +123,7 @@ def test_the_package_digest_reads_every_template(monkeypatch):
     the top-level templates/, outside the package it walks: a template
     edited in a checkout is a new digest."""
     from symbackprop.emit import templatecache
-    from symbackprop.toolchain import builder
+    from symbackprop.toolchain import memo
 
     read: list[str] = []
 
@@ -131,9 +131,9 @@ def test_the_package_digest_reads_every_template(monkeypatch):
         read.append(os.path.realpath(path))
         return open(path, *args, **kwargs)
 
-    monkeypatch.setattr(builder, "open", recording, raising=False)
-    builder.package_digest.cache_clear()  # (kept for the process)
-    builder.package_digest()
+    monkeypatch.setattr(memo, "open", recording, raising=False)
+    memo.package_digest.cache_clear()  # (kept for the process)
+    memo.package_digest()
     templates = sorted(os.path.realpath(path) for path in templatecache.TEMPLATES.glob("*.j2"))
     assert len(templates) > 20
     assert [path for path in templates if path not in read] == []

@@ -238,14 +238,14 @@ def _library_name(folder: Path, prefix: str) -> str:
 
 
 def test_a_library_that_fails_its_check_is_a_build_error_not_a_crash(tmp_path, monkeypatch):
-    """load_built (a memo's folder) and _load never load an unchecked library."""
+    """load_built (a memo's folder) and load_checked never load an unchecked library."""
     folder = _built(31, tmp_path)
     _truncate(folder)
     name = build_module.module_name("cache_safety", folder.name)
     monkeypatch.delitem(sys.modules, name)  # as in a new process
     assert build_module.load_built(folder, "cache_safety", BuildOptions(cache_dir=tmp_path)) is None
     with pytest.raises(sbp.BuildError, match="not the file that was built"):
-        build_module._load(folder, name)
+        build_module.load_checked(folder, name)
 
 
 def test_load_built_refuses_a_folder_outside_the_cache(tmp_path):
