@@ -15,6 +15,7 @@ from symbackprop.declare import nn
 from symbackprop.review.mathdiff import diff_models
 
 _DECLARED = re.compile(r"\*(\w+) = ")
+_LOOP_CALL = re.compile(r"^\s+(\w+_loop\w*)\((.*)")  # a call of a kind of loop's function (emit/maps.py)
 
 
 def _declared(lines: list[str]) -> set[str]:
@@ -45,6 +46,24 @@ def test_an_edit_renames_nothing_outside_its_layer(edit, optimizer):
     assert not outside, (label, outside)
     count, hunks = changed_lines(old, new)
     assert 0 < count <= BOUNDS[optimizer], (label, count, hunks)
+
+
+@pytest.mark.parametrize("edit", EDITS[:5], ids=[e[0] for e in EDITS[:5]])
+def test_the_loops_of_other_layers_call_what_they_called(edit):
+    """A loop outside the edited layer calls the same kind's function
+    before and after the edit: whether a loop is a function of the module,
+    and its name, come from its own text, not from how many loops of the
+    module share it (layer 2's sigmoid loop was inline once layer 1's
+    sigmoid became a relu)."""
+    label, before, after, stems = edit
+
+    def calls(lines: list[str]) -> list[str]:
+        found = [_LOOP_CALL.match(line) for line in lines]
+        return sorted(m.group(0).strip() for m in found if m
+                      and not any(_of_layer(word, stems) for word in re.findall(r"\w+", m.group(2))))
+
+    old = calls(c_text(before()))
+    assert len(old) >= 2 and old == calls(c_text(after())), label
 
 
 def test_the_same_model_twice_is_the_same_text():
