@@ -29,11 +29,23 @@ def _of_layer(name: str, stems: tuple[str, ...]) -> bool:
     return any(word in anchors for word in name.split("_"))
 
 
-# (lines removed + added) at most, without and with an optimizer (the most measured: 136, 408). The
-# issue measured 104 to 543 before; what is left with an optimizer is a layer added or widened,
-# whose update loops fuse with another parameter's of the same shape, and loops that occur once
-# being written inline where they were a shared function (emit/maps.py)
-BOUNDS = {False: 140, True: 420}
+# (lines removed + added) at most, without and with an optimizer, by edit: what was measured
+# (plain / Adam) and about a tenth more. The issue measured 104 to 543 before; the first
+# edit was 97/97 and a layer added 136/408 before every plain loop became a call named from
+# its own text (emit/maps.py), a long call one argument a line, the workspace's reuse the
+# buffer freed last and the self-description's tables unnumbered. What is left with an
+# optimizer: the update loops of parameters of one shape fuse (a layer added or widened
+# rewrites another parameter's update loop), and the self-description's indices in[k].
+BOUNDS = {
+    "3-layer MLP 5-6-6-3, layer 1 sigmoid -> relu": (80, 80),  # 73 / 73
+    "linear-layer_norm-tanh-linear, softmax CE, tanh -> relu": (65, 73),  # 59 / 66
+    "8-layer tanh MLP width 8, layer 2 tanh -> relu": (110, 133),  # 99 / 121
+    "8-layer tanh MLP width 8, layer 6 tanh -> relu": (111, 135),  # 101 / 123
+    "8-layer tanh MLP width 8, layer 8 tanh -> relu": (14, 14),  # 12 / 12
+    "3-layer MLP, a layer added in the middle": (123, 322),  # 112 / 293
+    "3-layer MLP, layer 2's width 6 -> 7": (100, 280),  # 91 / 254
+    "layer-norm net, + 1e-4 * l2_penalty(W1)": (42, 42),  # 38 / 38
+}
 
 
 @pytest.mark.parametrize("optimizer", [False, True], ids=["plain", "adam"])
@@ -45,7 +57,7 @@ def test_an_edit_renames_nothing_outside_its_layer(edit, optimizer):
     outside = sorted(n for n in gone | came if not _of_layer(n, stems))
     assert not outside, (label, outside)
     count, hunks = changed_lines(old, new)
-    assert 0 < count <= BOUNDS[optimizer], (label, count, hunks)
+    assert 0 < count <= BOUNDS[label][optimizer], (label, count, hunks)
 
 
 @pytest.mark.parametrize("edit", EDITS[:5], ids=[e[0] for e in EDITS[:5]])
