@@ -81,13 +81,16 @@ def share_maps(module: CModule, claim: Callable[[str], str]) -> CModule:
         return module
     counts = Counter(shape.key for shape in shapes.values())
     firsts: dict[str, tuple[_Shape, CKernel]] = {}  # each kind's first loop, in the order first run
+    anchors = frozenset(name for fn in functions for p in fn.params for name in (p.name, p.cname))
+    words: dict[str, Counter[str]] = {}  # each kind's words, one a loop
     for fn in functions:
         for kernel in fn.kernels:
             shape = shapes.get(id(kernel))
             if shape is not None:
                 firsts.setdefault(shape.key, (shape, kernel))
-    anchors = frozenset(name for fn in functions for p in fn.params for name in (p.name, p.cname))
-    names = _names(module.prefix, [shape for shape, _ in firsts.values()], anchors)
+                words.setdefault(shape.key, Counter())[_word(shape, anchors)] += 1
+    names = _names(module.prefix, {key: _most(words[key]) for key in firsts},
+                   {key: shape for key, (shape, _) in firsts.items()})
     kinds = {key: _kind(claim(names[key]), shape, kernel, module.real_c, counts[key])
              for key, (shape, kernel) in firsts.items()}
 
@@ -119,17 +122,24 @@ def _shapes(fn: CFunction, module: CModule) -> Iterable[tuple[CKernel, _Shape]]:
                 yield kernel, shape
 
 
-def _names(prefix: str, shapes: list[_Shape], anchors: frozenset[str]) -> dict[str, str]:
-    """Each kind's name, from its own text only, so that an edit of one
+def _names(prefix: str, words: dict[str, str], shapes: dict[str, _Shape]) -> dict[str, str]:
+    """Each kind's name, from its own loops only, so that an edit of one
     layer renames no kind that another layer calls:
-    <prefix>_<word>_<bounds>_loop (net_sigmoid_nx6_loop: what its first
-    call computes, over n x 6), and where kinds of another text have the
-    same word and bounds (several `mul` loops), each with a short hash of
-    its text after it (net_mul_nx16_loop_3fa9), not numbered by order."""
-    bases = {shape.key: f"{prefix}_{_word(shape, anchors)}_{_bounds(shape)}_loop" for shape in shapes}
+    <prefix>_<word>_<bounds>_loop (net_sigmoid_nx6_loop: what its loops
+    compute, over n x 6), and where kinds of another text have the same
+    word and bounds (several `mul` loops), each with a short hash of its
+    text after it (net_mul_nx16_loop_3fa9), not numbered by order."""
+    bases = {key: f"{prefix}_{words[key]}_{_bounds(shape)}_loop" for key, shape in shapes.items()}
     tied = Counter(bases.values())
     return {key: base if tied[base] == 1 else f"{base}_{hashlib.sha1(key.encode()).hexdigest()[:4]}"
             for key, base in bases.items()}
+
+
+def _most(words: Counter[str]) -> str:
+    """The word most of a kind's loops have (the first in sorted order among
+    as many): not the first loop's, which is the edited layer's as often as
+    not (the backward pass runs the last layer first)."""
+    return min(words.items(), key=lambda item: (-item[1], item[0]))[0]
 
 
 def _bounds(shape: _Shape) -> str:
@@ -138,8 +148,8 @@ def _bounds(shape: _Shape) -> str:
 
 
 def _word(shape: _Shape, anchors: frozenset[str] = frozenset()) -> str:
-    """What a kind of loop computes, from the name of the first array it
-    writes in its first call, less its anchor (schedule.naming: one of the
+    """What a loop computes, from the name of the first array it
+    writes, less its anchor (schedule.naming: one of the
     module's arrays, `anchors`, else the last word): sigmoid for
     sigmoid_W1, grad_add for grad_add_U_z; so a kind keeps its name when
     other kinds come or go."""
