@@ -127,7 +127,7 @@ int big_logsumexp_n_dims(void)
 const char *big_logsumexp_name_dim(int64_t i)
 {
     static const char *const names[] = {"n"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -154,13 +154,13 @@ int big_logsumexp_forward_n_out(void)
 const char *big_logsumexp_forward_name_in(int64_t i)
 {
     static const char *const names[] = {"v"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *big_logsumexp_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int big_logsumexp_forward_kind_in(int64_t i)
@@ -177,11 +177,15 @@ int big_logsumexp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 1; return 0; /* v */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 1}, /* v */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int big_logsumexp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -193,11 +197,15 @@ int big_logsumexp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shap
     if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t big_logsumexp_forward_call_work_len(const int64_t *dims)
@@ -251,13 +259,13 @@ int big_logsumexp_value_and_grad_n_out(void)
 const char *big_logsumexp_value_and_grad_name_in(int64_t i)
 {
     static const char *const names[] = {"v"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *big_logsumexp_value_and_grad_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "grad_v"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int big_logsumexp_value_and_grad_kind_in(int64_t i)
@@ -274,11 +282,15 @@ int big_logsumexp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_
     if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 1; return 0; /* v */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 1}, /* v */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int big_logsumexp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -290,12 +302,16 @@ int big_logsumexp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64
     if (big_logsumexp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = n; shape[1] = 1; return 0; /* grad_v */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {n, 1}, /* grad_v */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t big_logsumexp_value_and_grad_call_work_len(const int64_t *dims)
@@ -322,7 +338,10 @@ int big_logsumexp_value_and_grad_call(const int64_t *dims, const void *const *in
         }
     }
     return big_logsumexp_value_and_grad(
-        dims[0], (const BIG_LOGSUMEXP_REAL *)in[0], (BIG_LOGSUMEXP_REAL *)out[0],
-        (BIG_LOGSUMEXP_REAL *)out[1], work
+        dims[0],
+        (const BIG_LOGSUMEXP_REAL *)in[0],
+        (BIG_LOGSUMEXP_REAL *)out[0],
+        (BIG_LOGSUMEXP_REAL *)out[1],
+        work
     );
 }

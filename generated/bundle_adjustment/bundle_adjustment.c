@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 2 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 3 objects
+/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 1 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 2 objects
  * link into the module. Functions one unit calls in another are then
  * BUNDLE_ADJUSTMENT_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -37,6 +37,43 @@ SYMBACKPROP_HELPER int64_t bundle_adjustment_value_and_grad_size(int64_t N, int6
     return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
             P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C));
 }
+
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
+BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
+void bundle_adjustment_sq_Nx2_loop_c2b0(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
+        const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a1);
+BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
+void bundle_adjustment_sq_Nx2_loop_7e3b(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
+        const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a1, BUNDLE_ADJUSTMENT_REAL
+        *SYMBACKPROP_RESTRICT a2);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
+void bundle_adjustment_sq_Nx2_loop_c2b0(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
+        const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < N; ++i) {
+        for (int64_t j = 0; j < 2; ++j) {
+            a0[2*i + j] = (a1[2*i + j]*a1[2*i + j]);
+        }
+    }
+}
+BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
+void bundle_adjustment_sq_Nx2_loop_7e3b(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
+        const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a1, BUNDLE_ADJUSTMENT_REAL
+        *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < N; ++i) {
+        for (int64_t j = 0; j < 2; ++j) {
+            a0[2*i + j] = (a1[2*i + j]*a1[2*i + j]);
+            a2[2*i + j] = 2*a1[2*i + j];
+        }
+    }
+}
+#endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
@@ -429,12 +466,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
 )
 {
     /* sq_residual = residual**2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-            sq_residual[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
-        }
-    }
+    bundle_adjustment_sq_Nx2_loop_c2b0(N, sq_residual, residual);
 
     /* colsum_residual = sum of sq_residual down each column */
     symbackprop_f64_sum_columns(sq_residual, N, 2, 2, colsum_residual);
@@ -588,13 +620,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
 
     /* sq_residual = residual**2 */
     /* grad_residual = 2*residual */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-            sq_residual[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
-            grad_residual[2*i + j] = 2*residual[2*i + j];
-        }
-    }
+    bundle_adjustment_sq_Nx2_loop_7e3b(N, sq_residual, residual, grad_residual);
 
     /* colsum_residual = sum of sq_residual down each column */
     symbackprop_f64_sum_columns(sq_residual, N, 2, 2, colsum_residual);
@@ -607,7 +633,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
 /* bundle_adjustment_value_and_grad, part 2 of 2 (kernels 5 to 5): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 0; called from unit 0. */
 BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     int64_t N,
     int64_t C,
@@ -623,7 +649,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     BUNDLE_ADJUSTMENT_REAL *grad_weights,
     BUNDLE_ADJUSTMENT_REAL *grad_residual
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     int64_t N,
     int64_t C,
@@ -827,10 +853,35 @@ int bundle_adjustment_value_and_grad(
     BUNDLE_ADJUSTMENT_REAL *grad_residual = sq_residual + 2*N; /* N x 2 */
     BUNDLE_ADJUSTMENT_REAL *colsum_residual = grad_residual + 2*N; /* 1 x 2 */
 
-    bundle_adjustment_value_and_grad_part1(N, feats, cam, pt, cams, pts, weights, loss, residual,
-            sq_residual, grad_residual, colsum_residual);
-    bundle_adjustment_value_and_grad_part2(N, C, P, feats, cam, pt, cams, pts, weights, grad_cams,
-            grad_pts, grad_weights, grad_residual);
+    bundle_adjustment_value_and_grad_part1(
+        N,
+        feats,
+        cam,
+        pt,
+        cams,
+        pts,
+        weights,
+        loss,
+        residual,
+        sq_residual,
+        grad_residual,
+        colsum_residual
+    );
+    bundle_adjustment_value_and_grad_part2(
+        N,
+        C,
+        P,
+        feats,
+        cam,
+        pt,
+        cams,
+        pts,
+        weights,
+        grad_cams,
+        grad_pts,
+        grad_weights,
+        grad_residual
+    );
     return 0;
 }
 #endif
@@ -847,7 +898,7 @@ int bundle_adjustment_n_dims(void)
 const char *bundle_adjustment_name_dim(int64_t i)
 {
     static const char *const names[] = {"N", "C", "P"};
-    return i >= 0 && i < 3 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -881,19 +932,26 @@ const char *bundle_adjustment_forward_name_in(int64_t i)
         "pts",
         "weights",
     };
-    return i >= 0 && i < 6 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *bundle_adjustment_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "residual", "jacobian"};
-    return i >= 0 && i < 3 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int bundle_adjustment_forward_kind_in(int64_t i)
 {
-    static const int kinds[] = {0, 1, 1, 0, 0, 0};
-    return i >= 0 && i < 6 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        0, /* feats */
+        1, /* cam */
+        1, /* pt */
+        0, /* cams */
+        0, /* pts */
+        0, /* weights */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int bundle_adjustment_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -907,16 +965,20 @@ int bundle_adjustment_forward_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (bundle_adjustment_forward_size(N, C, P) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = N; shape[1] = 2; return 0; /* feats */
-    case 1: shape[0] = N; shape[1] = 1; return 0; /* cam */
-    case 2: shape[0] = N; shape[1] = 1; return 0; /* pt */
-    case 3: shape[0] = C; shape[1] = 11; return 0; /* cams */
-    case 4: shape[0] = P; shape[1] = 3; return 0; /* pts */
-    case 5: shape[0] = N; shape[1] = 1; return 0; /* weights */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {N, 2}, /* feats */
+        {N, 1}, /* cam */
+        {N, 1}, /* pt */
+        {C, 11}, /* cams */
+        {P, 3}, /* pts */
+        {N, 1}, /* weights */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int bundle_adjustment_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -930,13 +992,17 @@ int bundle_adjustment_forward_shape_out(int64_t i, const int64_t *dims, int64_t 
     if (bundle_adjustment_forward_size(N, C, P) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = N; shape[1] = 2; return 0; /* residual */
-    case 2: shape[0] = N; shape[1] = 30; return 0; /* jacobian */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {N, 2}, /* residual */
+        {N, 30}, /* jacobian */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t bundle_adjustment_forward_call_work_len(const int64_t *dims)
@@ -963,11 +1029,19 @@ int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, v
         }
     }
     return bundle_adjustment_forward(
-        dims[0], dims[1], dims[2], (const BUNDLE_ADJUSTMENT_REAL *)in[0], (const int64_t *)in[1],
-        (const int64_t *)in[2], (const BUNDLE_ADJUSTMENT_REAL *)in[3], (const BUNDLE_ADJUSTMENT_REAL
-                *)in[4],
-        (const BUNDLE_ADJUSTMENT_REAL *)in[5], (BUNDLE_ADJUSTMENT_REAL *)out[0],
-        (BUNDLE_ADJUSTMENT_REAL *)out[1], (BUNDLE_ADJUSTMENT_REAL *)out[2], work
+        dims[0],
+        dims[1],
+        dims[2],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[0],
+        (const int64_t *)in[1],
+        (const int64_t *)in[2],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[3],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[4],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[5],
+        (BUNDLE_ADJUSTMENT_REAL *)out[0],
+        (BUNDLE_ADJUSTMENT_REAL *)out[1],
+        (BUNDLE_ADJUSTMENT_REAL *)out[2],
+        work
     );
 }
 
@@ -1001,19 +1075,26 @@ const char *bundle_adjustment_value_and_grad_name_in(int64_t i)
         "pts",
         "weights",
     };
-    return i >= 0 && i < 6 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *bundle_adjustment_value_and_grad_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "grad_cams", "grad_pts", "grad_weights"};
-    return i >= 0 && i < 4 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int bundle_adjustment_value_and_grad_kind_in(int64_t i)
 {
-    static const int kinds[] = {0, 1, 1, 0, 0, 0};
-    return i >= 0 && i < 6 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        0, /* feats */
+        1, /* cam */
+        1, /* pt */
+        0, /* cams */
+        0, /* pts */
+        0, /* weights */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int bundle_adjustment_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1028,16 +1109,20 @@ int bundle_adjustment_value_and_grad_shape_in(int64_t i, const int64_t *dims, in
             does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = N; shape[1] = 2; return 0; /* feats */
-    case 1: shape[0] = N; shape[1] = 1; return 0; /* cam */
-    case 2: shape[0] = N; shape[1] = 1; return 0; /* pt */
-    case 3: shape[0] = C; shape[1] = 11; return 0; /* cams */
-    case 4: shape[0] = P; shape[1] = 3; return 0; /* pts */
-    case 5: shape[0] = N; shape[1] = 1; return 0; /* weights */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {N, 2}, /* feats */
+        {N, 1}, /* cam */
+        {N, 1}, /* pt */
+        {C, 11}, /* cams */
+        {P, 3}, /* pts */
+        {N, 1}, /* weights */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int bundle_adjustment_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1052,14 +1137,18 @@ int bundle_adjustment_value_and_grad_shape_out(int64_t i, const int64_t *dims, i
             does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = C; shape[1] = 11; return 0; /* grad_cams */
-    case 2: shape[0] = P; shape[1] = 3; return 0; /* grad_pts */
-    case 3: shape[0] = N; shape[1] = 1; return 0; /* grad_weights */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {C, 11}, /* grad_cams */
+        {P, 3}, /* grad_pts */
+        {N, 1}, /* grad_weights */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t bundle_adjustment_value_and_grad_call_work_len(const int64_t *dims)
@@ -1086,12 +1175,19 @@ int bundle_adjustment_value_and_grad_call(const int64_t *dims, const void *const
         }
     }
     return bundle_adjustment_value_and_grad(
-        dims[0], dims[1], dims[2], (const BUNDLE_ADJUSTMENT_REAL *)in[0], (const int64_t *)in[1],
-        (const int64_t *)in[2], (const BUNDLE_ADJUSTMENT_REAL *)in[3], (const BUNDLE_ADJUSTMENT_REAL
-                *)in[4],
-        (const BUNDLE_ADJUSTMENT_REAL *)in[5], (BUNDLE_ADJUSTMENT_REAL *)out[0],
-        (BUNDLE_ADJUSTMENT_REAL *)out[1], (BUNDLE_ADJUSTMENT_REAL *)out[2], (BUNDLE_ADJUSTMENT_REAL
-                *)out[3],
+        dims[0],
+        dims[1],
+        dims[2],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[0],
+        (const int64_t *)in[1],
+        (const int64_t *)in[2],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[3],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[4],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[5],
+        (BUNDLE_ADJUSTMENT_REAL *)out[0],
+        (BUNDLE_ADJUSTMENT_REAL *)out[1],
+        (BUNDLE_ADJUSTMENT_REAL *)out[2],
+        (BUNDLE_ADJUSTMENT_REAL *)out[3],
         work
     );
 }

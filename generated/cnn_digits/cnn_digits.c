@@ -36,6 +36,195 @@ SYMBACKPROP_HELPER int64_t cnn_digits_train_step_size(int64_t n)
     return symbackprop_size_add(109660, symbackprop_size_mul(74, n));
 }
 
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_relu_nx1024_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_relu_nx512_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_relu_nx64_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_logits_nx10_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
+        CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_mul_nx10_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_grad_nx10_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_grad_relu_nx64_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
+        CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_grad_relu_nx512_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
+        CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_grad_relu_nx1024_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
+        CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_relu_nx1024_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[j] + a3[1024*i + j];
+            a0[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_relu_nx512_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
+            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_relu_nx64_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
+            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_logits_nx10_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
+        CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            a0[10*i + j] = a1[10*i + j] + a2[j];
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_mul_nx10_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            a0[10*i + j] = a1[10*i + j]*a2[10*i + j];
+            a3[10*i + j] = -a1[10*i + j]/((CNN_DIGITS_REAL)n);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_grad_nx10_loop(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            a0[10*i + j] = a1[10*i + j] - a2[10*i + j]*a3[i];
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_grad_relu_nx64_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
+        CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a0[64*i + j]*a1[64*i + j];
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_grad_relu_nx512_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
+        CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            a0[512*i + j] = a0[512*i + j]*a1[512*i + j];
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_grad_relu_nx1024_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
+        CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            a0[1024*i + j] = a0[1024*i + j]*a1[1024*i + j];
+        }
+    }
+}
+#endif
+
 /* In unit 0; called from unit 0. */
 CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
 CNN_DIGITS_SHARED int cnn_digits_run(
@@ -221,14 +410,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
     /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            const CNN_DIGITS_REAL x0 = bcast_c1[j] + conv_K1[1024*i + j];
-            relu_K1[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
-            step_K1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_relu_nx1024_loop(n, relu_K1, step_K1, bcast_c1, conv_K1);
 
     /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
@@ -299,14 +481,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
     /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = bcast_c2[j] + conv_K2[512*i + j];
-            relu_K2[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            step_K2[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_relu_nx512_loop(n, relu_K2, step_K2, bcast_c2, conv_K2);
 
     /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
@@ -335,25 +510,13 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* relu_W1 = Max(0, b1 + mm_W1) */
     /* step_W1 = Heaviside(b1 + mm_W1) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = mm_W1[64*i + j] + b1[j];
-            relu_W1[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            step_W1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_relu_nx64_loop(n, relu_W1, step_W1, mm_W1, b1);
 
     /* mm_W2 = relu_W1 @ W2 */
     symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            logits[10*i + j] = mm_W2[10*i + j] + b2[j];
-        }
-    }
+    cnn_digits_logits_nx10_loop(n, logits, mm_W2, b2);
 
     /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < n; ++i) {
@@ -363,19 +526,20 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
      * max) - log(sum(exp(that))) */
     for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_log_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1,
-                log_softmax_axis_logits + 10*i, 1);
+        symbackprop_f64_log_softmax_axis(
+            logits + 10*i,
+            10,
+            1,
+            softmax_axis_logits + 10*i,
+            1,
+            log_softmax_axis_logits + 10*i,
+            1
+        );
     }
 
     /* mul_T = T*log_softmax_axis_logits */
     /* grad_log_softmax_axis_logits = -T/n */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            mul_T[10*i + j] = T[10*i + j]*log_softmax_axis_logits[10*i + j];
-            grad_log_softmax_axis_logits[10*i + j] = -T[10*i + j]/((CNN_DIGITS_REAL)n);
-        }
-    }
+    cnn_digits_mul_nx10_loop(n, mul_T, T, log_softmax_axis_logits, grad_log_softmax_axis_logits);
 
     /* colsum_T = sum of mul_T down each column */
     symbackprop_f64_sum_columns(mul_T, n, 10, 10, colsum_T);
@@ -461,24 +625,19 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_logits = grad_log_softmax_axis_logits - rowsum_T_2*softmax_axis_logits */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = grad_log_softmax_axis_logits[10*i + j] -
-                    softmax_axis_logits[10*i + j]*rowsum_T_2[i];
-        }
-    }
+    cnn_digits_grad_nx10_loop(
+        n,
+        grad_logits,
+        grad_log_softmax_axis_logits,
+        softmax_axis_logits,
+        rowsum_T_2
+    );
 
     /* grad_relu_W1 = grad_logits @ W2^T */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_relu_W1);
 
     /* grad_relu_W1 = grad_relu_W1*step_W1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_relu_W1[64*i + j] = grad_relu_W1[64*i + j]*step_W1[64*i + j];
-        }
-    }
+    cnn_digits_grad_relu_nx64_loop(n, grad_relu_W1, step_W1);
 
     /* grad_maxpool_K2 = grad_relu_W1 @ W1^T */
     symbackprop_f64_matmul(n, 128, 64, grad_relu_W1, 64, 1, W1, 1, 64, grad_maxpool_K2);
@@ -515,12 +674,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_relu_K2 = grad_relu_K2*step_K2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            grad_relu_K2[512*i + j] = grad_relu_K2[512*i + j]*step_K2[512*i + j];
-        }
-    }
+    cnn_digits_grad_relu_nx512_loop(n, grad_relu_K2, step_K2);
 
     /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_relu_K2[i,oc,oy,ox]
      * (conv2d's gradient by its images) */
@@ -595,12 +749,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_relu_K1 = grad_relu_K1*step_K1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            grad_relu_K1[1024*i + j] = grad_relu_K1[1024*i + j]*step_K1[1024*i + j];
-        }
-    }
+    cnn_digits_grad_relu_nx1024_loop(n, grad_relu_K1, step_K1);
 
     /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_relu_K1[i,oc,oy,ox] *
      * X[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
@@ -718,8 +867,18 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                 }
             }
             /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[kk,at] */
-            symbackprop_f64_matmul_add(32, 144, 16, grad_relu_K2 + i * 512, 16, 1, win, 1, 16,
-                    wsum);
+            symbackprop_f64_matmul_add(
+                32,
+                144,
+                16,
+                grad_relu_K2 + i * 512,
+                16,
+                1,
+                win,
+                1,
+                16,
+                wsum
+            );
         }
     }
     /* grad_K2[oc,kk] = the blocks' sums, added in block order */
@@ -736,7 +895,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 /* cnn_digits_run, part 3 of 3 (kernels 33 to 38): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
@@ -751,7 +910,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_bcast_c2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
@@ -857,18 +1016,50 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *colsum_T = grad_log_softmax_axis_logits + 10*n; /* 1 x 10 */
     CNN_DIGITS_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
-    cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, bcast_c2, bcast_c1,
-            conv_K1, conv_K1_cols, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols, relu_K2,
-            step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, softmax_axis_logits,
-            log_softmax_axis_logits, mul_T, grad_log_softmax_axis_logits, colsum_T, rowsum_T);
+    cnn_digits_run_part1(
+        n,
+        X,
+        T,
+        K1,
+        c1,
+        K2,
+        c2,
+        W1,
+        b1,
+        W2,
+        b2,
+        loss,
+        logits,
+        bcast_c2,
+        bcast_c1,
+        conv_K1,
+        conv_K1_cols,
+        relu_K1,
+        step_K1,
+        maxpool_K1,
+        conv_K2,
+        conv_K2_cols,
+        relu_K2,
+        step_K2,
+        maxpool_K2,
+        mm_W1,
+        relu_W1,
+        step_W1,
+        mm_W2,
+        softmax_axis_logits,
+        log_softmax_axis_logits,
+        mul_T,
+        grad_log_softmax_axis_logits,
+        colsum_T,
+        rowsum_T
+    );
     if (!with_grads) {
         return 0;
     }
 
     /* the gradient's buffers in work */
     CNN_DIGITS_REAL *rowsum_T_2 = rowsum_T + 1; /* n x 1 */
-    CNN_DIGITS_REAL *grad_logits = log_softmax_axis_logits; /* n x 10, in log_softmax_axis_logits's
-            memory */
+    CNN_DIGITS_REAL *grad_logits = mul_T; /* n x 10, in mul_T's memory */
     CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
     CNN_DIGITS_REAL *grad_maxpool_K2 = rowsum_T_2 + n; /* n x 128 */
     CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
@@ -880,12 +1071,49 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
 
-    cnn_digits_run_part2(n, X, K2, W1, W2, grad_K1, grad_c1, grad_K2, relu_K1, step_K1, maxpool_K1,
-            relu_K2, step_K2, step_W1, softmax_axis_logits, grad_log_softmax_axis_logits,
-            rowsum_T_2, grad_logits, grad_relu_W1, grad_maxpool_K2, grad_relu_K2, grad_maxpool_K1,
-            grad_maxpool_K1_cols, grad_relu_K1, grad_K1_cols, grad_bcast_c1, grad_K2_cols);
-    cnn_digits_run_part3(n, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, maxpool_K2, relu_W1,
-            grad_logits, grad_relu_W1, grad_relu_K2, grad_bcast_c2);
+    cnn_digits_run_part2(
+        n,
+        X,
+        K2,
+        W1,
+        W2,
+        grad_K1,
+        grad_c1,
+        grad_K2,
+        relu_K1,
+        step_K1,
+        maxpool_K1,
+        relu_K2,
+        step_K2,
+        step_W1,
+        softmax_axis_logits,
+        grad_log_softmax_axis_logits,
+        rowsum_T_2,
+        grad_logits,
+        grad_relu_W1,
+        grad_maxpool_K2,
+        grad_relu_K2,
+        grad_maxpool_K1,
+        grad_maxpool_K1_cols,
+        grad_relu_K1,
+        grad_K1_cols,
+        grad_bcast_c1,
+        grad_K2_cols
+    );
+    cnn_digits_run_part3(
+        n,
+        grad_c2,
+        grad_W1,
+        grad_b1,
+        grad_W2,
+        grad_b2,
+        maxpool_K2,
+        relu_W1,
+        grad_logits,
+        grad_relu_W1,
+        grad_relu_K2,
+        grad_bcast_c2
+    );
     return 0;
 }
 #endif
@@ -928,8 +1156,31 @@ int cnn_digits_forward(
     if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL,
-            NULL, NULL, NULL, NULL, NULL, work, 0);
+    return cnn_digits_run(
+        n,
+        X,
+        T,
+        K1,
+        c1,
+        K2,
+        c2,
+        W1,
+        b1,
+        W2,
+        b2,
+        loss,
+        logits,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        work,
+        0
+    );
 }
 #endif
 
@@ -978,9 +1229,31 @@ int cnn_digits_value_and_grad(
     if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work +
-            cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1,
-            grad_W2, grad_b2, work, 1);
+    return cnn_digits_run(
+        n,
+        X,
+        T,
+        K1,
+        c1,
+        K2,
+        c2,
+        W1,
+        b1,
+        W2,
+        b2,
+        loss,
+        work + cnn_digits_run_work_len(n, 1),
+        grad_K1,
+        grad_c1,
+        grad_K2,
+        grad_c2,
+        grad_W1,
+        grad_b1,
+        grad_W2,
+        grad_b2,
+        work,
+        1
+    );
 }
 #endif
 
@@ -1068,8 +1341,29 @@ int cnn_digits_train_step(
     CNN_DIGITS_REAL *grad_W2 = grad_b1 + 1*64; /* 64 x 10 */
     CNN_DIGITS_REAL *grad_b2 = grad_W2 + 64*10; /* 1 x 10 */
 
-    const int status = cnn_digits_value_and_grad(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss,
-            grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, grad_b2 + 1*10);
+    const int status = cnn_digits_value_and_grad(
+        n,
+        X,
+        T,
+        K1,
+        c1,
+        K2,
+        c2,
+        W1,
+        b1,
+        W2,
+        b2,
+        loss,
+        grad_K1,
+        grad_c1,
+        grad_K2,
+        grad_c2,
+        grad_W1,
+        grad_b1,
+        grad_W2,
+        grad_b2,
+        grad_b2 + 1*10
+    );
     if (status != 0) {
         return status; /* (it writes nothing then) */
     }
@@ -1542,7 +1836,7 @@ int cnn_digits_n_dims(void)
 const char *cnn_digits_name_dim(int64_t i)
 {
     static const char *const names[] = {"n"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -1580,13 +1874,13 @@ const char *cnn_digits_forward_name_in(int64_t i)
         "W2",
         "b2",
     };
-    return i >= 0 && i < 10 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *cnn_digits_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "logits"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int cnn_digits_forward_kind_in(int64_t i)
@@ -1603,20 +1897,24 @@ int cnn_digits_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
-    case 2: shape[0] = 16; shape[1] = 9; return 0; /* K1 */
-    case 3: shape[0] = 1; shape[1] = 16; return 0; /* c1 */
-    case 4: shape[0] = 32; shape[1] = 144; return 0; /* K2 */
-    case 5: shape[0] = 1; shape[1] = 32; return 0; /* c2 */
-    case 6: shape[0] = 128; shape[1] = 64; return 0; /* W1 */
-    case 7: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
-    case 8: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
-    case 9: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 64}, /* X */
+        {n, 10}, /* T */
+        {16, 9}, /* K1 */
+        {1, 16}, /* c1 */
+        {32, 144}, /* K2 */
+        {1, 32}, /* c2 */
+        {128, 64}, /* W1 */
+        {1, 64}, /* b1 */
+        {64, 10}, /* W2 */
+        {1, 10}, /* b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int cnn_digits_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1628,12 +1926,16 @@ int cnn_digits_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = n; shape[1] = 10; return 0; /* logits */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {n, 10}, /* logits */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t cnn_digits_forward_call_work_len(const int64_t *dims)
@@ -1660,13 +1962,20 @@ int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *co
         }
     }
     return cnn_digits_forward(
-        dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1],
-        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL
-                *)in[4],
-        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL
-                *)in[7],
-        (const CNN_DIGITS_REAL *)in[8], (const CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)out[0],
-        (CNN_DIGITS_REAL *)out[1], work
+        dims[0],
+        (const CNN_DIGITS_REAL *)in[0],
+        (const CNN_DIGITS_REAL *)in[1],
+        (const CNN_DIGITS_REAL *)in[2],
+        (const CNN_DIGITS_REAL *)in[3],
+        (const CNN_DIGITS_REAL *)in[4],
+        (const CNN_DIGITS_REAL *)in[5],
+        (const CNN_DIGITS_REAL *)in[6],
+        (const CNN_DIGITS_REAL *)in[7],
+        (const CNN_DIGITS_REAL *)in[8],
+        (const CNN_DIGITS_REAL *)in[9],
+        (CNN_DIGITS_REAL *)out[0],
+        (CNN_DIGITS_REAL *)out[1],
+        work
     );
 }
 
@@ -1704,7 +2013,7 @@ const char *cnn_digits_value_and_grad_name_in(int64_t i)
         "W2",
         "b2",
     };
-    return i >= 0 && i < 10 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *cnn_digits_value_and_grad_name_out(int64_t i)
@@ -1720,7 +2029,7 @@ const char *cnn_digits_value_and_grad_name_out(int64_t i)
         "grad_W2",
         "grad_b2",
     };
-    return i >= 0 && i < 9 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int cnn_digits_value_and_grad_kind_in(int64_t i)
@@ -1737,20 +2046,24 @@ int cnn_digits_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
-    case 2: shape[0] = 16; shape[1] = 9; return 0; /* K1 */
-    case 3: shape[0] = 1; shape[1] = 16; return 0; /* c1 */
-    case 4: shape[0] = 32; shape[1] = 144; return 0; /* K2 */
-    case 5: shape[0] = 1; shape[1] = 32; return 0; /* c2 */
-    case 6: shape[0] = 128; shape[1] = 64; return 0; /* W1 */
-    case 7: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
-    case 8: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
-    case 9: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 64}, /* X */
+        {n, 10}, /* T */
+        {16, 9}, /* K1 */
+        {1, 16}, /* c1 */
+        {32, 144}, /* K2 */
+        {1, 32}, /* c2 */
+        {128, 64}, /* W1 */
+        {1, 64}, /* b1 */
+        {64, 10}, /* W2 */
+        {1, 10}, /* b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int cnn_digits_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1762,19 +2075,23 @@ int cnn_digits_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 16; shape[1] = 9; return 0; /* grad_K1 */
-    case 2: shape[0] = 1; shape[1] = 16; return 0; /* grad_c1 */
-    case 3: shape[0] = 32; shape[1] = 144; return 0; /* grad_K2 */
-    case 4: shape[0] = 1; shape[1] = 32; return 0; /* grad_c2 */
-    case 5: shape[0] = 128; shape[1] = 64; return 0; /* grad_W1 */
-    case 6: shape[0] = 1; shape[1] = 64; return 0; /* grad_b1 */
-    case 7: shape[0] = 64; shape[1] = 10; return 0; /* grad_W2 */
-    case 8: shape[0] = 1; shape[1] = 10; return 0; /* grad_b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {16, 9}, /* grad_K1 */
+        {1, 16}, /* grad_c1 */
+        {32, 144}, /* grad_K2 */
+        {1, 32}, /* grad_c2 */
+        {128, 64}, /* grad_W1 */
+        {1, 64}, /* grad_b1 */
+        {64, 10}, /* grad_W2 */
+        {1, 10}, /* grad_b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t cnn_digits_value_and_grad_call_work_len(const int64_t *dims)
@@ -1801,15 +2118,27 @@ int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, v
         }
     }
     return cnn_digits_value_and_grad(
-        dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1],
-        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL
-                *)in[4],
-        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL
-                *)in[7],
-        (const CNN_DIGITS_REAL *)in[8], (const CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)out[0],
-        (CNN_DIGITS_REAL *)out[1], (CNN_DIGITS_REAL *)out[2], (CNN_DIGITS_REAL *)out[3],
-        (CNN_DIGITS_REAL *)out[4], (CNN_DIGITS_REAL *)out[5], (CNN_DIGITS_REAL *)out[6],
-        (CNN_DIGITS_REAL *)out[7], (CNN_DIGITS_REAL *)out[8], work
+        dims[0],
+        (const CNN_DIGITS_REAL *)in[0],
+        (const CNN_DIGITS_REAL *)in[1],
+        (const CNN_DIGITS_REAL *)in[2],
+        (const CNN_DIGITS_REAL *)in[3],
+        (const CNN_DIGITS_REAL *)in[4],
+        (const CNN_DIGITS_REAL *)in[5],
+        (const CNN_DIGITS_REAL *)in[6],
+        (const CNN_DIGITS_REAL *)in[7],
+        (const CNN_DIGITS_REAL *)in[8],
+        (const CNN_DIGITS_REAL *)in[9],
+        (CNN_DIGITS_REAL *)out[0],
+        (CNN_DIGITS_REAL *)out[1],
+        (CNN_DIGITS_REAL *)out[2],
+        (CNN_DIGITS_REAL *)out[3],
+        (CNN_DIGITS_REAL *)out[4],
+        (CNN_DIGITS_REAL *)out[5],
+        (CNN_DIGITS_REAL *)out[6],
+        (CNN_DIGITS_REAL *)out[7],
+        (CNN_DIGITS_REAL *)out[8],
+        work
     );
 }
 
@@ -1869,20 +2198,52 @@ const char *cnn_digits_train_step_name_in(int64_t i)
         "m_b2",
         "v_b2",
     };
-    return i >= 0 && i < 32 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *cnn_digits_train_step_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int cnn_digits_train_step_kind_in(int64_t i)
 {
-    static const int kinds[] = {0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2,
-            2, 2, 2, 2, 2, 2, 2, 2, 2};
-    return i >= 0 && i < 32 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        0, /* X */
+        0, /* T */
+        2, /* K1 */
+        2, /* c1 */
+        2, /* K2 */
+        2, /* c2 */
+        2, /* W1 */
+        2, /* b1 */
+        2, /* W2 */
+        2, /* b2 */
+        0, /* lr */
+        0, /* beta1 */
+        0, /* beta2 */
+        0, /* eps */
+        0, /* weight_decay */
+        2, /* step */
+        2, /* m_K1 */
+        2, /* v_K1 */
+        2, /* m_c1 */
+        2, /* v_c1 */
+        2, /* m_K2 */
+        2, /* v_K2 */
+        2, /* m_c2 */
+        2, /* v_c2 */
+        2, /* m_W1 */
+        2, /* v_W1 */
+        2, /* m_b1 */
+        2, /* v_b1 */
+        2, /* m_W2 */
+        2, /* v_W2 */
+        2, /* m_b2 */
+        2, /* v_b2 */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int cnn_digits_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1894,42 +2255,46 @@ int cnn_digits_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (cnn_digits_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
-    case 2: shape[0] = 16; shape[1] = 9; return 0; /* K1 */
-    case 3: shape[0] = 1; shape[1] = 16; return 0; /* c1 */
-    case 4: shape[0] = 32; shape[1] = 144; return 0; /* K2 */
-    case 5: shape[0] = 1; shape[1] = 32; return 0; /* c2 */
-    case 6: shape[0] = 128; shape[1] = 64; return 0; /* W1 */
-    case 7: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
-    case 8: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
-    case 9: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    case 10: shape[0] = 1; shape[1] = 1; return 0; /* lr */
-    case 11: shape[0] = 1; shape[1] = 1; return 0; /* beta1 */
-    case 12: shape[0] = 1; shape[1] = 1; return 0; /* beta2 */
-    case 13: shape[0] = 1; shape[1] = 1; return 0; /* eps */
-    case 14: shape[0] = 1; shape[1] = 1; return 0; /* weight_decay */
-    case 15: shape[0] = 1; shape[1] = 1; return 0; /* step */
-    case 16: shape[0] = 16; shape[1] = 9; return 0; /* m_K1 */
-    case 17: shape[0] = 16; shape[1] = 9; return 0; /* v_K1 */
-    case 18: shape[0] = 1; shape[1] = 16; return 0; /* m_c1 */
-    case 19: shape[0] = 1; shape[1] = 16; return 0; /* v_c1 */
-    case 20: shape[0] = 32; shape[1] = 144; return 0; /* m_K2 */
-    case 21: shape[0] = 32; shape[1] = 144; return 0; /* v_K2 */
-    case 22: shape[0] = 1; shape[1] = 32; return 0; /* m_c2 */
-    case 23: shape[0] = 1; shape[1] = 32; return 0; /* v_c2 */
-    case 24: shape[0] = 128; shape[1] = 64; return 0; /* m_W1 */
-    case 25: shape[0] = 128; shape[1] = 64; return 0; /* v_W1 */
-    case 26: shape[0] = 1; shape[1] = 64; return 0; /* m_b1 */
-    case 27: shape[0] = 1; shape[1] = 64; return 0; /* v_b1 */
-    case 28: shape[0] = 64; shape[1] = 10; return 0; /* m_W2 */
-    case 29: shape[0] = 64; shape[1] = 10; return 0; /* v_W2 */
-    case 30: shape[0] = 1; shape[1] = 10; return 0; /* m_b2 */
-    case 31: shape[0] = 1; shape[1] = 10; return 0; /* v_b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 64}, /* X */
+        {n, 10}, /* T */
+        {16, 9}, /* K1 */
+        {1, 16}, /* c1 */
+        {32, 144}, /* K2 */
+        {1, 32}, /* c2 */
+        {128, 64}, /* W1 */
+        {1, 64}, /* b1 */
+        {64, 10}, /* W2 */
+        {1, 10}, /* b2 */
+        {1, 1}, /* lr */
+        {1, 1}, /* beta1 */
+        {1, 1}, /* beta2 */
+        {1, 1}, /* eps */
+        {1, 1}, /* weight_decay */
+        {1, 1}, /* step */
+        {16, 9}, /* m_K1 */
+        {16, 9}, /* v_K1 */
+        {1, 16}, /* m_c1 */
+        {1, 16}, /* v_c1 */
+        {32, 144}, /* m_K2 */
+        {32, 144}, /* v_K2 */
+        {1, 32}, /* m_c2 */
+        {1, 32}, /* v_c2 */
+        {128, 64}, /* m_W1 */
+        {128, 64}, /* v_W1 */
+        {1, 64}, /* m_b1 */
+        {1, 64}, /* v_b1 */
+        {64, 10}, /* m_W2 */
+        {64, 10}, /* v_W2 */
+        {1, 10}, /* m_b2 */
+        {1, 10}, /* v_b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int cnn_digits_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1941,11 +2306,15 @@ int cnn_digits_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     if (cnn_digits_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t cnn_digits_train_step_call_work_len(const int64_t *dims)
@@ -1972,19 +2341,41 @@ int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return cnn_digits_train_step(
-        dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1], (CNN_DIGITS_REAL
-                *)in[2],
-        (CNN_DIGITS_REAL *)in[3], (CNN_DIGITS_REAL *)in[4], (CNN_DIGITS_REAL *)in[5],
-        (CNN_DIGITS_REAL *)in[6], (CNN_DIGITS_REAL *)in[7], (CNN_DIGITS_REAL *)in[8],
-        (CNN_DIGITS_REAL *)in[9], (const CNN_DIGITS_REAL *)in[10], (const CNN_DIGITS_REAL *)in[11],
-        (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL *)in[13], (const CNN_DIGITS_REAL
-                *)in[14],
-        (CNN_DIGITS_REAL *)in[15], (CNN_DIGITS_REAL *)in[16], (CNN_DIGITS_REAL *)in[17],
-        (CNN_DIGITS_REAL *)in[18], (CNN_DIGITS_REAL *)in[19], (CNN_DIGITS_REAL *)in[20],
-        (CNN_DIGITS_REAL *)in[21], (CNN_DIGITS_REAL *)in[22], (CNN_DIGITS_REAL *)in[23],
-        (CNN_DIGITS_REAL *)in[24], (CNN_DIGITS_REAL *)in[25], (CNN_DIGITS_REAL *)in[26],
-        (CNN_DIGITS_REAL *)in[27], (CNN_DIGITS_REAL *)in[28], (CNN_DIGITS_REAL *)in[29],
-        (CNN_DIGITS_REAL *)in[30], (CNN_DIGITS_REAL *)in[31], (CNN_DIGITS_REAL *)out[0], work
+        dims[0],
+        (const CNN_DIGITS_REAL *)in[0],
+        (const CNN_DIGITS_REAL *)in[1],
+        (CNN_DIGITS_REAL *)in[2],
+        (CNN_DIGITS_REAL *)in[3],
+        (CNN_DIGITS_REAL *)in[4],
+        (CNN_DIGITS_REAL *)in[5],
+        (CNN_DIGITS_REAL *)in[6],
+        (CNN_DIGITS_REAL *)in[7],
+        (CNN_DIGITS_REAL *)in[8],
+        (CNN_DIGITS_REAL *)in[9],
+        (const CNN_DIGITS_REAL *)in[10],
+        (const CNN_DIGITS_REAL *)in[11],
+        (const CNN_DIGITS_REAL *)in[12],
+        (const CNN_DIGITS_REAL *)in[13],
+        (const CNN_DIGITS_REAL *)in[14],
+        (CNN_DIGITS_REAL *)in[15],
+        (CNN_DIGITS_REAL *)in[16],
+        (CNN_DIGITS_REAL *)in[17],
+        (CNN_DIGITS_REAL *)in[18],
+        (CNN_DIGITS_REAL *)in[19],
+        (CNN_DIGITS_REAL *)in[20],
+        (CNN_DIGITS_REAL *)in[21],
+        (CNN_DIGITS_REAL *)in[22],
+        (CNN_DIGITS_REAL *)in[23],
+        (CNN_DIGITS_REAL *)in[24],
+        (CNN_DIGITS_REAL *)in[25],
+        (CNN_DIGITS_REAL *)in[26],
+        (CNN_DIGITS_REAL *)in[27],
+        (CNN_DIGITS_REAL *)in[28],
+        (CNN_DIGITS_REAL *)in[29],
+        (CNN_DIGITS_REAL *)in[30],
+        (CNN_DIGITS_REAL *)in[31],
+        (CNN_DIGITS_REAL *)out[0],
+        work
     );
 }
 
@@ -1996,7 +2387,7 @@ int cnn_digits_train_epoch_n_dims(void)
 const char *cnn_digits_train_epoch_name_dim(int64_t i)
 {
     static const char *const names[] = {"rows", "batch"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int cnn_digits_train_epoch_n_in(void)
@@ -2046,20 +2437,53 @@ const char *cnn_digits_train_epoch_name_in(int64_t i)
         "m_b2",
         "v_b2",
     };
-    return i >= 0 && i < 33 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *cnn_digits_train_epoch_name_out(int64_t i)
 {
     static const char *const names[] = {"losses"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int cnn_digits_train_epoch_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2,
-            2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
-    return i >= 0 && i < 33 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        1, /* order */
+        0, /* X */
+        0, /* T */
+        2, /* K1 */
+        2, /* c1 */
+        2, /* K2 */
+        2, /* c2 */
+        2, /* W1 */
+        2, /* b1 */
+        2, /* W2 */
+        2, /* b2 */
+        0, /* lr */
+        0, /* beta1 */
+        0, /* beta2 */
+        0, /* eps */
+        0, /* weight_decay */
+        2, /* step */
+        2, /* m_K1 */
+        2, /* v_K1 */
+        2, /* m_c1 */
+        2, /* v_c1 */
+        2, /* m_K2 */
+        2, /* v_K2 */
+        2, /* m_c2 */
+        2, /* v_c2 */
+        2, /* m_W1 */
+        2, /* v_W1 */
+        2, /* m_b1 */
+        2, /* v_b1 */
+        2, /* m_W2 */
+        2, /* v_W2 */
+        2, /* m_b2 */
+        2, /* v_b2 */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int cnn_digits_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -2072,43 +2496,47 @@ int cnn_digits_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (cnn_digits_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
-    case 1: shape[0] = rows; shape[1] = 64; return 0; /* X */
-    case 2: shape[0] = rows; shape[1] = 10; return 0; /* T */
-    case 3: shape[0] = 16; shape[1] = 9; return 0; /* K1 */
-    case 4: shape[0] = 1; shape[1] = 16; return 0; /* c1 */
-    case 5: shape[0] = 32; shape[1] = 144; return 0; /* K2 */
-    case 6: shape[0] = 1; shape[1] = 32; return 0; /* c2 */
-    case 7: shape[0] = 128; shape[1] = 64; return 0; /* W1 */
-    case 8: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
-    case 9: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
-    case 10: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    case 11: shape[0] = 1; shape[1] = 1; return 0; /* lr */
-    case 12: shape[0] = 1; shape[1] = 1; return 0; /* beta1 */
-    case 13: shape[0] = 1; shape[1] = 1; return 0; /* beta2 */
-    case 14: shape[0] = 1; shape[1] = 1; return 0; /* eps */
-    case 15: shape[0] = 1; shape[1] = 1; return 0; /* weight_decay */
-    case 16: shape[0] = 1; shape[1] = 1; return 0; /* step */
-    case 17: shape[0] = 16; shape[1] = 9; return 0; /* m_K1 */
-    case 18: shape[0] = 16; shape[1] = 9; return 0; /* v_K1 */
-    case 19: shape[0] = 1; shape[1] = 16; return 0; /* m_c1 */
-    case 20: shape[0] = 1; shape[1] = 16; return 0; /* v_c1 */
-    case 21: shape[0] = 32; shape[1] = 144; return 0; /* m_K2 */
-    case 22: shape[0] = 32; shape[1] = 144; return 0; /* v_K2 */
-    case 23: shape[0] = 1; shape[1] = 32; return 0; /* m_c2 */
-    case 24: shape[0] = 1; shape[1] = 32; return 0; /* v_c2 */
-    case 25: shape[0] = 128; shape[1] = 64; return 0; /* m_W1 */
-    case 26: shape[0] = 128; shape[1] = 64; return 0; /* v_W1 */
-    case 27: shape[0] = 1; shape[1] = 64; return 0; /* m_b1 */
-    case 28: shape[0] = 1; shape[1] = 64; return 0; /* v_b1 */
-    case 29: shape[0] = 64; shape[1] = 10; return 0; /* m_W2 */
-    case 30: shape[0] = 64; shape[1] = 10; return 0; /* v_W2 */
-    case 31: shape[0] = 1; shape[1] = 10; return 0; /* m_b2 */
-    case 32: shape[0] = 1; shape[1] = 10; return 0; /* v_b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {rows, 1}, /* order */
+        {rows, 64}, /* X */
+        {rows, 10}, /* T */
+        {16, 9}, /* K1 */
+        {1, 16}, /* c1 */
+        {32, 144}, /* K2 */
+        {1, 32}, /* c2 */
+        {128, 64}, /* W1 */
+        {1, 64}, /* b1 */
+        {64, 10}, /* W2 */
+        {1, 10}, /* b2 */
+        {1, 1}, /* lr */
+        {1, 1}, /* beta1 */
+        {1, 1}, /* beta2 */
+        {1, 1}, /* eps */
+        {1, 1}, /* weight_decay */
+        {1, 1}, /* step */
+        {16, 9}, /* m_K1 */
+        {16, 9}, /* v_K1 */
+        {1, 16}, /* m_c1 */
+        {1, 16}, /* v_c1 */
+        {32, 144}, /* m_K2 */
+        {32, 144}, /* v_K2 */
+        {1, 32}, /* m_c2 */
+        {1, 32}, /* v_c2 */
+        {128, 64}, /* m_W1 */
+        {128, 64}, /* v_W1 */
+        {1, 64}, /* m_b1 */
+        {1, 64}, /* v_b1 */
+        {64, 10}, /* m_W2 */
+        {64, 10}, /* v_W2 */
+        {1, 10}, /* m_b2 */
+        {1, 10}, /* v_b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int cnn_digits_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -2121,11 +2549,15 @@ int cnn_digits_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (cnn_digits_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {(rows - 1)/batch + 1, 1}, /* losses */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t cnn_digits_train_epoch_call_work_len(const int64_t *dims)
@@ -2152,19 +2584,43 @@ int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void
         }
     }
     return cnn_digits_train_epoch(
-        dims[0], dims[1], (const int64_t *)in[0], (const CNN_DIGITS_REAL *)in[1],
-        (const CNN_DIGITS_REAL *)in[2], (CNN_DIGITS_REAL *)in[3], (CNN_DIGITS_REAL *)in[4],
-        (CNN_DIGITS_REAL *)in[5], (CNN_DIGITS_REAL *)in[6], (CNN_DIGITS_REAL *)in[7],
-        (CNN_DIGITS_REAL *)in[8], (CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)in[10],
-        (const CNN_DIGITS_REAL *)in[11], (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL
-                *)in[13],
-        (const CNN_DIGITS_REAL *)in[14], (const CNN_DIGITS_REAL *)in[15], (CNN_DIGITS_REAL *)in[16],
-        (CNN_DIGITS_REAL *)in[17], (CNN_DIGITS_REAL *)in[18], (CNN_DIGITS_REAL *)in[19],
-        (CNN_DIGITS_REAL *)in[20], (CNN_DIGITS_REAL *)in[21], (CNN_DIGITS_REAL *)in[22],
-        (CNN_DIGITS_REAL *)in[23], (CNN_DIGITS_REAL *)in[24], (CNN_DIGITS_REAL *)in[25],
-        (CNN_DIGITS_REAL *)in[26], (CNN_DIGITS_REAL *)in[27], (CNN_DIGITS_REAL *)in[28],
-        (CNN_DIGITS_REAL *)in[29], (CNN_DIGITS_REAL *)in[30], (CNN_DIGITS_REAL *)in[31],
-        (CNN_DIGITS_REAL *)in[32], (CNN_DIGITS_REAL *)out[0], work
+        dims[0],
+        dims[1],
+        (const int64_t *)in[0],
+        (const CNN_DIGITS_REAL *)in[1],
+        (const CNN_DIGITS_REAL *)in[2],
+        (CNN_DIGITS_REAL *)in[3],
+        (CNN_DIGITS_REAL *)in[4],
+        (CNN_DIGITS_REAL *)in[5],
+        (CNN_DIGITS_REAL *)in[6],
+        (CNN_DIGITS_REAL *)in[7],
+        (CNN_DIGITS_REAL *)in[8],
+        (CNN_DIGITS_REAL *)in[9],
+        (CNN_DIGITS_REAL *)in[10],
+        (const CNN_DIGITS_REAL *)in[11],
+        (const CNN_DIGITS_REAL *)in[12],
+        (const CNN_DIGITS_REAL *)in[13],
+        (const CNN_DIGITS_REAL *)in[14],
+        (const CNN_DIGITS_REAL *)in[15],
+        (CNN_DIGITS_REAL *)in[16],
+        (CNN_DIGITS_REAL *)in[17],
+        (CNN_DIGITS_REAL *)in[18],
+        (CNN_DIGITS_REAL *)in[19],
+        (CNN_DIGITS_REAL *)in[20],
+        (CNN_DIGITS_REAL *)in[21],
+        (CNN_DIGITS_REAL *)in[22],
+        (CNN_DIGITS_REAL *)in[23],
+        (CNN_DIGITS_REAL *)in[24],
+        (CNN_DIGITS_REAL *)in[25],
+        (CNN_DIGITS_REAL *)in[26],
+        (CNN_DIGITS_REAL *)in[27],
+        (CNN_DIGITS_REAL *)in[28],
+        (CNN_DIGITS_REAL *)in[29],
+        (CNN_DIGITS_REAL *)in[30],
+        (CNN_DIGITS_REAL *)in[31],
+        (CNN_DIGITS_REAL *)in[32],
+        (CNN_DIGITS_REAL *)out[0],
+        work
     );
 }
 #endif

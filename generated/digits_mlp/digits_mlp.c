@@ -24,6 +24,76 @@ SYMBACKPROP_HELPER int64_t digits_mlp_train_step_size(int64_t n)
     return symbackprop_size_add(38492, symbackprop_size_mul(74, n));
 }
 
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_tanh_nx64_loop(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const
+        DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = tanh(a1[64*i + j] + a2[j]);
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_logits_nx10_loop(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const
+        DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            a0[10*i + j] = a1[10*i + j] + a2[j];
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_mul_nx10_loop(
+    int64_t n,
+    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2,
+    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            a0[10*i + j] = a1[10*i + j]*a2[10*i + j];
+            a3[10*i + j] = -a1[10*i + j]/((DIGITS_MLP_REAL)n);
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_grad_nx10_loop(
+    int64_t n,
+    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            a0[10*i + j] = a1[10*i + j] - a2[10*i + j]*a3[i];
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_grad_tanh_nx64_loop(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const
+        DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a0[64*i + j]*(1 - (a1[64*i + j]*a1[64*i + j]));
+        }
+    }
+}
+
 static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
@@ -79,23 +149,13 @@ static int digits_mlp_run(
     symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
 
     /* tanh_W1 = tanh(b1 + mm_W1) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            tanh_W1[64*i + j] = tanh(mm_W1[64*i + j] + b1[j]);
-        }
-    }
+    digits_mlp_tanh_nx64_loop(n, tanh_W1, mm_W1, b1);
 
     /* mm_W2 = tanh_W1 @ W2 */
     symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            logits[10*i + j] = mm_W2[10*i + j] + b2[j];
-        }
-    }
+    digits_mlp_logits_nx10_loop(n, logits, mm_W2, b2);
 
     /* softmax_axis_logits = softmax of logits along each row, its max subtracted first */
     for (int64_t i = 0; i < n; ++i) {
@@ -105,19 +165,20 @@ static int digits_mlp_run(
     /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
      * max) - log(sum(exp(that))) */
     for (int64_t i = 0; i < n; ++i) {
-        symbackprop_f64_log_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1,
-                log_softmax_axis_logits + 10*i, 1);
+        symbackprop_f64_log_softmax_axis(
+            logits + 10*i,
+            10,
+            1,
+            softmax_axis_logits + 10*i,
+            1,
+            log_softmax_axis_logits + 10*i,
+            1
+        );
     }
 
     /* mul_T = T*log_softmax_axis_logits */
     /* grad_log_softmax_axis_logits = -T/n */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            mul_T[10*i + j] = T[10*i + j]*log_softmax_axis_logits[10*i + j];
-            grad_log_softmax_axis_logits[10*i + j] = -T[10*i + j]/((DIGITS_MLP_REAL)n);
-        }
-    }
+    digits_mlp_mul_nx10_loop(n, mul_T, T, log_softmax_axis_logits, grad_log_softmax_axis_logits);
 
     /* colsum_T = sum of mul_T down each column */
     symbackprop_f64_sum_columns(mul_T, n, 10, 10, colsum_T);
@@ -136,8 +197,7 @@ static int digits_mlp_run(
 
     /* the gradient's buffers in work */
     DIGITS_MLP_REAL *rowsum_T_2 = rowsum_T + 1; /* n x 1 */
-    DIGITS_MLP_REAL *grad_logits = log_softmax_axis_logits; /* n x 10, in log_softmax_axis_logits's
-            memory */
+    DIGITS_MLP_REAL *grad_logits = mul_T; /* n x 10, in mul_T's memory */
     DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
 
     /* rowsum_T_2 = sum of grad_log_softmax_axis_logits along each row */
@@ -147,25 +207,19 @@ static int digits_mlp_run(
     }
 
     /* grad_logits = grad_log_softmax_axis_logits - rowsum_T_2*softmax_axis_logits */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = grad_log_softmax_axis_logits[10*i + j] -
-                    softmax_axis_logits[10*i + j]*rowsum_T_2[i];
-        }
-    }
+    digits_mlp_grad_nx10_loop(
+        n,
+        grad_logits,
+        grad_log_softmax_axis_logits,
+        softmax_axis_logits,
+        rowsum_T_2
+    );
 
     /* grad_tanh_W1 = grad_logits @ W2^T */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
     /* grad_tanh_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_tanh_W1[64*i + j] = grad_tanh_W1[64*i + j]*(1 -
-                    (tanh_W1[64*i + j]*tanh_W1[64*i + j]));
-        }
-    }
+    digits_mlp_grad_tanh_nx64_loop(n, grad_tanh_W1, tanh_W1);
 
     /* grad_W1 = X^T @ grad_tanh_W1 */
     symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_tanh_W1, 64, 1, grad_W1);
@@ -249,8 +303,23 @@ int digits_mlp_value_and_grad(
     if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1),
-            grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return digits_mlp_run(
+        n,
+        X,
+        T,
+        W1,
+        b1,
+        W2,
+        b2,
+        loss,
+        work + digits_mlp_run_work_len(n, 1),
+        grad_W1,
+        grad_b1,
+        grad_W2,
+        grad_b2,
+        work,
+        1
+    );
 }
 
 size_t digits_mlp_train_step_work_len(int64_t n)
@@ -313,8 +382,21 @@ int digits_mlp_train_step(
     DIGITS_MLP_REAL *grad_W2 = grad_b1 + 1*64; /* 64 x 10 */
     DIGITS_MLP_REAL *grad_b2 = grad_W2 + 64*10; /* 1 x 10 */
 
-    const int status = digits_mlp_value_and_grad(n, X, T, W1, b1, W2, b2, loss, grad_W1, grad_b1,
-            grad_W2, grad_b2, grad_b2 + 1*10);
+    const int status = digits_mlp_value_and_grad(
+        n,
+        X,
+        T,
+        W1,
+        b1,
+        W2,
+        b2,
+        loss,
+        grad_W1,
+        grad_b1,
+        grad_W2,
+        grad_b2,
+        grad_b2 + 1*10
+    );
     if (status != 0) {
         return status; /* (it writes nothing then) */
     }
@@ -620,7 +702,7 @@ int digits_mlp_n_dims(void)
 const char *digits_mlp_name_dim(int64_t i)
 {
     static const char *const names[] = {"n"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -654,13 +736,13 @@ const char *digits_mlp_forward_name_in(int64_t i)
         "W2",
         "b2",
     };
-    return i >= 0 && i < 6 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *digits_mlp_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "logits"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int digits_mlp_forward_kind_in(int64_t i)
@@ -677,16 +759,20 @@ int digits_mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
-    case 2: shape[0] = 64; shape[1] = 64; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
-    case 4: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 64}, /* X */
+        {n, 10}, /* T */
+        {64, 64}, /* W1 */
+        {1, 64}, /* b1 */
+        {64, 10}, /* W2 */
+        {1, 10}, /* b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -698,12 +784,16 @@ int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = n; shape[1] = 10; return 0; /* logits */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {n, 10}, /* logits */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t digits_mlp_forward_call_work_len(const int64_t *dims)
@@ -730,10 +820,16 @@ int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *co
         }
     }
     return digits_mlp_forward(
-        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1],
-        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL
-                *)in[4],
-        (const DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)out[0], (DIGITS_MLP_REAL *)out[1], work
+        dims[0],
+        (const DIGITS_MLP_REAL *)in[0],
+        (const DIGITS_MLP_REAL *)in[1],
+        (const DIGITS_MLP_REAL *)in[2],
+        (const DIGITS_MLP_REAL *)in[3],
+        (const DIGITS_MLP_REAL *)in[4],
+        (const DIGITS_MLP_REAL *)in[5],
+        (DIGITS_MLP_REAL *)out[0],
+        (DIGITS_MLP_REAL *)out[1],
+        work
     );
 }
 
@@ -767,7 +863,7 @@ const char *digits_mlp_value_and_grad_name_in(int64_t i)
         "W2",
         "b2",
     };
-    return i >= 0 && i < 6 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *digits_mlp_value_and_grad_name_out(int64_t i)
@@ -779,7 +875,7 @@ const char *digits_mlp_value_and_grad_name_out(int64_t i)
         "grad_W2",
         "grad_b2",
     };
-    return i >= 0 && i < 5 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int digits_mlp_value_and_grad_kind_in(int64_t i)
@@ -796,16 +892,20 @@ int digits_mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
-    case 2: shape[0] = 64; shape[1] = 64; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
-    case 4: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 64}, /* X */
+        {n, 10}, /* T */
+        {64, 64}, /* W1 */
+        {1, 64}, /* b1 */
+        {64, 10}, /* W2 */
+        {1, 10}, /* b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -817,15 +917,19 @@ int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 64; shape[1] = 64; return 0; /* grad_W1 */
-    case 2: shape[0] = 1; shape[1] = 64; return 0; /* grad_b1 */
-    case 3: shape[0] = 64; shape[1] = 10; return 0; /* grad_W2 */
-    case 4: shape[0] = 1; shape[1] = 10; return 0; /* grad_b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {64, 64}, /* grad_W1 */
+        {1, 64}, /* grad_b1 */
+        {64, 10}, /* grad_W2 */
+        {1, 10}, /* grad_b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t digits_mlp_value_and_grad_call_work_len(const int64_t *dims)
@@ -852,11 +956,19 @@ int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, v
         }
     }
     return digits_mlp_value_and_grad(
-        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1],
-        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL
-                *)in[4],
-        (const DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)out[0], (DIGITS_MLP_REAL *)out[1],
-        (DIGITS_MLP_REAL *)out[2], (DIGITS_MLP_REAL *)out[3], (DIGITS_MLP_REAL *)out[4], work
+        dims[0],
+        (const DIGITS_MLP_REAL *)in[0],
+        (const DIGITS_MLP_REAL *)in[1],
+        (const DIGITS_MLP_REAL *)in[2],
+        (const DIGITS_MLP_REAL *)in[3],
+        (const DIGITS_MLP_REAL *)in[4],
+        (const DIGITS_MLP_REAL *)in[5],
+        (DIGITS_MLP_REAL *)out[0],
+        (DIGITS_MLP_REAL *)out[1],
+        (DIGITS_MLP_REAL *)out[2],
+        (DIGITS_MLP_REAL *)out[3],
+        (DIGITS_MLP_REAL *)out[4],
+        work
     );
 }
 
@@ -904,19 +1016,40 @@ const char *digits_mlp_train_step_name_in(int64_t i)
         "m_b2",
         "v_b2",
     };
-    return i >= 0 && i < 20 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *digits_mlp_train_step_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int digits_mlp_train_step_kind_in(int64_t i)
 {
-    static const int kinds[] = {0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2};
-    return i >= 0 && i < 20 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        0, /* X */
+        0, /* T */
+        2, /* W1 */
+        2, /* b1 */
+        2, /* W2 */
+        2, /* b2 */
+        0, /* lr */
+        0, /* beta1 */
+        0, /* beta2 */
+        0, /* eps */
+        0, /* weight_decay */
+        2, /* step */
+        2, /* m_W1 */
+        2, /* v_W1 */
+        2, /* m_b1 */
+        2, /* v_b1 */
+        2, /* m_W2 */
+        2, /* v_W2 */
+        2, /* m_b2 */
+        2, /* v_b2 */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int digits_mlp_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -928,30 +1061,34 @@ int digits_mlp_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (digits_mlp_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 64; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 10; return 0; /* T */
-    case 2: shape[0] = 64; shape[1] = 64; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
-    case 4: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    case 6: shape[0] = 1; shape[1] = 1; return 0; /* lr */
-    case 7: shape[0] = 1; shape[1] = 1; return 0; /* beta1 */
-    case 8: shape[0] = 1; shape[1] = 1; return 0; /* beta2 */
-    case 9: shape[0] = 1; shape[1] = 1; return 0; /* eps */
-    case 10: shape[0] = 1; shape[1] = 1; return 0; /* weight_decay */
-    case 11: shape[0] = 1; shape[1] = 1; return 0; /* step */
-    case 12: shape[0] = 64; shape[1] = 64; return 0; /* m_W1 */
-    case 13: shape[0] = 64; shape[1] = 64; return 0; /* v_W1 */
-    case 14: shape[0] = 1; shape[1] = 64; return 0; /* m_b1 */
-    case 15: shape[0] = 1; shape[1] = 64; return 0; /* v_b1 */
-    case 16: shape[0] = 64; shape[1] = 10; return 0; /* m_W2 */
-    case 17: shape[0] = 64; shape[1] = 10; return 0; /* v_W2 */
-    case 18: shape[0] = 1; shape[1] = 10; return 0; /* m_b2 */
-    case 19: shape[0] = 1; shape[1] = 10; return 0; /* v_b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 64}, /* X */
+        {n, 10}, /* T */
+        {64, 64}, /* W1 */
+        {1, 64}, /* b1 */
+        {64, 10}, /* W2 */
+        {1, 10}, /* b2 */
+        {1, 1}, /* lr */
+        {1, 1}, /* beta1 */
+        {1, 1}, /* beta2 */
+        {1, 1}, /* eps */
+        {1, 1}, /* weight_decay */
+        {1, 1}, /* step */
+        {64, 64}, /* m_W1 */
+        {64, 64}, /* v_W1 */
+        {1, 64}, /* m_b1 */
+        {1, 64}, /* v_b1 */
+        {64, 10}, /* m_W2 */
+        {64, 10}, /* v_W2 */
+        {1, 10}, /* m_b2 */
+        {1, 10}, /* v_b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -963,11 +1100,15 @@ int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     if (digits_mlp_train_step_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t digits_mlp_train_step_call_work_len(const int64_t *dims)
@@ -994,15 +1135,29 @@ int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return digits_mlp_train_step(
-        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1], (DIGITS_MLP_REAL
-                *)in[2],
-        (DIGITS_MLP_REAL *)in[3], (DIGITS_MLP_REAL *)in[4], (DIGITS_MLP_REAL *)in[5],
-        (const DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7], (const DIGITS_MLP_REAL
-                *)in[8],
-        (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL *)in[10], (DIGITS_MLP_REAL *)in[11],
-        (DIGITS_MLP_REAL *)in[12], (DIGITS_MLP_REAL *)in[13], (DIGITS_MLP_REAL *)in[14],
-        (DIGITS_MLP_REAL *)in[15], (DIGITS_MLP_REAL *)in[16], (DIGITS_MLP_REAL *)in[17],
-        (DIGITS_MLP_REAL *)in[18], (DIGITS_MLP_REAL *)in[19], (DIGITS_MLP_REAL *)out[0], work
+        dims[0],
+        (const DIGITS_MLP_REAL *)in[0],
+        (const DIGITS_MLP_REAL *)in[1],
+        (DIGITS_MLP_REAL *)in[2],
+        (DIGITS_MLP_REAL *)in[3],
+        (DIGITS_MLP_REAL *)in[4],
+        (DIGITS_MLP_REAL *)in[5],
+        (const DIGITS_MLP_REAL *)in[6],
+        (const DIGITS_MLP_REAL *)in[7],
+        (const DIGITS_MLP_REAL *)in[8],
+        (const DIGITS_MLP_REAL *)in[9],
+        (const DIGITS_MLP_REAL *)in[10],
+        (DIGITS_MLP_REAL *)in[11],
+        (DIGITS_MLP_REAL *)in[12],
+        (DIGITS_MLP_REAL *)in[13],
+        (DIGITS_MLP_REAL *)in[14],
+        (DIGITS_MLP_REAL *)in[15],
+        (DIGITS_MLP_REAL *)in[16],
+        (DIGITS_MLP_REAL *)in[17],
+        (DIGITS_MLP_REAL *)in[18],
+        (DIGITS_MLP_REAL *)in[19],
+        (DIGITS_MLP_REAL *)out[0],
+        work
     );
 }
 
@@ -1014,7 +1169,7 @@ int digits_mlp_train_epoch_n_dims(void)
 const char *digits_mlp_train_epoch_name_dim(int64_t i)
 {
     static const char *const names[] = {"rows", "batch"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int digits_mlp_train_epoch_n_in(void)
@@ -1052,19 +1207,41 @@ const char *digits_mlp_train_epoch_name_in(int64_t i)
         "m_b2",
         "v_b2",
     };
-    return i >= 0 && i < 21 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *digits_mlp_train_epoch_name_out(int64_t i)
 {
     static const char *const names[] = {"losses"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int digits_mlp_train_epoch_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2};
-    return i >= 0 && i < 21 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        1, /* order */
+        0, /* X */
+        0, /* T */
+        2, /* W1 */
+        2, /* b1 */
+        2, /* W2 */
+        2, /* b2 */
+        0, /* lr */
+        0, /* beta1 */
+        0, /* beta2 */
+        0, /* eps */
+        0, /* weight_decay */
+        2, /* step */
+        2, /* m_W1 */
+        2, /* v_W1 */
+        2, /* m_b1 */
+        2, /* v_b1 */
+        2, /* m_W2 */
+        2, /* v_W2 */
+        2, /* m_b2 */
+        2, /* v_b2 */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int digits_mlp_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1077,31 +1254,35 @@ int digits_mlp_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (digits_mlp_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
-    case 1: shape[0] = rows; shape[1] = 64; return 0; /* X */
-    case 2: shape[0] = rows; shape[1] = 10; return 0; /* T */
-    case 3: shape[0] = 64; shape[1] = 64; return 0; /* W1 */
-    case 4: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
-    case 5: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
-    case 6: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    case 7: shape[0] = 1; shape[1] = 1; return 0; /* lr */
-    case 8: shape[0] = 1; shape[1] = 1; return 0; /* beta1 */
-    case 9: shape[0] = 1; shape[1] = 1; return 0; /* beta2 */
-    case 10: shape[0] = 1; shape[1] = 1; return 0; /* eps */
-    case 11: shape[0] = 1; shape[1] = 1; return 0; /* weight_decay */
-    case 12: shape[0] = 1; shape[1] = 1; return 0; /* step */
-    case 13: shape[0] = 64; shape[1] = 64; return 0; /* m_W1 */
-    case 14: shape[0] = 64; shape[1] = 64; return 0; /* v_W1 */
-    case 15: shape[0] = 1; shape[1] = 64; return 0; /* m_b1 */
-    case 16: shape[0] = 1; shape[1] = 64; return 0; /* v_b1 */
-    case 17: shape[0] = 64; shape[1] = 10; return 0; /* m_W2 */
-    case 18: shape[0] = 64; shape[1] = 10; return 0; /* v_W2 */
-    case 19: shape[0] = 1; shape[1] = 10; return 0; /* m_b2 */
-    case 20: shape[0] = 1; shape[1] = 10; return 0; /* v_b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {rows, 1}, /* order */
+        {rows, 64}, /* X */
+        {rows, 10}, /* T */
+        {64, 64}, /* W1 */
+        {1, 64}, /* b1 */
+        {64, 10}, /* W2 */
+        {1, 10}, /* b2 */
+        {1, 1}, /* lr */
+        {1, 1}, /* beta1 */
+        {1, 1}, /* beta2 */
+        {1, 1}, /* eps */
+        {1, 1}, /* weight_decay */
+        {1, 1}, /* step */
+        {64, 64}, /* m_W1 */
+        {64, 64}, /* v_W1 */
+        {1, 64}, /* m_b1 */
+        {1, 64}, /* v_b1 */
+        {64, 10}, /* m_W2 */
+        {64, 10}, /* v_W2 */
+        {1, 10}, /* m_b2 */
+        {1, 10}, /* v_b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int digits_mlp_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1114,11 +1295,15 @@ int digits_mlp_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (digits_mlp_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {(rows - 1)/batch + 1, 1}, /* losses */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t digits_mlp_train_epoch_call_work_len(const int64_t *dims)
@@ -1145,14 +1330,30 @@ int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void
         }
     }
     return digits_mlp_train_epoch(
-        dims[0], dims[1], (const int64_t *)in[0], (const DIGITS_MLP_REAL *)in[1],
-        (const DIGITS_MLP_REAL *)in[2], (DIGITS_MLP_REAL *)in[3], (DIGITS_MLP_REAL *)in[4],
-        (DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7],
-        (const DIGITS_MLP_REAL *)in[8], (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL
-                *)in[10],
-        (const DIGITS_MLP_REAL *)in[11], (DIGITS_MLP_REAL *)in[12], (DIGITS_MLP_REAL *)in[13],
-        (DIGITS_MLP_REAL *)in[14], (DIGITS_MLP_REAL *)in[15], (DIGITS_MLP_REAL *)in[16],
-        (DIGITS_MLP_REAL *)in[17], (DIGITS_MLP_REAL *)in[18], (DIGITS_MLP_REAL *)in[19],
-        (DIGITS_MLP_REAL *)in[20], (DIGITS_MLP_REAL *)out[0], work
+        dims[0],
+        dims[1],
+        (const int64_t *)in[0],
+        (const DIGITS_MLP_REAL *)in[1],
+        (const DIGITS_MLP_REAL *)in[2],
+        (DIGITS_MLP_REAL *)in[3],
+        (DIGITS_MLP_REAL *)in[4],
+        (DIGITS_MLP_REAL *)in[5],
+        (DIGITS_MLP_REAL *)in[6],
+        (const DIGITS_MLP_REAL *)in[7],
+        (const DIGITS_MLP_REAL *)in[8],
+        (const DIGITS_MLP_REAL *)in[9],
+        (const DIGITS_MLP_REAL *)in[10],
+        (const DIGITS_MLP_REAL *)in[11],
+        (DIGITS_MLP_REAL *)in[12],
+        (DIGITS_MLP_REAL *)in[13],
+        (DIGITS_MLP_REAL *)in[14],
+        (DIGITS_MLP_REAL *)in[15],
+        (DIGITS_MLP_REAL *)in[16],
+        (DIGITS_MLP_REAL *)in[17],
+        (DIGITS_MLP_REAL *)in[18],
+        (DIGITS_MLP_REAL *)in[19],
+        (DIGITS_MLP_REAL *)in[20],
+        (DIGITS_MLP_REAL *)out[0],
+        work
     );
 }

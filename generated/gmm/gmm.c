@@ -22,11 +22,58 @@ SYMBACKPROP_HELPER int64_t gmm_run_size(int64_t N, int64_t K)
             symbackprop_size_mul(symbackprop_size_mul(4, K), N));
 }
 
-/* Its 2 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void gmm_grad_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL
+void gmm_exp_Kx3_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL
+        *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < K; ++i) {
+        for (int64_t j = 0; j < 3; ++j) {
+            a0[3*i + j] = exp(2*a1[3*i + j]);
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void gmm_sq_Kx3_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL
+        *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < K; ++i) {
+        for (int64_t j = 0; j < 3; ++j) {
+            a0[3*i + j] = (a1[3*i + j]*a1[3*i + j]);
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void gmm_grad_NxK_loop(int64_t K, int64_t N, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL
+        *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < N; ++i) {
+        for (int64_t j = 0; j < K; ++j) {
+            a0[K*i + j] = -a1[K*i + j];
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void gmm_grad_K_loop(
+    int64_t K,
+    int64_t N,
+    GMM_REAL *SYMBACKPROP_RESTRICT a0,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a1,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a2
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < K; ++i) {
+        a0[i] = ((GMM_REAL)N)*a1[i] + a2[i];
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void gmm_grad_Kx3_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL
         *SYMBACKPROP_RESTRICT a1, const GMM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
@@ -151,12 +198,7 @@ static int gmm_run(
     colsum_log_density[0] = symbackprop_f64_sum(rowlse_log_density, N, 1);
 
     /* exp_qd = exp(2*qd) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            exp_qd[3*i + j] = exp(2*qd[3*i + j]);
-        }
-    }
+    gmm_exp_Kx3_loop(K, exp_qd, qd);
 
     /* colsum_qd = sum of exp_qd down each column */
     symbackprop_f64_sum_columns(exp_qd, K, 3, 3, colsum_qd);
@@ -165,12 +207,7 @@ static int gmm_run(
     rowsum_qd[0] = symbackprop_f64_sum(colsum_qd, 3, 1);
 
     /* sq_ql = ql**2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            sq_ql[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
-        }
-    }
+    gmm_sq_Kx3_loop(K, sq_ql, ql);
 
     /* colsum_ql = sum of sq_ql down each column */
     symbackprop_f64_sum_columns(sq_ql, K, 3, 3, colsum_ql);
@@ -196,12 +233,7 @@ static int gmm_run(
     GMM_REAL *grad_ql_part = grad_alpha_part + K; /* K x 3 */
 
     /* grad_log_density = -softmax_axis_log_density */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < K; ++j) {
-            grad_log_density[K*i + j] = -softmax_axis_log_density[K*i + j];
-        }
-    }
+    gmm_grad_NxK_loop(K, N, grad_log_density, softmax_axis_log_density);
 
     /* grad_alpha_part[j, 0] += grad_log_density[i, j] */
     /* grad_means[j, :] += [-grad_log_density[i, j]*(ql[j, 0]*(-ql[j, 0]*(X[i, 0] -
@@ -337,16 +369,13 @@ static int gmm_run(
     }
 
     /* grad_alpha = N*softmax_axis_alpha + grad_alpha_part */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        grad_alpha[i] = ((GMM_REAL)N)*softmax_axis_alpha[i] + grad_alpha_part[i];
-    }
+    gmm_grad_K_loop(K, N, grad_alpha, softmax_axis_alpha, grad_alpha_part);
 
     /* grad_qd = exp_qd + grad_qd_part */
-    gmm_grad_loop(K, grad_qd, exp_qd, grad_qd_part);
+    gmm_grad_Kx3_loop(K, grad_qd, exp_qd, grad_qd_part);
 
     /* grad_ql = grad_ql_part + ql */
-    gmm_grad_loop(K, grad_ql, ql, grad_ql_part);
+    gmm_grad_Kx3_loop(K, grad_ql, ql, grad_ql_part);
     return 0;
 }
 
@@ -384,8 +413,23 @@ int gmm_forward(
     if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work,
-            0);
+    return gmm_run(
+        N,
+        K,
+        X,
+        alpha,
+        means,
+        qd,
+        ql,
+        loss,
+        log_density,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        work,
+        0
+    );
 }
 
 size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
@@ -425,8 +469,23 @@ int gmm_value_and_grad(
     if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1),
-            grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
+    return gmm_run(
+        N,
+        K,
+        X,
+        alpha,
+        means,
+        qd,
+        ql,
+        loss,
+        work + gmm_run_work_len(N, K, 1),
+        grad_alpha,
+        grad_means,
+        grad_qd,
+        grad_ql,
+        work,
+        1
+    );
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see gmm.h) --- */
@@ -439,7 +498,7 @@ int gmm_n_dims(void)
 const char *gmm_name_dim(int64_t i)
 {
     static const char *const names[] = {"N", "K"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -472,13 +531,13 @@ const char *gmm_forward_name_in(int64_t i)
         "qd",
         "ql",
     };
-    return i >= 0 && i < 5 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *gmm_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "log_density"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int gmm_forward_kind_in(int64_t i)
@@ -496,15 +555,19 @@ int gmm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = N; shape[1] = 3; return 0; /* X */
-    case 1: shape[0] = K; shape[1] = 1; return 0; /* alpha */
-    case 2: shape[0] = K; shape[1] = 3; return 0; /* means */
-    case 3: shape[0] = K; shape[1] = 3; return 0; /* qd */
-    case 4: shape[0] = K; shape[1] = 3; return 0; /* ql */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {N, 3}, /* X */
+        {K, 1}, /* alpha */
+        {K, 3}, /* means */
+        {K, 3}, /* qd */
+        {K, 3}, /* ql */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int gmm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -517,12 +580,16 @@ int gmm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = N; shape[1] = K; return 0; /* log_density */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {N, K}, /* log_density */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t gmm_forward_call_work_len(const int64_t *dims)
@@ -548,9 +615,16 @@ int gmm_forward_call(const int64_t *dims, const void *const *in, void *const *ou
         }
     }
     return gmm_forward(
-        dims[0], dims[1], (const GMM_REAL *)in[0], (const GMM_REAL *)in[1], (const GMM_REAL *)in[2],
-        (const GMM_REAL *)in[3], (const GMM_REAL *)in[4], (GMM_REAL *)out[0], (GMM_REAL *)out[1],
-                work
+        dims[0],
+        dims[1],
+        (const GMM_REAL *)in[0],
+        (const GMM_REAL *)in[1],
+        (const GMM_REAL *)in[2],
+        (const GMM_REAL *)in[3],
+        (const GMM_REAL *)in[4],
+        (GMM_REAL *)out[0],
+        (GMM_REAL *)out[1],
+        work
     );
 }
 
@@ -583,7 +657,7 @@ const char *gmm_value_and_grad_name_in(int64_t i)
         "qd",
         "ql",
     };
-    return i >= 0 && i < 5 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *gmm_value_and_grad_name_out(int64_t i)
@@ -595,7 +669,7 @@ const char *gmm_value_and_grad_name_out(int64_t i)
         "grad_qd",
         "grad_ql",
     };
-    return i >= 0 && i < 5 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int gmm_value_and_grad_kind_in(int64_t i)
@@ -613,15 +687,19 @@ int gmm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = N; shape[1] = 3; return 0; /* X */
-    case 1: shape[0] = K; shape[1] = 1; return 0; /* alpha */
-    case 2: shape[0] = K; shape[1] = 3; return 0; /* means */
-    case 3: shape[0] = K; shape[1] = 3; return 0; /* qd */
-    case 4: shape[0] = K; shape[1] = 3; return 0; /* ql */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {N, 3}, /* X */
+        {K, 1}, /* alpha */
+        {K, 3}, /* means */
+        {K, 3}, /* qd */
+        {K, 3}, /* ql */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int gmm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -634,15 +712,19 @@ int gmm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = K; shape[1] = 1; return 0; /* grad_alpha */
-    case 2: shape[0] = K; shape[1] = 3; return 0; /* grad_means */
-    case 3: shape[0] = K; shape[1] = 3; return 0; /* grad_qd */
-    case 4: shape[0] = K; shape[1] = 3; return 0; /* grad_ql */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {K, 1}, /* grad_alpha */
+        {K, 3}, /* grad_means */
+        {K, 3}, /* grad_qd */
+        {K, 3}, /* grad_ql */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t gmm_value_and_grad_call_work_len(const int64_t *dims)
@@ -669,8 +751,18 @@ int gmm_value_and_grad_call(const int64_t *dims, const void *const *in, void *co
         }
     }
     return gmm_value_and_grad(
-        dims[0], dims[1], (const GMM_REAL *)in[0], (const GMM_REAL *)in[1], (const GMM_REAL *)in[2],
-        (const GMM_REAL *)in[3], (const GMM_REAL *)in[4], (GMM_REAL *)out[0], (GMM_REAL *)out[1],
-        (GMM_REAL *)out[2], (GMM_REAL *)out[3], (GMM_REAL *)out[4], work
+        dims[0],
+        dims[1],
+        (const GMM_REAL *)in[0],
+        (const GMM_REAL *)in[1],
+        (const GMM_REAL *)in[2],
+        (const GMM_REAL *)in[3],
+        (const GMM_REAL *)in[4],
+        (GMM_REAL *)out[0],
+        (GMM_REAL *)out[1],
+        (GMM_REAL *)out[2],
+        (GMM_REAL *)out[3],
+        (GMM_REAL *)out[4],
+        work
     );
 }

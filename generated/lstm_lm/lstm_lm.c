@@ -38,6 +38,75 @@ SYMBACKPROP_HELPER int64_t lstm_lm_value_and_grad_size(int64_t T)
             T)), symbackprop_size_mul(320, symbackprop_size_min(32, T)));
 }
 
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_mul_Tx30_loop_3705(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_mul_Tx30_loop_5a3d(
+    int64_t T,
+    LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_LM_REAL *SYMBACKPROP_RESTRICT a3
+);
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_grad_Tx30_loop(
+    int64_t T,
+    LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a3
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_mul_Tx30_loop_3705(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        for (int64_t j = 0; j < 30; ++j) {
+            a0[30*i + j] = a1[30*i + j]*a2[30*i + j];
+        }
+    }
+}
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_mul_Tx30_loop_5a3d(
+    int64_t T,
+    LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        for (int64_t j = 0; j < 30; ++j) {
+            a0[30*i + j] = a1[30*i + j]*a2[30*i + j];
+            a3[30*i + j] = -a1[30*i + j]/((LSTM_LM_REAL)T);
+        }
+    }
+}
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_grad_Tx30_loop(
+    int64_t T,
+    LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        for (int64_t j = 0; j < 30; ++j) {
+            a0[30*i + j] = a1[30*i + j] - a2[30*i + j]*a3[i];
+        }
+    }
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_lm_forward_work_len(int64_t T)
 {
@@ -119,8 +188,8 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
             LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_sigmoid_b_o = scan_W_i_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 64; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 112; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 128; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 144; /* 1 x 16 */
@@ -320,7 +389,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
 /* lstm_lm_forward, part 2 of 2 (kernels 2 to 8): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 0; called from unit 0. */
 LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
@@ -332,7 +401,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     LSTM_LM_REAL *colsum_Y,
     LSTM_LM_REAL *rowsum_Y
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
@@ -355,17 +424,19 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
      * max) - log(sum(exp(that))) */
     for (int64_t i = 0; i < T; ++i) {
-        symbackprop_f64_log_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1,
-                log_softmax_axis_logits + 30*i, 1);
+        symbackprop_f64_log_softmax_axis(
+            logits + 30*i,
+            30,
+            1,
+            softmax_axis_logits + 30*i,
+            1,
+            log_softmax_axis_logits + 30*i,
+            1
+        );
     }
 
     /* mul_Y = Y*log_softmax_axis_logits */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j < 30; ++j) {
-            mul_Y[30*i + j] = Y[30*i + j]*log_softmax_axis_logits[30*i + j];
-        }
-    }
+    lstm_lm_mul_Tx30_loop_3705(T, mul_Y, Y, log_softmax_axis_logits);
 
     /* colsum_Y = sum of mul_Y down each column */
     symbackprop_f64_sum_columns(mul_Y, T, 30, 30, colsum_Y);
@@ -420,10 +491,37 @@ int lstm_lm_forward(
     LSTM_LM_REAL *colsum_Y = log_softmax_axis_logits + 30*T; /* 1 x 30 */
     LSTM_LM_REAL *rowsum_Y = colsum_Y + 30; /* 1 x 1 */
 
-    lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c,
-            logits, scan_W_i);
-    lstm_lm_forward_part2(T, Y, loss, logits, softmax_axis_logits, log_softmax_axis_logits, mul_Y,
-            colsum_Y, rowsum_Y);
+    lstm_lm_forward_part1(
+        T,
+        X,
+        W_i,
+        W_f,
+        W_g,
+        W_o,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        b_i,
+        b_f,
+        b_g,
+        b_o,
+        V,
+        c,
+        logits,
+        scan_W_i
+    );
+    lstm_lm_forward_part2(
+        T,
+        Y,
+        loss,
+        logits,
+        softmax_axis_logits,
+        log_softmax_axis_logits,
+        mul_Y,
+        colsum_Y,
+        rowsum_Y
+    );
     return 0;
 }
 #endif
@@ -516,8 +614,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
             LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_sigmoid_b_o = scan_W_i_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 64; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 112; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 128; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 144; /* 1 x 16 */
@@ -758,19 +856,20 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
      * max) - log(sum(exp(that))) */
     for (int64_t i = 0; i < T; ++i) {
-        symbackprop_f64_log_softmax_axis(logits + 30*i, 30, 1, softmax_axis_logits + 30*i, 1,
-                log_softmax_axis_logits + 30*i, 1);
+        symbackprop_f64_log_softmax_axis(
+            logits + 30*i,
+            30,
+            1,
+            softmax_axis_logits + 30*i,
+            1,
+            log_softmax_axis_logits + 30*i,
+            1
+        );
     }
 
     /* mul_Y = Y*log_softmax_axis_logits */
     /* grad_log_softmax_axis_logits = -Y/T */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j < 30; ++j) {
-            mul_Y[30*i + j] = Y[30*i + j]*log_softmax_axis_logits[30*i + j];
-            grad_log_softmax_axis_logits[30*i + j] = -Y[30*i + j]/((LSTM_LM_REAL)T);
-        }
-    }
+    lstm_lm_mul_Tx30_loop_5a3d(T, mul_Y, Y, log_softmax_axis_logits, grad_log_softmax_axis_logits);
 
     /* colsum_Y = sum of mul_Y down each column */
     symbackprop_f64_sum_columns(mul_Y, T, 30, 30, colsum_Y);
@@ -792,13 +891,13 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     }
 
     /* grad_logits = grad_log_softmax_axis_logits - rowsum_Y_2*softmax_axis_logits */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j < 30; ++j) {
-            grad_logits[30*i + j] = grad_log_softmax_axis_logits[30*i + j] -
-                    softmax_axis_logits[30*i + j]*rowsum_Y_2[i];
-        }
-    }
+    lstm_lm_grad_Tx30_loop(
+        T,
+        grad_logits,
+        grad_log_softmax_axis_logits,
+        softmax_axis_logits,
+        rowsum_Y_2
+    );
 }
 #endif
 
@@ -1210,13 +1309,13 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T) ?
                         (32) : (T)) + 224; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 96; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 112; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 128; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
                         (T)) + 144; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 128; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 112; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 96; /* 1 x 16 */
                 /* grad_mul_b_o = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -1508,11 +1607,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
 /* lstm_lm_value_and_grad, part 4 of 4 (kernels 13 to 26): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 )
@@ -1604,18 +1703,79 @@ int lstm_lm_value_and_grad(
     LSTM_LM_REAL *colsum_Y = grad_log_softmax_axis_logits + 30*T; /* 1 x 30 */
     LSTM_LM_REAL *rowsum_Y = colsum_Y + 30; /* 1 x 1 */
     LSTM_LM_REAL *rowsum_Y_2 = rowsum_Y + 1; /* T x 1 */
-    LSTM_LM_REAL *grad_logits = log_softmax_axis_logits; /* T x 30, in log_softmax_axis_logits's
-            memory */
+    LSTM_LM_REAL *grad_logits = mul_Y; /* T x 30, in mul_Y's memory */
     LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* (160*((32) < (T) ? (32) : (T)) + 4302) x 1 */
 
-    lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
-            V, c, scan_W_i, logits, scan_part_W_i);
-    lstm_lm_value_and_grad_part2(T, Y, loss, logits, softmax_axis_logits, log_softmax_axis_logits,
-            mul_Y, grad_log_softmax_axis_logits, colsum_Y, rowsum_Y, rowsum_Y_2, grad_logits);
-    lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
-            V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o,
-            grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, scan_part_W_i, grad_logits,
-            scan_vjp_W_i);
+    lstm_lm_value_and_grad_part1(
+        T,
+        X,
+        W_i,
+        W_f,
+        W_g,
+        W_o,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        b_i,
+        b_f,
+        b_g,
+        b_o,
+        V,
+        c,
+        scan_W_i,
+        logits,
+        scan_part_W_i
+    );
+    lstm_lm_value_and_grad_part2(
+        T,
+        Y,
+        loss,
+        logits,
+        softmax_axis_logits,
+        log_softmax_axis_logits,
+        mul_Y,
+        grad_log_softmax_axis_logits,
+        colsum_Y,
+        rowsum_Y,
+        rowsum_Y_2,
+        grad_logits
+    );
+    lstm_lm_value_and_grad_part3(
+        T,
+        X,
+        W_i,
+        W_f,
+        W_g,
+        W_o,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        b_i,
+        b_f,
+        b_g,
+        b_o,
+        V,
+        c,
+        grad_W_i,
+        grad_W_f,
+        grad_W_g,
+        grad_W_o,
+        grad_U_i,
+        grad_U_f,
+        grad_U_g,
+        grad_U_o,
+        grad_b_i,
+        grad_b_f,
+        grad_b_g,
+        grad_b_o,
+        grad_V,
+        grad_c,
+        scan_part_W_i,
+        grad_logits,
+        scan_vjp_W_i
+    );
     lstm_lm_value_and_grad_part4();
     return 0;
 }
@@ -1632,7 +1792,7 @@ int lstm_lm_n_dims(void)
 const char *lstm_lm_name_dim(int64_t i)
 {
     static const char *const names[] = {"T"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -1676,13 +1836,13 @@ const char *lstm_lm_forward_name_in(int64_t i)
         "V",
         "c",
     };
-    return i >= 0 && i < 16 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *lstm_lm_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "logits"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int lstm_lm_forward_kind_in(int64_t i)
@@ -1699,26 +1859,30 @@ int lstm_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = T; shape[1] = 30; return 0; /* X */
-    case 1: shape[0] = T; shape[1] = 30; return 0; /* Y */
-    case 2: shape[0] = 30; shape[1] = 16; return 0; /* W_i */
-    case 3: shape[0] = 30; shape[1] = 16; return 0; /* W_f */
-    case 4: shape[0] = 30; shape[1] = 16; return 0; /* W_g */
-    case 5: shape[0] = 30; shape[1] = 16; return 0; /* W_o */
-    case 6: shape[0] = 16; shape[1] = 16; return 0; /* U_i */
-    case 7: shape[0] = 16; shape[1] = 16; return 0; /* U_f */
-    case 8: shape[0] = 16; shape[1] = 16; return 0; /* U_g */
-    case 9: shape[0] = 16; shape[1] = 16; return 0; /* U_o */
-    case 10: shape[0] = 1; shape[1] = 16; return 0; /* b_i */
-    case 11: shape[0] = 1; shape[1] = 16; return 0; /* b_f */
-    case 12: shape[0] = 1; shape[1] = 16; return 0; /* b_g */
-    case 13: shape[0] = 1; shape[1] = 16; return 0; /* b_o */
-    case 14: shape[0] = 16; shape[1] = 30; return 0; /* V */
-    case 15: shape[0] = 1; shape[1] = 30; return 0; /* c */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {T, 30}, /* X */
+        {T, 30}, /* Y */
+        {30, 16}, /* W_i */
+        {30, 16}, /* W_f */
+        {30, 16}, /* W_g */
+        {30, 16}, /* W_o */
+        {16, 16}, /* U_i */
+        {16, 16}, /* U_f */
+        {16, 16}, /* U_g */
+        {16, 16}, /* U_o */
+        {1, 16}, /* b_i */
+        {1, 16}, /* b_f */
+        {1, 16}, /* b_g */
+        {1, 16}, /* b_o */
+        {16, 30}, /* V */
+        {1, 30}, /* c */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int lstm_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1730,12 +1894,16 @@ int lstm_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = T; shape[1] = 30; return 0; /* logits */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {T, 30}, /* logits */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t lstm_lm_forward_call_work_len(const int64_t *dims)
@@ -1762,13 +1930,26 @@ int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const
         }
     }
     return lstm_lm_forward(
-        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL
-                *)in[2],
-        (const LSTM_LM_REAL *)in[3], (const LSTM_LM_REAL *)in[4], (const LSTM_LM_REAL *)in[5],
-        (const LSTM_LM_REAL *)in[6], (const LSTM_LM_REAL *)in[7], (const LSTM_LM_REAL *)in[8],
-        (const LSTM_LM_REAL *)in[9], (const LSTM_LM_REAL *)in[10], (const LSTM_LM_REAL *)in[11],
-        (const LSTM_LM_REAL *)in[12], (const LSTM_LM_REAL *)in[13], (const LSTM_LM_REAL *)in[14],
-        (const LSTM_LM_REAL *)in[15], (LSTM_LM_REAL *)out[0], (LSTM_LM_REAL *)out[1], work
+        dims[0],
+        (const LSTM_LM_REAL *)in[0],
+        (const LSTM_LM_REAL *)in[1],
+        (const LSTM_LM_REAL *)in[2],
+        (const LSTM_LM_REAL *)in[3],
+        (const LSTM_LM_REAL *)in[4],
+        (const LSTM_LM_REAL *)in[5],
+        (const LSTM_LM_REAL *)in[6],
+        (const LSTM_LM_REAL *)in[7],
+        (const LSTM_LM_REAL *)in[8],
+        (const LSTM_LM_REAL *)in[9],
+        (const LSTM_LM_REAL *)in[10],
+        (const LSTM_LM_REAL *)in[11],
+        (const LSTM_LM_REAL *)in[12],
+        (const LSTM_LM_REAL *)in[13],
+        (const LSTM_LM_REAL *)in[14],
+        (const LSTM_LM_REAL *)in[15],
+        (LSTM_LM_REAL *)out[0],
+        (LSTM_LM_REAL *)out[1],
+        work
     );
 }
 
@@ -1812,7 +1993,7 @@ const char *lstm_lm_value_and_grad_name_in(int64_t i)
         "V",
         "c",
     };
-    return i >= 0 && i < 16 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *lstm_lm_value_and_grad_name_out(int64_t i)
@@ -1834,7 +2015,7 @@ const char *lstm_lm_value_and_grad_name_out(int64_t i)
         "grad_V",
         "grad_c",
     };
-    return i >= 0 && i < 15 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int lstm_lm_value_and_grad_kind_in(int64_t i)
@@ -1851,26 +2032,30 @@ int lstm_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = T; shape[1] = 30; return 0; /* X */
-    case 1: shape[0] = T; shape[1] = 30; return 0; /* Y */
-    case 2: shape[0] = 30; shape[1] = 16; return 0; /* W_i */
-    case 3: shape[0] = 30; shape[1] = 16; return 0; /* W_f */
-    case 4: shape[0] = 30; shape[1] = 16; return 0; /* W_g */
-    case 5: shape[0] = 30; shape[1] = 16; return 0; /* W_o */
-    case 6: shape[0] = 16; shape[1] = 16; return 0; /* U_i */
-    case 7: shape[0] = 16; shape[1] = 16; return 0; /* U_f */
-    case 8: shape[0] = 16; shape[1] = 16; return 0; /* U_g */
-    case 9: shape[0] = 16; shape[1] = 16; return 0; /* U_o */
-    case 10: shape[0] = 1; shape[1] = 16; return 0; /* b_i */
-    case 11: shape[0] = 1; shape[1] = 16; return 0; /* b_f */
-    case 12: shape[0] = 1; shape[1] = 16; return 0; /* b_g */
-    case 13: shape[0] = 1; shape[1] = 16; return 0; /* b_o */
-    case 14: shape[0] = 16; shape[1] = 30; return 0; /* V */
-    case 15: shape[0] = 1; shape[1] = 30; return 0; /* c */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {T, 30}, /* X */
+        {T, 30}, /* Y */
+        {30, 16}, /* W_i */
+        {30, 16}, /* W_f */
+        {30, 16}, /* W_g */
+        {30, 16}, /* W_o */
+        {16, 16}, /* U_i */
+        {16, 16}, /* U_f */
+        {16, 16}, /* U_g */
+        {16, 16}, /* U_o */
+        {1, 16}, /* b_i */
+        {1, 16}, /* b_f */
+        {1, 16}, /* b_g */
+        {1, 16}, /* b_o */
+        {16, 30}, /* V */
+        {1, 30}, /* c */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int lstm_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1882,25 +2067,29 @@ int lstm_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 30; shape[1] = 16; return 0; /* grad_W_i */
-    case 2: shape[0] = 30; shape[1] = 16; return 0; /* grad_W_f */
-    case 3: shape[0] = 30; shape[1] = 16; return 0; /* grad_W_g */
-    case 4: shape[0] = 30; shape[1] = 16; return 0; /* grad_W_o */
-    case 5: shape[0] = 16; shape[1] = 16; return 0; /* grad_U_i */
-    case 6: shape[0] = 16; shape[1] = 16; return 0; /* grad_U_f */
-    case 7: shape[0] = 16; shape[1] = 16; return 0; /* grad_U_g */
-    case 8: shape[0] = 16; shape[1] = 16; return 0; /* grad_U_o */
-    case 9: shape[0] = 1; shape[1] = 16; return 0; /* grad_b_i */
-    case 10: shape[0] = 1; shape[1] = 16; return 0; /* grad_b_f */
-    case 11: shape[0] = 1; shape[1] = 16; return 0; /* grad_b_g */
-    case 12: shape[0] = 1; shape[1] = 16; return 0; /* grad_b_o */
-    case 13: shape[0] = 16; shape[1] = 30; return 0; /* grad_V */
-    case 14: shape[0] = 1; shape[1] = 30; return 0; /* grad_c */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {30, 16}, /* grad_W_i */
+        {30, 16}, /* grad_W_f */
+        {30, 16}, /* grad_W_g */
+        {30, 16}, /* grad_W_o */
+        {16, 16}, /* grad_U_i */
+        {16, 16}, /* grad_U_f */
+        {16, 16}, /* grad_U_g */
+        {16, 16}, /* grad_U_o */
+        {1, 16}, /* grad_b_i */
+        {1, 16}, /* grad_b_f */
+        {1, 16}, /* grad_b_g */
+        {1, 16}, /* grad_b_o */
+        {16, 30}, /* grad_V */
+        {1, 30}, /* grad_c */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t lstm_lm_value_and_grad_call_work_len(const int64_t *dims)
@@ -1927,20 +2116,38 @@ int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void
         }
     }
     return lstm_lm_value_and_grad(
-        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL
-                *)in[2],
-        (const LSTM_LM_REAL *)in[3], (const LSTM_LM_REAL *)in[4], (const LSTM_LM_REAL *)in[5],
-        (const LSTM_LM_REAL *)in[6], (const LSTM_LM_REAL *)in[7], (const LSTM_LM_REAL *)in[8],
-        (const LSTM_LM_REAL *)in[9], (const LSTM_LM_REAL *)in[10], (const LSTM_LM_REAL *)in[11],
-        (const LSTM_LM_REAL *)in[12], (const LSTM_LM_REAL *)in[13], (const LSTM_LM_REAL *)in[14],
-        (const LSTM_LM_REAL *)in[15], (LSTM_LM_REAL *)out[0], (LSTM_LM_REAL *)out[1], (LSTM_LM_REAL
-                *)out[2],
-        (LSTM_LM_REAL *)out[3], (LSTM_LM_REAL *)out[4], (LSTM_LM_REAL *)out[5], (LSTM_LM_REAL
-                *)out[6],
-        (LSTM_LM_REAL *)out[7], (LSTM_LM_REAL *)out[8], (LSTM_LM_REAL *)out[9], (LSTM_LM_REAL
-                *)out[10],
-        (LSTM_LM_REAL *)out[11], (LSTM_LM_REAL *)out[12], (LSTM_LM_REAL *)out[13], (LSTM_LM_REAL
-                *)out[14],
+        dims[0],
+        (const LSTM_LM_REAL *)in[0],
+        (const LSTM_LM_REAL *)in[1],
+        (const LSTM_LM_REAL *)in[2],
+        (const LSTM_LM_REAL *)in[3],
+        (const LSTM_LM_REAL *)in[4],
+        (const LSTM_LM_REAL *)in[5],
+        (const LSTM_LM_REAL *)in[6],
+        (const LSTM_LM_REAL *)in[7],
+        (const LSTM_LM_REAL *)in[8],
+        (const LSTM_LM_REAL *)in[9],
+        (const LSTM_LM_REAL *)in[10],
+        (const LSTM_LM_REAL *)in[11],
+        (const LSTM_LM_REAL *)in[12],
+        (const LSTM_LM_REAL *)in[13],
+        (const LSTM_LM_REAL *)in[14],
+        (const LSTM_LM_REAL *)in[15],
+        (LSTM_LM_REAL *)out[0],
+        (LSTM_LM_REAL *)out[1],
+        (LSTM_LM_REAL *)out[2],
+        (LSTM_LM_REAL *)out[3],
+        (LSTM_LM_REAL *)out[4],
+        (LSTM_LM_REAL *)out[5],
+        (LSTM_LM_REAL *)out[6],
+        (LSTM_LM_REAL *)out[7],
+        (LSTM_LM_REAL *)out[8],
+        (LSTM_LM_REAL *)out[9],
+        (LSTM_LM_REAL *)out[10],
+        (LSTM_LM_REAL *)out[11],
+        (LSTM_LM_REAL *)out[12],
+        (LSTM_LM_REAL *)out[13],
+        (LSTM_LM_REAL *)out[14],
         work
     );
 }

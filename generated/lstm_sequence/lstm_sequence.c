@@ -32,130 +32,142 @@ SYMBACKPROP_HELPER int64_t lstm_sequence_run_size(int64_t n)
     return symbackprop_size_add(661, symbackprop_size_mul(568, n));
 }
 
-/* Its 149 matrix products, a function for each kind of call (its sizes
- * and strides): the product's loops are compiled once a kind, fitted to its
+/* Its matrix products, a function for each kind of call (its sizes and
+ * strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_n_1_8_at(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_n_8_8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL
+        *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_n_1_8_at_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_n_8_1_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_1_n_8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL
+        *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_n_8_8_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_n_8_8_bt_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_1_n_8_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_8_n_8_at(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_8_n_8_at_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product_8_n_1_at_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(8, 8, s0, a, 1, 8, b, 8, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 8, 1, a, 1, 0, b, 0, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product_n_8_8_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product_8_n_8_at_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product_n_1_8_at(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 1, a, 1, 0, b, 0, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product_n_8_8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL
+        *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product_n_8_1_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product_1_n_8_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product_n_8_8_bt_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product_8_n_1_at_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product_n_1_8_at_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product_1_n_8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL
+        *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product_8_n_8_at(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+        LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
+    symbackprop_f64_matmul(8, 8, s0, a, 1, 8, b, 8, 1, c);
 }
 #endif
 
-/* Its 34 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_W_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+void lstm_sequence_sigmoid_nx8_loop_fa01(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+        const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL
+        *SYMBACKPROP_RESTRICT a2);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_tanh_nx8_loop_dcfb(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7
+);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_tanh_nx8_loop_2153(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
         LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
         a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_tanh_U_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
-        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
-        a2);
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_U_loop(
+void lstm_sequence_sigmoid_nx8_loop_b9dc(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -169,7 +181,46 @@ void lstm_sequence_sigmoid_U_loop(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
 );
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_grad_add_U_loop(
+void lstm_sequence_sigmoid_nx8_loop_a810(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8
+);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_logit_n_loop(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5
+);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_grad_add_nx8_loop_a0e4(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11
+);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_grad_add_U_g_nx8_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -186,9 +237,123 @@ void lstm_sequence_grad_add_U_loop(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_U_loop(
+void lstm_sequence_grad_add_nx8_loop_d941(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a14,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a15,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a16,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a17,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a18,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a19,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a20
+);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_grad_add_nx8_loop_168d(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a14,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a15,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a16,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a17,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a18,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a19,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a20,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a21,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a22,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a23,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a24,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a25,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a26,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a27,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a28,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a29,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a30,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a31,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a32,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a33
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_sigmoid_nx8_loop_fa01(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+        const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL
+        *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            a0[8*i + j] = (((a1[8*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[8*i + j] + a2[j]))) /
+                    (1.0 + exp(-fabs(a1[8*i + j] + a2[j]))));
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_tanh_nx8_loop_dcfb(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const LSTM_SEQUENCE_REAL x0 = tanh(a5[8*i + j] + a6[j]);
+            const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
+            a0[8*i + j] = x0;
+            a1[8*i + j] = x1;
+            a2[8*i + j] = x2;
+            a3[8*i + j] = a4[8*i + j]*x2;
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_tanh_nx8_loop_2153(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_sigmoid_nx8_loop_b9dc(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -216,37 +381,88 @@ void lstm_sequence_sigmoid_U_loop(
         }
     }
 }
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_W_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
-        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
-        a2)
+void lstm_sequence_sigmoid_nx8_loop_a810(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8
+)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            a0[8*i + j] = (((a1[8*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[8*i + j] + a2[j]))) /
-                    (1.0 + exp(-fabs(a1[8*i + j] + a2[j]))));
+            const LSTM_SEQUENCE_REAL x0 = (((a4[8*i + j] + a5[j]) >= 0 ? 1.0 : exp(-fabs(a4[8*i + j]
+                    + a5[j]))) / (1.0 + exp(-fabs(a4[8*i + j] + a5[j]))));
+            const LSTM_SEQUENCE_REAL x1 = tanh(a6[8*i + j]*a7[8*i + j] + a8[8*i + j]*x0);
+            a0[8*i + j] = x0;
+            a1[8*i + j] = x1;
+            a2[8*i + j] = a3[8*i + j]*x1;
         }
     }
 }
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_tanh_U_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
-        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
-        a2)
+void lstm_sequence_logit_n_loop(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5
+)
+{
+    {
+        const LSTM_SEQUENCE_REAL c0_value = a0[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < n; ++i) {
+            const LSTM_SEQUENCE_REAL x0 = a5[i] + c0_value;
+            const LSTM_SEQUENCE_REAL x1 = 1.0/((LSTM_SEQUENCE_REAL)n);
+            a1[i] = x0;
+            a2[i] = -a3[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+            a4[i] = -a3[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_grad_add_nx8_loop_a0e4(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11
+)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
+            const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a10[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (a9[8*i + j]*a9[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
+            a0[8*i + j] = x1;
+            a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
+            a4[8*i + j] = a5[8*i + j]*a6[8*i + j]*x1*(1 - a6[8*i + j]);
+            a7[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a8[8*i + j] = a9[8*i + j]*x0*(1 - a10[8*i + j]);
         }
     }
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_grad_add_U_loop(
+void lstm_sequence_grad_add_U_g_nx8_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -276,6 +492,110 @@ void lstm_sequence_grad_add_U_loop(
             a4[8*i + j] = a5[8*i + j]*a6[8*i + j]*x1*(1 - a6[8*i + j]);
             a7[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
             a8[8*i + j] = a9[8*i + j]*x0*(1 - a10[8*i + j]);
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_grad_add_nx8_loop_d941(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a14,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a15,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a16,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a17,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a18,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a19,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a20
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const LSTM_SEQUENCE_REAL x0 = a16[8*i + j]*a8[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = a17[8*i + j]*a18[8*i + j] + x0*(1 -
+                    (a7[8*i + j]*a7[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x3 = a19[8*i + j]*a20[8*i + j]*x1*(1 - a20[8*i + j]);
+            a0[8*i + j] = x1;
+            a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
+            a4[8*i + j] = x3;
+            a5[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a6[8*i + j] = a7[8*i + j]*x0*(1 - a8[8*i + j]);
+            a9[8*i + j] = a10[8*i + j] + a11[8*i + j] + a12[8*i + j] + a13[8*i + j] + a14[8*i + j] +
+                    a15[8*i + j] + x3;
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_grad_add_nx8_loop_168d(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a14,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a15,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a16,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a17,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a18,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a19,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a20,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a21,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a22,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a23,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a24,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a25,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a26,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a27,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a28,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a29,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a30,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a31,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a32,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a33
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const LSTM_SEQUENCE_REAL x0 = a27[8*i + j]*a28[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = a29[8*i + j]*(a30[8*i + j]*a31[8*i + j] + x0*(1 -
+                    (a32[8*i + j]*a32[8*i + j])));
+            const LSTM_SEQUENCE_REAL x2 = a33[8*i + j]*x1*(1 - a29[8*i + j]);
+            const LSTM_SEQUENCE_REAL x3 = x1*(1 - (a33[8*i + j]*a33[8*i + j]));
+            const LSTM_SEQUENCE_REAL x4 = a32[8*i + j]*x0*(1 - a28[8*i + j]);
+            a0[8*i + j] = x2;
+            a1[8*i + j] = x3;
+            a2[8*i + j] = x4;
+            a3[8*i + j] = a4[8*i + j] + a5[8*i + j] + a6[8*i + j] + a7[8*i + j] + a8[8*i + j] +
+                    a9[8*i + j] + a10[8*i + j] + x2;
+            a11[8*i + j] = a12[8*i + j] + a13[8*i + j] + a14[8*i + j] + a15[8*i + j] + a16[8*i + j]
+                    + a17[8*i + j] + a18[8*i + j] + x3;
+            a19[8*i + j] = a20[8*i + j] + a21[8*i + j] + a22[8*i + j] + a23[8*i + j] + a24[8*i + j]
+                    + a25[8*i + j] + a26[8*i + j] + x4;
         }
     }
 }
@@ -343,7 +663,7 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -395,7 +715,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *mul_U_o_2,
     LSTM_SEQUENCE_REAL *mm_U_o_3
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -449,122 +769,143 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 )
 {
     /* mm_W_o = x1 @ W_o */
-    lstm_sequence_product0(n, x1_, W_o, mm_W_o);
+    lstm_sequence_product_n_1_8_at(n, x1_, W_o, mm_W_o);
 
     /* sigmoid_W_o = sigmoid(b_o + mm_W_o) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_W_o, mm_W_o, b_o);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_W_o, mm_W_o, b_o);
 
     /* mm_W_i = x1 @ W_i */
-    lstm_sequence_product0(n, x1_, W_i, mm_W_i);
+    lstm_sequence_product_n_1_8_at(n, x1_, W_i, mm_W_i);
 
     /* sigmoid_W_i = sigmoid(b_i + mm_W_i) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_W_i, mm_W_i, b_i);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_W_i, mm_W_i, b_i);
 
     /* mm_W_g = x1 @ W_g */
-    lstm_sequence_product0(n, x1_, W_g, mm_W_g);
+    lstm_sequence_product_n_1_8_at(n, x1_, W_g, mm_W_g);
 
     /* tanh_W_g = tanh(b_g + mm_W_g) */
     /* mul_W_i = sigmoid_W_i*tanh(b_g + mm_W_g) */
     /* tanh_W_i = tanh(sigmoid_W_i*tanh(b_g + mm_W_g)) */
     /* mul_W_o = sigmoid_W_o*tanh(sigmoid_W_i*tanh(b_g + mm_W_g)) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = tanh(mm_W_g[8*i + j] + b_g[j]);
-            const LSTM_SEQUENCE_REAL x1 = sigmoid_W_i[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            tanh_W_g[8*i + j] = x0;
-            mul_W_i[8*i + j] = x1;
-            tanh_W_i[8*i + j] = x2;
-            mul_W_o[8*i + j] = sigmoid_W_o[8*i + j]*x2;
-        }
-    }
+    lstm_sequence_tanh_nx8_loop_dcfb(
+        n,
+        tanh_W_g,
+        mul_W_i,
+        tanh_W_i,
+        mul_W_o,
+        sigmoid_W_o,
+        mm_W_g,
+        b_g,
+        sigmoid_W_i
+    );
 
     /* mm_U_o = mul_W_o @ U_o, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_W_o, U_o, mm_U_o);
+    lstm_sequence_product_n_8_8(n, mul_W_o, U_o, mm_U_o);
 
     /* mm_U_o += x2 @ W_o */
-    lstm_sequence_product2(n, x2_, W_o, mm_U_o);
+    lstm_sequence_product_n_1_8_at_add(n, x2_, W_o, mm_U_o);
 
     /* sigmoid_U_o = sigmoid(b_o + mm_U_o) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o, mm_U_o, b_o);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o, mm_U_o, b_o);
 
     /* mm_U_g = mul_W_o @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_W_o, U_g, mm_U_g);
+    lstm_sequence_product_n_8_8(n, mul_W_o, U_g, mm_U_g);
 
     /* mm_U_g += x2 @ W_g */
-    lstm_sequence_product2(n, x2_, W_g, mm_U_g);
+    lstm_sequence_product_n_1_8_at_add(n, x2_, W_g, mm_U_g);
 
     /* tanh_U_g = tanh(b_g + mm_U_g) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g, mm_U_g, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g, mm_U_g, b_g);
 
     /* mm_U_i = mul_W_o @ U_i, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_W_o, U_i, mm_U_i);
+    lstm_sequence_product_n_8_8(n, mul_W_o, U_i, mm_U_i);
 
     /* mm_U_i += x2 @ W_i */
-    lstm_sequence_product2(n, x2_, W_i, mm_U_i);
+    lstm_sequence_product_n_1_8_at_add(n, x2_, W_i, mm_U_i);
 
     /* sigmoid_U_i = sigmoid(b_i + mm_U_i) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i, mm_U_i, b_i);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_i, mm_U_i, b_i);
 
     /* mm_U_f = mul_W_o @ U_f, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_W_o, U_f, mm_U_f);
+    lstm_sequence_product_n_8_8(n, mul_W_o, U_f, mm_U_f);
 
     /* mm_U_f += x2 @ W_f */
-    lstm_sequence_product2(n, x2_, W_f, mm_U_f);
+    lstm_sequence_product_n_1_8_at_add(n, x2_, W_f, mm_U_f);
 
     /* sigmoid_U_f = sigmoid(b_f + mm_U_f) */
     /* add_U_g = mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
     /* tanh_U_g_2 = tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
     /* mul_U_o = sigmoid_U_o*tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f, add_U_g, tanh_U_g_2, mul_U_o, sigmoid_U_o, mm_U_f,
-            b_f, tanh_U_g, sigmoid_U_i, mul_W_i);
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
+        n,
+        sigmoid_U_f,
+        add_U_g,
+        tanh_U_g_2,
+        mul_U_o,
+        sigmoid_U_o,
+        mm_U_f,
+        b_f,
+        tanh_U_g,
+        sigmoid_U_i,
+        mul_W_i
+    );
 
     /* mm_U_o_2 = mul_U_o @ U_o, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o, U_o, mm_U_o_2);
+    lstm_sequence_product_n_8_8(n, mul_U_o, U_o, mm_U_o_2);
 
     /* mm_U_o_2 += x3 @ W_o */
-    lstm_sequence_product2(n, x3_, W_o, mm_U_o_2);
+    lstm_sequence_product_n_1_8_at_add(n, x3_, W_o, mm_U_o_2);
 
     /* sigmoid_U_o_2 = sigmoid(b_o + mm_U_o_2) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_2, mm_U_o_2, b_o);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_2, mm_U_o_2, b_o);
 
     /* mm_U_g_2 = mul_U_o @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o, U_g, mm_U_g_2);
+    lstm_sequence_product_n_8_8(n, mul_U_o, U_g, mm_U_g_2);
 
     /* mm_U_g_2 += x3 @ W_g */
-    lstm_sequence_product2(n, x3_, W_g, mm_U_g_2);
+    lstm_sequence_product_n_1_8_at_add(n, x3_, W_g, mm_U_g_2);
 
     /* tanh_U_g_3 = tanh(b_g + mm_U_g_2) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_3, mm_U_g_2, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_3, mm_U_g_2, b_g);
 
     /* mm_U_i_2 = mul_U_o @ U_i, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o, U_i, mm_U_i_2);
+    lstm_sequence_product_n_8_8(n, mul_U_o, U_i, mm_U_i_2);
 
     /* mm_U_i_2 += x3 @ W_i */
-    lstm_sequence_product2(n, x3_, W_i, mm_U_i_2);
+    lstm_sequence_product_n_1_8_at_add(n, x3_, W_i, mm_U_i_2);
 
     /* sigmoid_U_i_2 = sigmoid(b_i + mm_U_i_2) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_2, mm_U_i_2, b_i);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_i_2, mm_U_i_2, b_i);
 
     /* mm_U_f_2 = mul_U_o @ U_f, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o, U_f, mm_U_f_2);
+    lstm_sequence_product_n_8_8(n, mul_U_o, U_f, mm_U_f_2);
 
     /* mm_U_f_2 += x3 @ W_f */
-    lstm_sequence_product2(n, x3_, W_f, mm_U_f_2);
+    lstm_sequence_product_n_1_8_at_add(n, x3_, W_f, mm_U_f_2);
 
     /* sigmoid_U_f_2 = sigmoid(b_f + mm_U_f_2) */
     /* add_U_g_2 = add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3 */
     /* tanh_U_g_4 = tanh(add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3) */
     /* mul_U_o_2 = sigmoid_U_o_2*tanh(add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_2, add_U_g_2, tanh_U_g_4, mul_U_o_2, sigmoid_U_o_2,
-            mm_U_f_2, b_f, tanh_U_g_3, sigmoid_U_i_2, add_U_g);
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
+        n,
+        sigmoid_U_f_2,
+        add_U_g_2,
+        tanh_U_g_4,
+        mul_U_o_2,
+        sigmoid_U_o_2,
+        mm_U_f_2,
+        b_f,
+        tanh_U_g_3,
+        sigmoid_U_i_2,
+        add_U_g
+    );
 
     /* mm_U_o_3 = mul_U_o_2 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_2, U_o, mm_U_o_3);
+    lstm_sequence_product_n_8_8(n, mul_U_o_2, U_o, mm_U_o_3);
 
     /* mm_U_o_3 += x4 @ W_o */
-    lstm_sequence_product2(n, x4_, W_o, mm_U_o_3);
+    lstm_sequence_product_n_1_8_at_add(n, x4_, W_o, mm_U_o_3);
 }
 #endif
 
@@ -673,117 +1014,139 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 )
 {
     /* sigmoid_U_o_3 = sigmoid(b_o + mm_U_o_3) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_3, mm_U_o_3, b_o);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_3, mm_U_o_3, b_o);
 
     /* mm_U_g_3 = mul_U_o_2 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_2, U_g, mm_U_g_3);
+    lstm_sequence_product_n_8_8(n, mul_U_o_2, U_g, mm_U_g_3);
 
     /* mm_U_g_3 += x4 @ W_g */
-    lstm_sequence_product2(n, x4_, W_g, mm_U_g_3);
+    lstm_sequence_product_n_1_8_at_add(n, x4_, W_g, mm_U_g_3);
 
     /* tanh_U_g_5 = tanh(b_g + mm_U_g_3) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_5, mm_U_g_3, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_5, mm_U_g_3, b_g);
 
     /* mm_U_i_3 = mul_U_o_2 @ U_i, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_2, U_i, mm_U_i_3);
+    lstm_sequence_product_n_8_8(n, mul_U_o_2, U_i, mm_U_i_3);
 
     /* mm_U_i_3 += x4 @ W_i */
-    lstm_sequence_product2(n, x4_, W_i, mm_U_i_3);
+    lstm_sequence_product_n_1_8_at_add(n, x4_, W_i, mm_U_i_3);
 
     /* sigmoid_U_i_3 = sigmoid(b_i + mm_U_i_3) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_3, mm_U_i_3, b_i);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_i_3, mm_U_i_3, b_i);
 
     /* mm_U_f_3 = mul_U_o_2 @ U_f, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_2, U_f, mm_U_f_3);
+    lstm_sequence_product_n_8_8(n, mul_U_o_2, U_f, mm_U_f_3);
 
     /* mm_U_f_3 += x4 @ W_f */
-    lstm_sequence_product2(n, x4_, W_f, mm_U_f_3);
+    lstm_sequence_product_n_1_8_at_add(n, x4_, W_f, mm_U_f_3);
 
     /* sigmoid_U_f_3 = sigmoid(b_f + mm_U_f_3) */
     /* add_U_g_3 = add_U_g_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_5 */
     /* tanh_U_g_6 = tanh(add_U_g_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_5) */
     /* mul_U_o_3 = sigmoid_U_o_3*tanh(add_U_g_2*sigmoid(b_f + mm_U_f_3) +
      * sigmoid_U_i_3*tanh_U_g_5) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_3, add_U_g_3, tanh_U_g_6, mul_U_o_3, sigmoid_U_o_3,
-            mm_U_f_3, b_f, tanh_U_g_5, sigmoid_U_i_3, add_U_g_2);
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
+        n,
+        sigmoid_U_f_3,
+        add_U_g_3,
+        tanh_U_g_6,
+        mul_U_o_3,
+        sigmoid_U_o_3,
+        mm_U_f_3,
+        b_f,
+        tanh_U_g_5,
+        sigmoid_U_i_3,
+        add_U_g_2
+    );
 
     /* mm_U_o_4 = mul_U_o_3 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_3, U_o, mm_U_o_4);
+    lstm_sequence_product_n_8_8(n, mul_U_o_3, U_o, mm_U_o_4);
 
     /* mm_U_o_4 += x5 @ W_o */
-    lstm_sequence_product2(n, x5_, W_o, mm_U_o_4);
+    lstm_sequence_product_n_1_8_at_add(n, x5_, W_o, mm_U_o_4);
 
     /* sigmoid_U_o_4 = sigmoid(b_o + mm_U_o_4) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_4, mm_U_o_4, b_o);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_4, mm_U_o_4, b_o);
 
     /* mm_U_g_4 = mul_U_o_3 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_3, U_g, mm_U_g_4);
+    lstm_sequence_product_n_8_8(n, mul_U_o_3, U_g, mm_U_g_4);
 
     /* mm_U_g_4 += x5 @ W_g */
-    lstm_sequence_product2(n, x5_, W_g, mm_U_g_4);
+    lstm_sequence_product_n_1_8_at_add(n, x5_, W_g, mm_U_g_4);
 
     /* tanh_U_g_7 = tanh(b_g + mm_U_g_4) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_7, mm_U_g_4, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_7, mm_U_g_4, b_g);
 
     /* mm_U_i_4 = mul_U_o_3 @ U_i, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_3, U_i, mm_U_i_4);
+    lstm_sequence_product_n_8_8(n, mul_U_o_3, U_i, mm_U_i_4);
 
     /* mm_U_i_4 += x5 @ W_i */
-    lstm_sequence_product2(n, x5_, W_i, mm_U_i_4);
+    lstm_sequence_product_n_1_8_at_add(n, x5_, W_i, mm_U_i_4);
 
     /* sigmoid_U_i_4 = sigmoid(b_i + mm_U_i_4) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_4, mm_U_i_4, b_i);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_i_4, mm_U_i_4, b_i);
 
     /* mm_U_f_4 = mul_U_o_3 @ U_f, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_3, U_f, mm_U_f_4);
+    lstm_sequence_product_n_8_8(n, mul_U_o_3, U_f, mm_U_f_4);
 
     /* mm_U_f_4 += x5 @ W_f */
-    lstm_sequence_product2(n, x5_, W_f, mm_U_f_4);
+    lstm_sequence_product_n_1_8_at_add(n, x5_, W_f, mm_U_f_4);
 
     /* sigmoid_U_f_4 = sigmoid(b_f + mm_U_f_4) */
     /* add_U_g_4 = add_U_g_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_7 */
     /* tanh_U_g_8 = tanh(add_U_g_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_7) */
     /* mul_U_o_4 = sigmoid_U_o_4*tanh(add_U_g_3*sigmoid(b_f + mm_U_f_4) +
      * sigmoid_U_i_4*tanh_U_g_7) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_4, add_U_g_4, tanh_U_g_8, mul_U_o_4, sigmoid_U_o_4,
-            mm_U_f_4, b_f, tanh_U_g_7, sigmoid_U_i_4, add_U_g_3);
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
+        n,
+        sigmoid_U_f_4,
+        add_U_g_4,
+        tanh_U_g_8,
+        mul_U_o_4,
+        sigmoid_U_o_4,
+        mm_U_f_4,
+        b_f,
+        tanh_U_g_7,
+        sigmoid_U_i_4,
+        add_U_g_3
+    );
 
     /* mm_U_o_5 = mul_U_o_4 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_4, U_o, mm_U_o_5);
+    lstm_sequence_product_n_8_8(n, mul_U_o_4, U_o, mm_U_o_5);
 
     /* mm_U_o_5 += x6 @ W_o */
-    lstm_sequence_product2(n, x6_, W_o, mm_U_o_5);
+    lstm_sequence_product_n_1_8_at_add(n, x6_, W_o, mm_U_o_5);
 
     /* sigmoid_U_o_5 = sigmoid(b_o + mm_U_o_5) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_5, mm_U_o_5, b_o);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_5, mm_U_o_5, b_o);
 
     /* mm_U_g_5 = mul_U_o_4 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_4, U_g, mm_U_g_5);
+    lstm_sequence_product_n_8_8(n, mul_U_o_4, U_g, mm_U_g_5);
 
     /* mm_U_g_5 += x6 @ W_g */
-    lstm_sequence_product2(n, x6_, W_g, mm_U_g_5);
+    lstm_sequence_product_n_1_8_at_add(n, x6_, W_g, mm_U_g_5);
 
     /* tanh_U_g_9 = tanh(b_g + mm_U_g_5) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_9, mm_U_g_5, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_9, mm_U_g_5, b_g);
 
     /* mm_U_i_5 = mul_U_o_4 @ U_i, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_4, U_i, mm_U_i_5);
+    lstm_sequence_product_n_8_8(n, mul_U_o_4, U_i, mm_U_i_5);
 
     /* mm_U_i_5 += x6 @ W_i */
-    lstm_sequence_product2(n, x6_, W_i, mm_U_i_5);
+    lstm_sequence_product_n_1_8_at_add(n, x6_, W_i, mm_U_i_5);
 
     /* sigmoid_U_i_5 = sigmoid(b_i + mm_U_i_5) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_5, mm_U_i_5, b_i);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_i_5, mm_U_i_5, b_i);
 
     /* mm_U_f_5 = mul_U_o_4 @ U_f, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_4, U_f, mm_U_f_5);
+    lstm_sequence_product_n_8_8(n, mul_U_o_4, U_f, mm_U_f_5);
 }
 #endif
 
 /* lstm_sequence_run, part 3 of 8 (kernels 65 to 94): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 0; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x6_,
@@ -841,7 +1204,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *grad_logit,
     LSTM_SEQUENCE_REAL *colsum_logit
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x6_,
@@ -901,126 +1264,136 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 )
 {
     /* mm_U_f_5 += x6 @ W_f */
-    lstm_sequence_product2(n, x6_, W_f, mm_U_f_5);
+    lstm_sequence_product_n_1_8_at_add(n, x6_, W_f, mm_U_f_5);
 
     /* sigmoid_U_f_5 = sigmoid(b_f + mm_U_f_5) */
     /* add_U_g_5 = add_U_g_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_9 */
     /* tanh_U_g_10 = tanh(add_U_g_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_9) */
     /* mul_U_o_5 = sigmoid_U_o_5*tanh(add_U_g_4*sigmoid(b_f + mm_U_f_5) +
      * sigmoid_U_i_5*tanh_U_g_9) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_5, add_U_g_5, tanh_U_g_10, mul_U_o_5, sigmoid_U_o_5,
-            mm_U_f_5, b_f, tanh_U_g_9, sigmoid_U_i_5, add_U_g_4);
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
+        n,
+        sigmoid_U_f_5,
+        add_U_g_5,
+        tanh_U_g_10,
+        mul_U_o_5,
+        sigmoid_U_o_5,
+        mm_U_f_5,
+        b_f,
+        tanh_U_g_9,
+        sigmoid_U_i_5,
+        add_U_g_4
+    );
 
     /* mm_U_o_6 = mul_U_o_5 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_5, U_o, mm_U_o_6);
+    lstm_sequence_product_n_8_8(n, mul_U_o_5, U_o, mm_U_o_6);
 
     /* mm_U_o_6 += x7 @ W_o */
-    lstm_sequence_product2(n, x7_, W_o, mm_U_o_6);
+    lstm_sequence_product_n_1_8_at_add(n, x7_, W_o, mm_U_o_6);
 
     /* sigmoid_U_o_6 = sigmoid(b_o + mm_U_o_6) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_6, mm_U_o_6, b_o);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_6, mm_U_o_6, b_o);
 
     /* mm_U_g_6 = mul_U_o_5 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_5, U_g, mm_U_g_6);
+    lstm_sequence_product_n_8_8(n, mul_U_o_5, U_g, mm_U_g_6);
 
     /* mm_U_g_6 += x7 @ W_g */
-    lstm_sequence_product2(n, x7_, W_g, mm_U_g_6);
+    lstm_sequence_product_n_1_8_at_add(n, x7_, W_g, mm_U_g_6);
 
     /* tanh_U_g_11 = tanh(b_g + mm_U_g_6) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_11, mm_U_g_6, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_11, mm_U_g_6, b_g);
 
     /* mm_U_i_6 = mul_U_o_5 @ U_i, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_5, U_i, mm_U_i_6);
+    lstm_sequence_product_n_8_8(n, mul_U_o_5, U_i, mm_U_i_6);
 
     /* mm_U_i_6 += x7 @ W_i */
-    lstm_sequence_product2(n, x7_, W_i, mm_U_i_6);
+    lstm_sequence_product_n_1_8_at_add(n, x7_, W_i, mm_U_i_6);
 
     /* sigmoid_U_i_6 = sigmoid(b_i + mm_U_i_6) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_6, mm_U_i_6, b_i);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_i_6, mm_U_i_6, b_i);
 
     /* mm_U_f_6 = mul_U_o_5 @ U_f, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_5, U_f, mm_U_f_6);
+    lstm_sequence_product_n_8_8(n, mul_U_o_5, U_f, mm_U_f_6);
 
     /* mm_U_f_6 += x7 @ W_f */
-    lstm_sequence_product2(n, x7_, W_f, mm_U_f_6);
+    lstm_sequence_product_n_1_8_at_add(n, x7_, W_f, mm_U_f_6);
 
     /* sigmoid_U_f_6 = sigmoid(b_f + mm_U_f_6) */
     /* add_U_g_6 = add_U_g_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_11 */
     /* tanh_U_g_12 = tanh(add_U_g_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_11) */
     /* mul_U_o_6 = sigmoid_U_o_6*tanh(add_U_g_5*sigmoid(b_f + mm_U_f_6) +
      * sigmoid_U_i_6*tanh_U_g_11) */
-    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_6, add_U_g_6, tanh_U_g_12, mul_U_o_6, sigmoid_U_o_6,
-            mm_U_f_6, b_f, tanh_U_g_11, sigmoid_U_i_6, add_U_g_5);
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
+        n,
+        sigmoid_U_f_6,
+        add_U_g_6,
+        tanh_U_g_12,
+        mul_U_o_6,
+        sigmoid_U_o_6,
+        mm_U_f_6,
+        b_f,
+        tanh_U_g_11,
+        sigmoid_U_i_6,
+        add_U_g_5
+    );
 
     /* mm_U_o_7 = mul_U_o_6 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_6, U_o, mm_U_o_7);
+    lstm_sequence_product_n_8_8(n, mul_U_o_6, U_o, mm_U_o_7);
 
     /* mm_U_o_7 += x8 @ W_o */
-    lstm_sequence_product2(n, x8_, W_o, mm_U_o_7);
+    lstm_sequence_product_n_1_8_at_add(n, x8_, W_o, mm_U_o_7);
 
     /* sigmoid_U_o_7 = sigmoid(b_o + mm_U_o_7) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_7, mm_U_o_7, b_o);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_7, mm_U_o_7, b_o);
 
     /* mm_U_g_7 = mul_U_o_6 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_6, U_g, mm_U_g_7);
+    lstm_sequence_product_n_8_8(n, mul_U_o_6, U_g, mm_U_g_7);
 
     /* mm_U_g_7 += x8 @ W_g */
-    lstm_sequence_product2(n, x8_, W_g, mm_U_g_7);
+    lstm_sequence_product_n_1_8_at_add(n, x8_, W_g, mm_U_g_7);
 
     /* tanh_U_g_13 = tanh(b_g + mm_U_g_7) */
-    lstm_sequence_tanh_U_loop(n, tanh_U_g_13, mm_U_g_7, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_13, mm_U_g_7, b_g);
 
     /* mm_U_i_7 = mul_U_o_6 @ U_i, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_6, U_i, mm_U_i_7);
+    lstm_sequence_product_n_8_8(n, mul_U_o_6, U_i, mm_U_i_7);
 
     /* mm_U_i_7 += x8 @ W_i */
-    lstm_sequence_product2(n, x8_, W_i, mm_U_i_7);
+    lstm_sequence_product_n_1_8_at_add(n, x8_, W_i, mm_U_i_7);
 
     /* sigmoid_U_i_7 = sigmoid(b_i + mm_U_i_7) */
-    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_7, mm_U_i_7, b_i);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_i_7, mm_U_i_7, b_i);
 
     /* mm_U_f_7 = mul_U_o_6 @ U_f, the first of 2 products added up here */
-    lstm_sequence_product1(n, mul_U_o_6, U_f, mm_U_f_7);
+    lstm_sequence_product_n_8_8(n, mul_U_o_6, U_f, mm_U_f_7);
 
     /* mm_U_f_7 += x8 @ W_f */
-    lstm_sequence_product2(n, x8_, W_f, mm_U_f_7);
+    lstm_sequence_product_n_1_8_at_add(n, x8_, W_f, mm_U_f_7);
 
     /* sigmoid_U_f_7 = sigmoid(b_f + mm_U_f_7) */
     /* tanh_U_g_14 = tanh(add_U_g_6*sigmoid(b_f + mm_U_f_7) + sigmoid_U_i_7*tanh_U_g_13) */
     /* mul_U_o_7 = sigmoid_U_o_7*tanh(add_U_g_6*sigmoid(b_f + mm_U_f_7) +
      * sigmoid_U_i_7*tanh_U_g_13) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((mm_U_f_7[8*i + j] + b_f[j]) >= 0 ? 1.0 :
-                    exp(-fabs(mm_U_f_7[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(mm_U_f_7[8*i + j] +
-                    b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = tanh(tanh_U_g_13[8*i + j]*sigmoid_U_i_7[8*i + j] +
-                    add_U_g_6[8*i + j]*x0);
-            sigmoid_U_f_7[8*i + j] = x0;
-            tanh_U_g_14[8*i + j] = x1;
-            mul_U_o_7[8*i + j] = sigmoid_U_o_7[8*i + j]*x1;
-        }
-    }
+    lstm_sequence_sigmoid_nx8_loop_a810(
+        n,
+        sigmoid_U_f_7,
+        tanh_U_g_14,
+        mul_U_o_7,
+        sigmoid_U_o_7,
+        mm_U_f_7,
+        b_f,
+        tanh_U_g_13,
+        sigmoid_U_i_7,
+        add_U_g_6
+    );
 
     /* mm_V = mul_U_o_7 @ V */
-    lstm_sequence_product3(n, mul_U_o_7, V, mm_V);
+    lstm_sequence_product_n_8_1_bt(n, mul_U_o_7, V, mm_V);
 
     /* logit = c0 + mm_V */
     /* add_logit = -y*(c0 + mm_V) + softplus(c0 + mm_V) */
     /* grad_logit = -y/n + sigmoid(c0 + mm_V)/n */
-    {
-        const LSTM_SEQUENCE_REAL c0_value = c0[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < n; ++i) {
-            const LSTM_SEQUENCE_REAL x0 = mm_V[i] + c0_value;
-            const LSTM_SEQUENCE_REAL x1 = 1.0/((LSTM_SEQUENCE_REAL)n);
-            logit[i] = x0;
-            add_logit[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
-            grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 +
-                    exp(-fabs(x0))));
-        }
-    }
+    lstm_sequence_logit_n_loop(n, c0, logit, add_logit, y, grad_logit, mm_V);
 
     /* colsum_logit = sum of add_logit down each column */
     colsum_logit[0] = symbackprop_f64_sum(add_logit, n, 1);
@@ -1035,7 +1408,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 /* lstm_sequence_run, part 4 of 8 (kernels 95 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 1; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
@@ -1053,7 +1426,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
     LSTM_SEQUENCE_REAL *grad_add_U_o
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
@@ -1073,7 +1446,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
 )
 {
     /* grad_mul_U_o_7 = grad_logit @ V^T */
-    lstm_sequence_product0(n, grad_logit, V, grad_mul_U_o_7);
+    lstm_sequence_product_n_1_8_at(n, grad_logit, V, grad_mul_U_o_7);
 
     /* grad_add_U_g = grad_mul_U_o_7*sigmoid_U_o_7*(1 - tanh_U_g_14**2) */
     /* grad_add_U_i = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*tanh_U_g_13*(1 -
@@ -1083,20 +1456,21 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     /* grad_add_U_g_2 = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*(1 - tanh_U_g_13**2)*(1 -
      * tanh_U_g_14**2) */
     /* grad_add_U_o = grad_mul_U_o_7*sigmoid_U_o_7*tanh_U_g_14*(1 - sigmoid_U_o_7) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_mul_U_o_7[8*i + j]*sigmoid_U_o_7[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (tanh_U_g_14[8*i + j]*tanh_U_g_14[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = sigmoid_U_i_7[8*i + j]*x1;
-            grad_add_U_g[8*i + j] = x1;
-            grad_add_U_i[8*i + j] = tanh_U_g_13[8*i + j]*x2*(1 - sigmoid_U_i_7[8*i + j]);
-            grad_add_U_f[8*i + j] = add_U_g_6[8*i + j]*sigmoid_U_f_7[8*i + j]*x1*(1 -
-                    sigmoid_U_f_7[8*i + j]);
-            grad_add_U_g_2[8*i + j] = x2*(1 - (tanh_U_g_13[8*i + j]*tanh_U_g_13[8*i + j]));
-            grad_add_U_o[8*i + j] = tanh_U_g_14[8*i + j]*x0*(1 - sigmoid_U_o_7[8*i + j]);
-        }
-    }
+    lstm_sequence_grad_add_nx8_loop_a0e4(
+        n,
+        grad_add_U_g,
+        grad_add_U_i,
+        tanh_U_g_13,
+        sigmoid_U_i_7,
+        grad_add_U_f,
+        add_U_g_6,
+        sigmoid_U_f_7,
+        grad_add_U_g_2,
+        grad_add_U_o,
+        tanh_U_g_14,
+        sigmoid_U_o_7,
+        grad_mul_U_o_7
+    );
 }
 #endif
 
@@ -1269,19 +1643,19 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
 )
 {
     /* grad_W_i = x8^T @ grad_add_U_i, the first of 8 products added up here */
-    lstm_sequence_product4(n, x8_, grad_add_U_i, grad_W_i);
+    lstm_sequence_product_1_n_8(n, x8_, grad_add_U_i, grad_W_i);
 
     /* grad_mul_U_o_6 = grad_add_U_f @ U_f^T, the first of 4 products added up here */
-    lstm_sequence_product5(n, grad_add_U_f, U_f, grad_mul_U_o_6);
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f, U_f, grad_mul_U_o_6);
 
     /* grad_mul_U_o_6 += grad_add_U_i @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i, U_i, grad_mul_U_o_6);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i, U_i, grad_mul_U_o_6);
 
     /* grad_mul_U_o_6 += grad_add_U_g_2 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_2, U_g, grad_mul_U_o_6);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_2, U_g, grad_mul_U_o_6);
 
     /* grad_mul_U_o_6 += grad_add_U_o @ U_o^T */
-    lstm_sequence_product6(n, grad_add_U_o, U_o, grad_mul_U_o_6);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o, U_o, grad_mul_U_o_6);
 
     /* grad_add_U_g_6 = grad_add_U_g*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
      * tanh_U_g_12**2) */
@@ -1294,24 +1668,38 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_3 = sigmoid_U_i_6*(1 - tanh_U_g_11**2)*(grad_add_U_g*sigmoid_U_f_7 +
      * grad_mul_U_o_6*sigmoid_U_o_6*(1 - tanh_U_g_12**2)) */
     /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_g_12*(1 - sigmoid_U_o_6) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_6, grad_add_U_i_2, tanh_U_g_11, sigmoid_U_i_6,
-            grad_add_U_f_2, add_U_g_5, sigmoid_U_f_6, grad_add_U_g_3, grad_add_U_o_2, tanh_U_g_12,
-            sigmoid_U_o_6, grad_mul_U_o_6, grad_add_U_g, sigmoid_U_f_7);
+    lstm_sequence_grad_add_U_g_nx8_loop(
+        n,
+        grad_add_U_g_6,
+        grad_add_U_i_2,
+        tanh_U_g_11,
+        sigmoid_U_i_6,
+        grad_add_U_f_2,
+        add_U_g_5,
+        sigmoid_U_f_6,
+        grad_add_U_g_3,
+        grad_add_U_o_2,
+        tanh_U_g_12,
+        sigmoid_U_o_6,
+        grad_mul_U_o_6,
+        grad_add_U_g,
+        sigmoid_U_f_7
+    );
 
     /* grad_W_i += x7^T @ grad_add_U_i_2 */
-    lstm_sequence_product7(n, x7_, grad_add_U_i_2, grad_W_i);
+    lstm_sequence_product_1_n_8_add(n, x7_, grad_add_U_i_2, grad_W_i);
 
     /* grad_mul_U_o_5 = grad_add_U_f_2 @ U_f^T, the first of 4 products added up here */
-    lstm_sequence_product5(n, grad_add_U_f_2, U_f, grad_mul_U_o_5);
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_2, U_f, grad_mul_U_o_5);
 
     /* grad_mul_U_o_5 += grad_add_U_i_2 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_2, U_i, grad_mul_U_o_5);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_2, U_i, grad_mul_U_o_5);
 
     /* grad_mul_U_o_5 += grad_add_U_g_3 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_3, U_g, grad_mul_U_o_5);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_3, U_g, grad_mul_U_o_5);
 
     /* grad_mul_U_o_5 += grad_add_U_o_2 @ U_o^T */
-    lstm_sequence_product6(n, grad_add_U_o_2, U_o, grad_mul_U_o_5);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_2, U_o, grad_mul_U_o_5);
 
     /* grad_add_U_g_5 = grad_add_U_g_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
      * tanh_U_g_10**2) */
@@ -1324,24 +1712,38 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_4 = sigmoid_U_i_5*(1 - tanh_U_g_9**2)*(grad_add_U_g_6*sigmoid_U_f_6 +
      * grad_mul_U_o_5*sigmoid_U_o_5*(1 - tanh_U_g_10**2)) */
     /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_g_10*(1 - sigmoid_U_o_5) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_5, grad_add_U_i_3, tanh_U_g_9, sigmoid_U_i_5,
-            grad_add_U_f_3, add_U_g_4, sigmoid_U_f_5, grad_add_U_g_4, grad_add_U_o_3, tanh_U_g_10,
-            sigmoid_U_o_5, grad_mul_U_o_5, grad_add_U_g_6, sigmoid_U_f_6);
+    lstm_sequence_grad_add_U_g_nx8_loop(
+        n,
+        grad_add_U_g_5,
+        grad_add_U_i_3,
+        tanh_U_g_9,
+        sigmoid_U_i_5,
+        grad_add_U_f_3,
+        add_U_g_4,
+        sigmoid_U_f_5,
+        grad_add_U_g_4,
+        grad_add_U_o_3,
+        tanh_U_g_10,
+        sigmoid_U_o_5,
+        grad_mul_U_o_5,
+        grad_add_U_g_6,
+        sigmoid_U_f_6
+    );
 
     /* grad_W_i += x6^T @ grad_add_U_i_3 */
-    lstm_sequence_product7(n, x6_, grad_add_U_i_3, grad_W_i);
+    lstm_sequence_product_1_n_8_add(n, x6_, grad_add_U_i_3, grad_W_i);
 
     /* grad_mul_U_o_4 = grad_add_U_f_3 @ U_f^T, the first of 4 products added up here */
-    lstm_sequence_product5(n, grad_add_U_f_3, U_f, grad_mul_U_o_4);
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_3, U_f, grad_mul_U_o_4);
 
     /* grad_mul_U_o_4 += grad_add_U_i_3 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_3, U_i, grad_mul_U_o_4);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_3, U_i, grad_mul_U_o_4);
 
     /* grad_mul_U_o_4 += grad_add_U_g_4 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_4, U_g, grad_mul_U_o_4);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_4, U_g, grad_mul_U_o_4);
 
     /* grad_mul_U_o_4 += grad_add_U_o_3 @ U_o^T */
-    lstm_sequence_product6(n, grad_add_U_o_3, U_o, grad_mul_U_o_4);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_3, U_o, grad_mul_U_o_4);
 
     /* grad_add_U_g_4_2 = grad_add_U_g_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
      * tanh_U_g_8**2) */
@@ -1354,24 +1756,38 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_7 = sigmoid_U_i_4*(1 - tanh_U_g_7**2)*(grad_add_U_g_5*sigmoid_U_f_5 +
      * grad_mul_U_o_4*sigmoid_U_o_4*(1 - tanh_U_g_8**2)) */
     /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_g_8*(1 - sigmoid_U_o_4) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_4_2, grad_add_U_i_4, tanh_U_g_7, sigmoid_U_i_4,
-            grad_add_U_f_4, add_U_g_3, sigmoid_U_f_4, grad_add_U_g_7, grad_add_U_o_4, tanh_U_g_8,
-            sigmoid_U_o_4, grad_mul_U_o_4, grad_add_U_g_5, sigmoid_U_f_5);
+    lstm_sequence_grad_add_U_g_nx8_loop(
+        n,
+        grad_add_U_g_4_2,
+        grad_add_U_i_4,
+        tanh_U_g_7,
+        sigmoid_U_i_4,
+        grad_add_U_f_4,
+        add_U_g_3,
+        sigmoid_U_f_4,
+        grad_add_U_g_7,
+        grad_add_U_o_4,
+        tanh_U_g_8,
+        sigmoid_U_o_4,
+        grad_mul_U_o_4,
+        grad_add_U_g_5,
+        sigmoid_U_f_5
+    );
 
     /* grad_W_i += x5^T @ grad_add_U_i_4 */
-    lstm_sequence_product7(n, x5_, grad_add_U_i_4, grad_W_i);
+    lstm_sequence_product_1_n_8_add(n, x5_, grad_add_U_i_4, grad_W_i);
 
     /* grad_mul_U_o_3 = grad_add_U_f_4 @ U_f^T, the first of 4 products added up here */
-    lstm_sequence_product5(n, grad_add_U_f_4, U_f, grad_mul_U_o_3);
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_4, U_f, grad_mul_U_o_3);
 
     /* grad_mul_U_o_3 += grad_add_U_i_4 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_4, U_i, grad_mul_U_o_3);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_4, U_i, grad_mul_U_o_3);
 
     /* grad_mul_U_o_3 += grad_add_U_g_7 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_7, U_g, grad_mul_U_o_3);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_7, U_g, grad_mul_U_o_3);
 
     /* grad_mul_U_o_3 += grad_add_U_o_4 @ U_o^T */
-    lstm_sequence_product6(n, grad_add_U_o_4, U_o, grad_mul_U_o_3);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_4, U_o, grad_mul_U_o_3);
 
     /* grad_add_U_g_3_2 = grad_add_U_g_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
      * tanh_U_g_6**2) */
@@ -1384,24 +1800,38 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_8 = sigmoid_U_i_3*(1 - tanh_U_g_5**2)*(grad_add_U_g_4_2*sigmoid_U_f_4 +
      * grad_mul_U_o_3*sigmoid_U_o_3*(1 - tanh_U_g_6**2)) */
     /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_g_6*(1 - sigmoid_U_o_3) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_3_2, grad_add_U_i_5, tanh_U_g_5, sigmoid_U_i_3,
-            grad_add_U_f_5, add_U_g_2, sigmoid_U_f_3, grad_add_U_g_8, grad_add_U_o_5, tanh_U_g_6,
-            sigmoid_U_o_3, grad_mul_U_o_3, grad_add_U_g_4_2, sigmoid_U_f_4);
+    lstm_sequence_grad_add_U_g_nx8_loop(
+        n,
+        grad_add_U_g_3_2,
+        grad_add_U_i_5,
+        tanh_U_g_5,
+        sigmoid_U_i_3,
+        grad_add_U_f_5,
+        add_U_g_2,
+        sigmoid_U_f_3,
+        grad_add_U_g_8,
+        grad_add_U_o_5,
+        tanh_U_g_6,
+        sigmoid_U_o_3,
+        grad_mul_U_o_3,
+        grad_add_U_g_4_2,
+        sigmoid_U_f_4
+    );
 
     /* grad_W_i += x4^T @ grad_add_U_i_5 */
-    lstm_sequence_product7(n, x4_, grad_add_U_i_5, grad_W_i);
+    lstm_sequence_product_1_n_8_add(n, x4_, grad_add_U_i_5, grad_W_i);
 
     /* grad_mul_U_o_2 = grad_add_U_f_5 @ U_f^T, the first of 4 products added up here */
-    lstm_sequence_product5(n, grad_add_U_f_5, U_f, grad_mul_U_o_2);
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_5, U_f, grad_mul_U_o_2);
 
     /* grad_mul_U_o_2 += grad_add_U_i_5 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_5, U_i, grad_mul_U_o_2);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_5, U_i, grad_mul_U_o_2);
 
     /* grad_mul_U_o_2 += grad_add_U_g_8 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_8, U_g, grad_mul_U_o_2);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_8, U_g, grad_mul_U_o_2);
 
     /* grad_mul_U_o_2 += grad_add_U_o_5 @ U_o^T */
-    lstm_sequence_product6(n, grad_add_U_o_5, U_o, grad_mul_U_o_2);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_5, U_o, grad_mul_U_o_2);
 
     /* grad_add_U_g_2_2 = grad_add_U_g_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
      * tanh_U_g_4**2) */
@@ -1414,15 +1844,29 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_9 = sigmoid_U_i_2*(1 - tanh_U_g_3**2)*(grad_add_U_g_3_2*sigmoid_U_f_3 +
      * grad_mul_U_o_2*sigmoid_U_o_2*(1 - tanh_U_g_4**2)) */
     /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_g_4*(1 - sigmoid_U_o_2) */
-    lstm_sequence_grad_add_U_loop(n, grad_add_U_g_2_2, grad_add_U_i_6, tanh_U_g_3, sigmoid_U_i_2,
-            grad_add_U_f_6, add_U_g, sigmoid_U_f_2, grad_add_U_g_9, grad_add_U_o_6, tanh_U_g_4,
-            sigmoid_U_o_2, grad_mul_U_o_2, grad_add_U_g_3_2, sigmoid_U_f_3);
+    lstm_sequence_grad_add_U_g_nx8_loop(
+        n,
+        grad_add_U_g_2_2,
+        grad_add_U_i_6,
+        tanh_U_g_3,
+        sigmoid_U_i_2,
+        grad_add_U_f_6,
+        add_U_g,
+        sigmoid_U_f_2,
+        grad_add_U_g_9,
+        grad_add_U_o_6,
+        tanh_U_g_4,
+        sigmoid_U_o_2,
+        grad_mul_U_o_2,
+        grad_add_U_g_3_2,
+        sigmoid_U_f_3
+    );
 
     /* grad_W_i += x3^T @ grad_add_U_i_6 */
-    lstm_sequence_product7(n, x3_, grad_add_U_i_6, grad_W_i);
+    lstm_sequence_product_1_n_8_add(n, x3_, grad_add_U_i_6, grad_W_i);
 
     /* grad_mul_U_o = grad_add_U_f_6 @ U_f^T, the first of 4 products added up here */
-    lstm_sequence_product5(n, grad_add_U_f_6, U_f, grad_mul_U_o);
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_6, U_f, grad_mul_U_o);
 }
 #endif
 
@@ -1571,13 +2015,13 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
 )
 {
     /* grad_mul_U_o += grad_add_U_i_6 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_6, U_i, grad_mul_U_o);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_6, U_i, grad_mul_U_o);
 
     /* grad_mul_U_o += grad_add_U_g_9 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_9, U_g, grad_mul_U_o);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_9, U_g, grad_mul_U_o);
 
     /* grad_mul_U_o += grad_add_U_o_6 @ U_o^T */
-    lstm_sequence_product6(n, grad_add_U_o_6, U_o, grad_mul_U_o);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_6, U_o, grad_mul_U_o);
 
     /* grad_add_U_g_10 = grad_add_U_g_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
      * tanh_U_g_2**2) */
@@ -1593,40 +2037,45 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
      * grad_add_U_f_5 + grad_add_U_f_6 + mul_W_i*sigmoid_U_f*(1 -
      * sigmoid_U_f)*(grad_add_U_g_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
      * tanh_U_g_2**2)) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_mul_U_o[8*i + j]*sigmoid_U_o[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_add_U_g_2_2[8*i + j]*sigmoid_U_f_2[8*i + j] + x0*(1 -
-                    (tanh_U_g_2[8*i + j]*tanh_U_g_2[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = sigmoid_U_i[8*i + j]*x1;
-            const LSTM_SEQUENCE_REAL x3 = mul_W_i[8*i + j]*sigmoid_U_f[8*i + j]*x1*(1 -
-                    sigmoid_U_f[8*i + j]);
-            grad_add_U_g_10[8*i + j] = x1;
-            grad_add_U_i_7[8*i + j] = tanh_U_g[8*i + j]*x2*(1 - sigmoid_U_i[8*i + j]);
-            grad_add_U_f_7[8*i + j] = x3;
-            grad_add_U_g_11[8*i + j] = x2*(1 - (tanh_U_g[8*i + j]*tanh_U_g[8*i + j]));
-            grad_add_U_o_7[8*i + j] = tanh_U_g_2[8*i + j]*x0*(1 - sigmoid_U_o[8*i + j]);
-            grad_copy_b_f[8*i + j] = grad_add_U_f_2[8*i + j] + grad_add_U_f_3[8*i + j] +
-                    grad_add_U_f_4[8*i + j] + grad_add_U_f_5[8*i + j] + grad_add_U_f_6[8*i + j] +
-                    grad_add_U_f[8*i + j] + x3;
-        }
-    }
+    lstm_sequence_grad_add_nx8_loop_d941(
+        n,
+        grad_add_U_g_10,
+        grad_add_U_i_7,
+        tanh_U_g,
+        sigmoid_U_i,
+        grad_add_U_f_7,
+        grad_add_U_g_11,
+        grad_add_U_o_7,
+        tanh_U_g_2,
+        sigmoid_U_o,
+        grad_copy_b_f,
+        grad_add_U_f_2,
+        grad_add_U_f_3,
+        grad_add_U_f_4,
+        grad_add_U_f_5,
+        grad_add_U_f_6,
+        grad_add_U_f,
+        grad_mul_U_o,
+        grad_add_U_g_2_2,
+        sigmoid_U_f_2,
+        mul_W_i,
+        sigmoid_U_f
+    );
 
     /* grad_W_i += x2^T @ grad_add_U_i_7 */
-    lstm_sequence_product7(n, x2_, grad_add_U_i_7, grad_W_i);
+    lstm_sequence_product_1_n_8_add(n, x2_, grad_add_U_i_7, grad_W_i);
 
     /* grad_mul_W_o = grad_add_U_f_7 @ U_f^T, the first of 4 products added up here */
-    lstm_sequence_product5(n, grad_add_U_f_7, U_f, grad_mul_W_o);
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_7, U_f, grad_mul_W_o);
 
     /* grad_mul_W_o += grad_add_U_i_7 @ U_i^T */
-    lstm_sequence_product6(n, grad_add_U_i_7, U_i, grad_mul_W_o);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_7, U_i, grad_mul_W_o);
 
     /* grad_mul_W_o += grad_add_U_g_11 @ U_g^T */
-    lstm_sequence_product6(n, grad_add_U_g_11, U_g, grad_mul_W_o);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_11, U_g, grad_mul_W_o);
 
     /* grad_mul_W_o += grad_add_U_o_7 @ U_o^T */
-    lstm_sequence_product6(n, grad_add_U_o_7, U_o, grad_mul_W_o);
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_7, U_o, grad_mul_W_o);
 
     /* grad_add_W_i = sigmoid_W_i*tanh_W_g*(1 - sigmoid_W_i)*(grad_add_U_g_10*sigmoid_U_f +
      * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_i**2)) */
@@ -1644,96 +2093,109 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     /* grad_copy_b_o = grad_add_U_o + grad_add_U_o_2 + grad_add_U_o_3 + grad_add_U_o_4 +
      * grad_add_U_o_5 + grad_add_U_o_6 + grad_add_U_o_7 +
      * grad_mul_W_o*sigmoid_W_o*tanh_W_i*(1 - sigmoid_W_o) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_mul_W_o[8*i + j]*sigmoid_W_o[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 =
-                    sigmoid_W_i[8*i + j]*(grad_add_U_g_10[8*i + j]*sigmoid_U_f[8*i + j] + x0*(1 -
-                    (tanh_W_i[8*i + j]*tanh_W_i[8*i + j])));
-            const LSTM_SEQUENCE_REAL x2 = tanh_W_g[8*i + j]*x1*(1 - sigmoid_W_i[8*i + j]);
-            const LSTM_SEQUENCE_REAL x3 = x1*(1 - (tanh_W_g[8*i + j]*tanh_W_g[8*i + j]));
-            const LSTM_SEQUENCE_REAL x4 = tanh_W_i[8*i + j]*x0*(1 - sigmoid_W_o[8*i + j]);
-            grad_add_W_i[8*i + j] = x2;
-            grad_add_W_g[8*i + j] = x3;
-            grad_add_W_o[8*i + j] = x4;
-            grad_copy_b_i[8*i + j] = grad_add_U_i_4[8*i + j] + grad_add_U_i_5[8*i + j] +
-                    grad_add_U_i_6[8*i + j] + grad_add_U_i_7[8*i + j] + grad_add_U_i[8*i + j] +
-                    grad_add_U_i_2[8*i + j] + grad_add_U_i_3[8*i + j] + x2;
-            grad_copy_b_g[8*i + j] = grad_add_U_g_2[8*i + j] + grad_add_U_g_3[8*i + j] +
-                    grad_add_U_g_4[8*i + j] + grad_add_U_g_7[8*i + j] + grad_add_U_g_8[8*i + j] +
-                    grad_add_U_g_9[8*i + j] + grad_add_U_g_11[8*i + j] + x3;
-            grad_copy_b_o[8*i + j] = grad_add_U_o[8*i + j] + grad_add_U_o_2[8*i + j] +
-                    grad_add_U_o_3[8*i + j] + grad_add_U_o_4[8*i + j] + grad_add_U_o_5[8*i + j] +
-                    grad_add_U_o_6[8*i + j] + grad_add_U_o_7[8*i + j] + x4;
-        }
-    }
+    lstm_sequence_grad_add_nx8_loop_168d(
+        n,
+        grad_add_W_i,
+        grad_add_W_g,
+        grad_add_W_o,
+        grad_copy_b_i,
+        grad_add_U_i_4,
+        grad_add_U_i_5,
+        grad_add_U_i_6,
+        grad_add_U_i_7,
+        grad_add_U_i,
+        grad_add_U_i_2,
+        grad_add_U_i_3,
+        grad_copy_b_g,
+        grad_add_U_g_2,
+        grad_add_U_g_3,
+        grad_add_U_g_4,
+        grad_add_U_g_7,
+        grad_add_U_g_8,
+        grad_add_U_g_9,
+        grad_add_U_g_11,
+        grad_copy_b_o,
+        grad_add_U_o,
+        grad_add_U_o_2,
+        grad_add_U_o_3,
+        grad_add_U_o_4,
+        grad_add_U_o_5,
+        grad_add_U_o_6,
+        grad_add_U_o_7,
+        grad_mul_W_o,
+        sigmoid_W_o,
+        sigmoid_W_i,
+        grad_add_U_g_10,
+        sigmoid_U_f,
+        tanh_W_i,
+        tanh_W_g
+    );
 
     /* grad_W_i += x1^T @ grad_add_W_i */
-    lstm_sequence_product7(n, x1_, grad_add_W_i, grad_W_i);
+    lstm_sequence_product_1_n_8_add(n, x1_, grad_add_W_i, grad_W_i);
 
     /* grad_W_f = x8^T @ grad_add_U_f, the first of 7 products added up here */
-    lstm_sequence_product4(n, x8_, grad_add_U_f, grad_W_f);
+    lstm_sequence_product_1_n_8(n, x8_, grad_add_U_f, grad_W_f);
 
     /* grad_W_f += x7^T @ grad_add_U_f_2 */
-    lstm_sequence_product7(n, x7_, grad_add_U_f_2, grad_W_f);
+    lstm_sequence_product_1_n_8_add(n, x7_, grad_add_U_f_2, grad_W_f);
 
     /* grad_W_f += x6^T @ grad_add_U_f_3 */
-    lstm_sequence_product7(n, x6_, grad_add_U_f_3, grad_W_f);
+    lstm_sequence_product_1_n_8_add(n, x6_, grad_add_U_f_3, grad_W_f);
 
     /* grad_W_f += x5^T @ grad_add_U_f_4 */
-    lstm_sequence_product7(n, x5_, grad_add_U_f_4, grad_W_f);
+    lstm_sequence_product_1_n_8_add(n, x5_, grad_add_U_f_4, grad_W_f);
 
     /* grad_W_f += x4^T @ grad_add_U_f_5 */
-    lstm_sequence_product7(n, x4_, grad_add_U_f_5, grad_W_f);
+    lstm_sequence_product_1_n_8_add(n, x4_, grad_add_U_f_5, grad_W_f);
 
     /* grad_W_f += x3^T @ grad_add_U_f_6 */
-    lstm_sequence_product7(n, x3_, grad_add_U_f_6, grad_W_f);
+    lstm_sequence_product_1_n_8_add(n, x3_, grad_add_U_f_6, grad_W_f);
 
     /* grad_W_f += x2^T @ grad_add_U_f_7 */
-    lstm_sequence_product7(n, x2_, grad_add_U_f_7, grad_W_f);
+    lstm_sequence_product_1_n_8_add(n, x2_, grad_add_U_f_7, grad_W_f);
 
     /* grad_W_g = x8^T @ grad_add_U_g_2, the first of 8 products added up here */
-    lstm_sequence_product4(n, x8_, grad_add_U_g_2, grad_W_g);
+    lstm_sequence_product_1_n_8(n, x8_, grad_add_U_g_2, grad_W_g);
 
     /* grad_W_g += x7^T @ grad_add_U_g_3 */
-    lstm_sequence_product7(n, x7_, grad_add_U_g_3, grad_W_g);
+    lstm_sequence_product_1_n_8_add(n, x7_, grad_add_U_g_3, grad_W_g);
 
     /* grad_W_g += x6^T @ grad_add_U_g_4 */
-    lstm_sequence_product7(n, x6_, grad_add_U_g_4, grad_W_g);
+    lstm_sequence_product_1_n_8_add(n, x6_, grad_add_U_g_4, grad_W_g);
 
     /* grad_W_g += x5^T @ grad_add_U_g_7 */
-    lstm_sequence_product7(n, x5_, grad_add_U_g_7, grad_W_g);
+    lstm_sequence_product_1_n_8_add(n, x5_, grad_add_U_g_7, grad_W_g);
 
     /* grad_W_g += x4^T @ grad_add_U_g_8 */
-    lstm_sequence_product7(n, x4_, grad_add_U_g_8, grad_W_g);
+    lstm_sequence_product_1_n_8_add(n, x4_, grad_add_U_g_8, grad_W_g);
 
     /* grad_W_g += x3^T @ grad_add_U_g_9 */
-    lstm_sequence_product7(n, x3_, grad_add_U_g_9, grad_W_g);
+    lstm_sequence_product_1_n_8_add(n, x3_, grad_add_U_g_9, grad_W_g);
 
     /* grad_W_g += x2^T @ grad_add_U_g_11 */
-    lstm_sequence_product7(n, x2_, grad_add_U_g_11, grad_W_g);
+    lstm_sequence_product_1_n_8_add(n, x2_, grad_add_U_g_11, grad_W_g);
 
     /* grad_W_g += x1^T @ grad_add_W_g */
-    lstm_sequence_product7(n, x1_, grad_add_W_g, grad_W_g);
+    lstm_sequence_product_1_n_8_add(n, x1_, grad_add_W_g, grad_W_g);
 
     /* grad_W_o = x8^T @ grad_add_U_o, the first of 8 products added up here */
-    lstm_sequence_product4(n, x8_, grad_add_U_o, grad_W_o);
+    lstm_sequence_product_1_n_8(n, x8_, grad_add_U_o, grad_W_o);
 
     /* grad_W_o += x7^T @ grad_add_U_o_2 */
-    lstm_sequence_product7(n, x7_, grad_add_U_o_2, grad_W_o);
+    lstm_sequence_product_1_n_8_add(n, x7_, grad_add_U_o_2, grad_W_o);
 
     /* grad_W_o += x6^T @ grad_add_U_o_3 */
-    lstm_sequence_product7(n, x6_, grad_add_U_o_3, grad_W_o);
+    lstm_sequence_product_1_n_8_add(n, x6_, grad_add_U_o_3, grad_W_o);
 
     /* grad_W_o += x5^T @ grad_add_U_o_4 */
-    lstm_sequence_product7(n, x5_, grad_add_U_o_4, grad_W_o);
+    lstm_sequence_product_1_n_8_add(n, x5_, grad_add_U_o_4, grad_W_o);
 
     /* grad_W_o += x4^T @ grad_add_U_o_5 */
-    lstm_sequence_product7(n, x4_, grad_add_U_o_5, grad_W_o);
+    lstm_sequence_product_1_n_8_add(n, x4_, grad_add_U_o_5, grad_W_o);
 
     /* grad_W_o += x3^T @ grad_add_U_o_6 */
-    lstm_sequence_product7(n, x3_, grad_add_U_o_6, grad_W_o);
+    lstm_sequence_product_1_n_8_add(n, x3_, grad_add_U_o_6, grad_W_o);
 }
 #endif
 
@@ -1844,94 +2306,94 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
 )
 {
     /* grad_W_o += x2^T @ grad_add_U_o_7 */
-    lstm_sequence_product7(n, x2_, grad_add_U_o_7, grad_W_o);
+    lstm_sequence_product_1_n_8_add(n, x2_, grad_add_U_o_7, grad_W_o);
 
     /* grad_W_o += x1^T @ grad_add_W_o */
-    lstm_sequence_product7(n, x1_, grad_add_W_o, grad_W_o);
+    lstm_sequence_product_1_n_8_add(n, x1_, grad_add_W_o, grad_W_o);
 
     /* grad_U_i = mul_U_o_6^T @ grad_add_U_i, the first of 7 products added up here */
-    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_i, grad_U_i);
+    lstm_sequence_product_8_n_8_at(n, mul_U_o_6, grad_add_U_i, grad_U_i);
 
     /* grad_U_i += mul_U_o_5^T @ grad_add_U_i_2 */
-    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_i_2, grad_U_i);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_5, grad_add_U_i_2, grad_U_i);
 
     /* grad_U_i += mul_U_o_4^T @ grad_add_U_i_3 */
-    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_i_3, grad_U_i);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_4, grad_add_U_i_3, grad_U_i);
 
     /* grad_U_i += mul_U_o_3^T @ grad_add_U_i_4 */
-    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_i_4, grad_U_i);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_3, grad_add_U_i_4, grad_U_i);
 
     /* grad_U_i += mul_U_o_2^T @ grad_add_U_i_5 */
-    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_i_5, grad_U_i);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_2, grad_add_U_i_5, grad_U_i);
 
     /* grad_U_i += mul_U_o^T @ grad_add_U_i_6 */
-    lstm_sequence_product9(n, mul_U_o, grad_add_U_i_6, grad_U_i);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o, grad_add_U_i_6, grad_U_i);
 
     /* grad_U_i += mul_W_o^T @ grad_add_U_i_7 */
-    lstm_sequence_product9(n, mul_W_o, grad_add_U_i_7, grad_U_i);
+    lstm_sequence_product_8_n_8_at_add(n, mul_W_o, grad_add_U_i_7, grad_U_i);
 
     /* grad_U_f = mul_U_o_6^T @ grad_add_U_f, the first of 7 products added up here */
-    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_f, grad_U_f);
+    lstm_sequence_product_8_n_8_at(n, mul_U_o_6, grad_add_U_f, grad_U_f);
 
     /* grad_U_f += mul_U_o_5^T @ grad_add_U_f_2 */
-    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_f_2, grad_U_f);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_5, grad_add_U_f_2, grad_U_f);
 
     /* grad_U_f += mul_U_o_4^T @ grad_add_U_f_3 */
-    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_f_3, grad_U_f);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_4, grad_add_U_f_3, grad_U_f);
 
     /* grad_U_f += mul_U_o_3^T @ grad_add_U_f_4 */
-    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_f_4, grad_U_f);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_3, grad_add_U_f_4, grad_U_f);
 
     /* grad_U_f += mul_U_o_2^T @ grad_add_U_f_5 */
-    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_f_5, grad_U_f);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_2, grad_add_U_f_5, grad_U_f);
 
     /* grad_U_f += mul_U_o^T @ grad_add_U_f_6 */
-    lstm_sequence_product9(n, mul_U_o, grad_add_U_f_6, grad_U_f);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o, grad_add_U_f_6, grad_U_f);
 
     /* grad_U_f += mul_W_o^T @ grad_add_U_f_7 */
-    lstm_sequence_product9(n, mul_W_o, grad_add_U_f_7, grad_U_f);
+    lstm_sequence_product_8_n_8_at_add(n, mul_W_o, grad_add_U_f_7, grad_U_f);
 
     /* grad_U_g = mul_U_o_6^T @ grad_add_U_g_2, the first of 7 products added up here */
-    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_g_2, grad_U_g);
+    lstm_sequence_product_8_n_8_at(n, mul_U_o_6, grad_add_U_g_2, grad_U_g);
 
     /* grad_U_g += mul_U_o_5^T @ grad_add_U_g_3 */
-    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_g_3, grad_U_g);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_5, grad_add_U_g_3, grad_U_g);
 
     /* grad_U_g += mul_U_o_4^T @ grad_add_U_g_4 */
-    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_g_4, grad_U_g);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_4, grad_add_U_g_4, grad_U_g);
 
     /* grad_U_g += mul_U_o_3^T @ grad_add_U_g_7 */
-    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_g_7, grad_U_g);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_3, grad_add_U_g_7, grad_U_g);
 
     /* grad_U_g += mul_U_o_2^T @ grad_add_U_g_8 */
-    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_g_8, grad_U_g);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_2, grad_add_U_g_8, grad_U_g);
 
     /* grad_U_g += mul_U_o^T @ grad_add_U_g_9 */
-    lstm_sequence_product9(n, mul_U_o, grad_add_U_g_9, grad_U_g);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o, grad_add_U_g_9, grad_U_g);
 
     /* grad_U_g += mul_W_o^T @ grad_add_U_g_11 */
-    lstm_sequence_product9(n, mul_W_o, grad_add_U_g_11, grad_U_g);
+    lstm_sequence_product_8_n_8_at_add(n, mul_W_o, grad_add_U_g_11, grad_U_g);
 
     /* grad_U_o = mul_U_o_6^T @ grad_add_U_o, the first of 7 products added up here */
-    lstm_sequence_product8(n, mul_U_o_6, grad_add_U_o, grad_U_o);
+    lstm_sequence_product_8_n_8_at(n, mul_U_o_6, grad_add_U_o, grad_U_o);
 
     /* grad_U_o += mul_U_o_5^T @ grad_add_U_o_2 */
-    lstm_sequence_product9(n, mul_U_o_5, grad_add_U_o_2, grad_U_o);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_5, grad_add_U_o_2, grad_U_o);
 
     /* grad_U_o += mul_U_o_4^T @ grad_add_U_o_3 */
-    lstm_sequence_product9(n, mul_U_o_4, grad_add_U_o_3, grad_U_o);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_4, grad_add_U_o_3, grad_U_o);
 
     /* grad_U_o += mul_U_o_3^T @ grad_add_U_o_4 */
-    lstm_sequence_product9(n, mul_U_o_3, grad_add_U_o_4, grad_U_o);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_3, grad_add_U_o_4, grad_U_o);
 
     /* grad_U_o += mul_U_o_2^T @ grad_add_U_o_5 */
-    lstm_sequence_product9(n, mul_U_o_2, grad_add_U_o_5, grad_U_o);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o_2, grad_add_U_o_5, grad_U_o);
 
     /* grad_U_o += mul_U_o^T @ grad_add_U_o_6 */
-    lstm_sequence_product9(n, mul_U_o, grad_add_U_o_6, grad_U_o);
+    lstm_sequence_product_8_n_8_at_add(n, mul_U_o, grad_add_U_o_6, grad_U_o);
 
     /* grad_U_o += mul_W_o^T @ grad_add_U_o_7 */
-    lstm_sequence_product9(n, mul_W_o, grad_add_U_o_7, grad_U_o);
+    lstm_sequence_product_8_n_8_at_add(n, mul_W_o, grad_add_U_o_7, grad_U_o);
 
     /* grad_b_i = sum of grad_copy_b_i down each column */
     symbackprop_f64_sum_columns(grad_copy_b_i, n, 8, 8, grad_b_i);
@@ -1976,7 +2438,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     symbackprop_f64_sum_columns(grad_copy_b_o, n, 8, 8, grad_b_o);
 
     /* grad_V = mul_U_o_7^T @ grad_logit */
-    lstm_sequence_product10(n, mul_U_o_7, grad_logit, grad_V);
+    lstm_sequence_product_8_n_1_at_bt(n, mul_U_o_7, grad_logit, grad_V);
 
     /* grad_c0 = sum of grad_logit down each column */
     grad_c0[0] = symbackprop_f64_sum(grad_logit, n, 1);
@@ -2048,128 +2510,249 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     LSTM_SEQUENCE_REAL *mul_W_i = tanh_W_g + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_W_i = mul_W_i + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *mul_W_o = tanh_W_i + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o = with_grads ? mm_W_g : sigmoid_W_o; /* n x 8, in mm_W_g's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? mul_W_o + 8*n : sigmoid_W_i; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g = with_grads ? mm_U_o : mm_W_g; /* n x 8, in mm_U_o's memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? sigmoid_U_o + 8*n : tanh_W_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i = with_grads ? mm_U_g : tanh_W_i; /* n x 8, in mm_U_g's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? tanh_U_g + 8*n : mm_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f = with_grads ? mm_U_i : mm_U_g; /* n x 8, in mm_U_i's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? sigmoid_U_i + 8*n : mm_U_i; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_g = with_grads ? sigmoid_U_f + 8*n : mul_W_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o = with_grads ? mm_W_g : tanh_W_i; /* n x 8, in mm_W_g's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? mul_W_o + 8*n : tanh_W_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g = mm_U_o; /* n x 8, in mm_U_o's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? sigmoid_U_o + 8*n : mm_W_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i = mm_U_g; /* n x 8, in mm_U_g's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? tanh_U_g + 8*n : sigmoid_W_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f = mm_U_i; /* n x 8, in mm_U_i's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? sigmoid_U_i + 8*n : mul_W_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g = with_grads ? sigmoid_U_f + 8*n : sigmoid_W_o; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? add_U_g + 8*n : mul_W_o + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *mul_U_o = tanh_U_g_2 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f : mul_W_i; /* n x 8, in mm_U_f's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? mul_U_o + 8*n : sigmoid_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_2 = with_grads ? mm_U_o_2 : tanh_U_g; /* n x 8, in mm_U_o_2's memory
-            */
-    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_o_2 + 8*n : sigmoid_U_i; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_2 = with_grads ? mm_U_g_2 : mm_U_f; /* n x 8, in mm_U_g_2's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? tanh_U_g_3 + 8*n : sigmoid_U_f; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? mm_U_i_2 : tanh_U_g_2; /* n x 8, in mm_U_i_2's
+    LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f : tanh_U_g_2; /* n x 8, in mm_U_f's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? mul_U_o + 8*n : sigmoid_U_f; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_2 = mm_U_o_2; /* n x 8, in mm_U_o_2's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_o_2 + 8*n : mm_U_f; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_2 = mm_U_g_2; /* n x 8, in mm_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? tanh_U_g_3 + 8*n : sigmoid_U_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_2 = mm_U_i_2; /* n x 8, in mm_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? sigmoid_U_i_2 + 8*n : mul_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_2 = with_grads ? sigmoid_U_f_2 + 8*n : tanh_U_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? add_U_g_2 + 8*n : sigmoid_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_g_4 + 8*n : mul_W_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : tanh_U_g_4; /* n x 8, in mm_U_f_2's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? sigmoid_U_i_2 + 8*n : mm_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_g_2 = with_grads ? sigmoid_U_f_2 + 8*n : mm_U_g_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? add_U_g_2 + 8*n : mm_U_i_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_g_4 + 8*n : mul_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : add_U_g; /* n x 8, in mm_U_f_2's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? mul_U_o_2 + 8*n : sigmoid_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_o_3 : tanh_U_g_3; /* n x 8, in mm_U_o_3's
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? mul_U_o_2 + 8*n : sigmoid_U_f_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_3 = mm_U_o_3; /* n x 8, in mm_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_o_3 + 8*n : mm_U_f_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_3 = mm_U_g_3; /* n x 8, in mm_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? tanh_U_g_5 + 8*n : sigmoid_U_i_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_3 = mm_U_i_3; /* n x 8, in mm_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? sigmoid_U_i_3 + 8*n : mul_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_3 = with_grads ? sigmoid_U_f_3 + 8*n : tanh_U_g_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? add_U_g_3 + 8*n : sigmoid_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_g_6 + 8*n : add_U_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : tanh_U_g_6; /* n x 8, in mm_U_f_3's
             memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_o_3 + 8*n : sigmoid_U_i_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_3 = with_grads ? mm_U_g_3 : mm_U_f_2; /* n x 8, in mm_U_g_3's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? tanh_U_g_5 + 8*n : sigmoid_U_f_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_3 = with_grads ? mm_U_i_3 : tanh_U_g_4; /* n x 8, in mm_U_i_3's
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? mul_U_o_3 + 8*n : sigmoid_U_f_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_4 = mm_U_o_4; /* n x 8, in mm_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_o_4 + 8*n : mm_U_f_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_4 = mm_U_g_4; /* n x 8, in mm_U_g_4's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? tanh_U_g_7 + 8*n : sigmoid_U_i_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_4 = mm_U_i_4; /* n x 8, in mm_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? sigmoid_U_i_4 + 8*n : mul_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_4 = with_grads ? sigmoid_U_f_4 + 8*n : tanh_U_g_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_8 = with_grads ? add_U_g_4 + 8*n : sigmoid_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_g_8 + 8*n : add_U_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : tanh_U_g_8; /* n x 8, in mm_U_f_4's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? sigmoid_U_i_3 + 8*n : mm_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_g_3 = with_grads ? sigmoid_U_f_3 + 8*n : mm_U_g_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? add_U_g_3 + 8*n : mm_U_i_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_g_6 + 8*n : mul_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : add_U_g_2; /* n x 8, in mm_U_f_3's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? mul_U_o_3 + 8*n : sigmoid_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_o_4 : tanh_U_g_5; /* n x 8, in mm_U_o_4's
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? mul_U_o_4 + 8*n : sigmoid_U_f_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_5 = mm_U_o_5; /* n x 8, in mm_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_9 = with_grads ? sigmoid_U_o_5 + 8*n : mm_U_f_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_5 = mm_U_g_5; /* n x 8, in mm_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? tanh_U_g_9 + 8*n : sigmoid_U_i_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_5 = mm_U_i_5; /* n x 8, in mm_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? sigmoid_U_i_5 + 8*n : mul_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_5 = with_grads ? sigmoid_U_f_5 + 8*n : tanh_U_g_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_10 = with_grads ? add_U_g_5 + 8*n : sigmoid_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_g_10 + 8*n : add_U_g_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : tanh_U_g_10; /* n x 8, in mm_U_f_5's
             memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_o_4 + 8*n : sigmoid_U_i_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_4 = with_grads ? mm_U_g_4 : mm_U_f_3; /* n x 8, in mm_U_g_4's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? tanh_U_g_7 + 8*n : sigmoid_U_f_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_4 = with_grads ? mm_U_i_4 : tanh_U_g_6; /* n x 8, in mm_U_i_4's
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? mul_U_o_5 + 8*n : sigmoid_U_f_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_6 = mm_U_o_6; /* n x 8, in mm_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_11 = with_grads ? sigmoid_U_o_6 + 8*n : mm_U_f_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_6 = mm_U_g_6; /* n x 8, in mm_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? tanh_U_g_11 + 8*n : sigmoid_U_i_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_6 = mm_U_i_6; /* n x 8, in mm_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? sigmoid_U_i_6 + 8*n : mul_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g_6 = with_grads ? sigmoid_U_f_6 + 8*n : tanh_U_g_9; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_12 = with_grads ? add_U_g_6 + 8*n : sigmoid_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_g_12 + 8*n : add_U_g_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : tanh_U_g_12; /* n x 8, in mm_U_f_6's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? sigmoid_U_i_4 + 8*n : mm_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_g_4 = with_grads ? sigmoid_U_f_4 + 8*n : mm_U_g_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_8 = with_grads ? add_U_g_4 + 8*n : mm_U_i_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_g_8 + 8*n : mul_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : add_U_g_3; /* n x 8, in mm_U_f_4's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? mul_U_o_4 + 8*n : sigmoid_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_o_5 : tanh_U_g_7; /* n x 8, in mm_U_o_5's
-            memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_9 = with_grads ? sigmoid_U_o_5 + 8*n : sigmoid_U_i_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? mm_U_g_5 : mm_U_f_4; /* n x 8, in mm_U_g_5's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? tanh_U_g_9 + 8*n : sigmoid_U_f_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_5 = with_grads ? mm_U_i_5 : tanh_U_g_8; /* n x 8, in mm_U_i_5's
-            memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? sigmoid_U_i_5 + 8*n : mm_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_g_5 = with_grads ? sigmoid_U_f_5 + 8*n : mm_U_g_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_10 = with_grads ? add_U_g_5 + 8*n : mm_U_i_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_g_10 + 8*n : mul_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : add_U_g_4; /* n x 8, in mm_U_f_5's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? mul_U_o_5 + 8*n : sigmoid_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_o_6 : tanh_U_g_9; /* n x 8, in mm_U_o_6's
-            memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_11 = with_grads ? sigmoid_U_o_6 + 8*n : sigmoid_U_i_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_6 = with_grads ? mm_U_g_6 : mm_U_f_5; /* n x 8, in mm_U_g_6's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? tanh_U_g_11 + 8*n : sigmoid_U_f_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_6 = with_grads ? mm_U_i_6 : tanh_U_g_10; /* n x 8, in mm_U_i_6's
-            memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? sigmoid_U_i_6 + 8*n : mm_U_o_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_g_6 = with_grads ? sigmoid_U_f_6 + 8*n : mm_U_g_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_12 = with_grads ? add_U_g_6 + 8*n : mm_U_i_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_g_12 + 8*n : mul_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : add_U_g_5; /* n x 8, in mm_U_f_6's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? mul_U_o_6 + 8*n : sigmoid_U_o_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_o_7 : tanh_U_g_11; /* n x 8, in mm_U_o_7's
-            memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_13 = with_grads ? sigmoid_U_o_7 + 8*n : sigmoid_U_i_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_7 = with_grads ? mm_U_g_7 : mm_U_f_6; /* n x 8, in mm_U_g_7's memory
-            */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? tanh_U_g_13 + 8*n : sigmoid_U_f_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_7 = with_grads ? mm_U_i_7 : tanh_U_g_12; /* n x 8, in mm_U_i_7's
-            memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? sigmoid_U_i_7 + 8*n : mm_U_o_7; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_14 = with_grads ? sigmoid_U_f_7 + 8*n : mm_U_g_7; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_g_14 + 8*n : mm_U_i_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? mul_U_o_6 + 8*n : sigmoid_U_f_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_7 = mm_U_o_7; /* n x 8, in mm_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_13 = with_grads ? sigmoid_U_o_7 + 8*n : mm_U_f_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_7 = mm_U_g_7; /* n x 8, in mm_U_g_7's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? tanh_U_g_13 + 8*n : sigmoid_U_i_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_7 = mm_U_i_7; /* n x 8, in mm_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? sigmoid_U_i_7 + 8*n : mul_U_o_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_14 = with_grads ? sigmoid_U_f_7 + 8*n : tanh_U_g_11; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_g_14 + 8*n : sigmoid_U_o_6; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_V = with_grads ? mul_U_o_7 + 8*n : mul_U_o + 8*n; /* n x 1 */
     LSTM_SEQUENCE_REAL *add_logit = mm_V + n; /* n x 1 */
     LSTM_SEQUENCE_REAL *grad_logit = add_logit + n; /* n x 1 */
     LSTM_SEQUENCE_REAL *colsum_logit = grad_logit + n; /* 1 x 1 */
 
-    lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f,
-            b_g, b_o, mm_W_o, sigmoid_W_o, mm_W_i, sigmoid_W_i, mm_W_g, tanh_W_g, mul_W_i, tanh_W_i,
-            mul_W_o, mm_U_o, sigmoid_U_o, mm_U_g, tanh_U_g, mm_U_i, sigmoid_U_i, mm_U_f,
-            sigmoid_U_f, add_U_g, tanh_U_g_2, mul_U_o, mm_U_o_2, sigmoid_U_o_2, mm_U_g_2,
-            tanh_U_g_3, mm_U_i_2, sigmoid_U_i_2, mm_U_f_2, sigmoid_U_f_2, add_U_g_2, tanh_U_g_4,
-            mul_U_o_2, mm_U_o_3);
-    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g,
-            b_o, add_U_g_2, mul_U_o_2, mm_U_o_3, sigmoid_U_o_3, mm_U_g_3, tanh_U_g_5, mm_U_i_3,
-            sigmoid_U_i_3, mm_U_f_3, sigmoid_U_f_3, add_U_g_3, tanh_U_g_6, mul_U_o_3, mm_U_o_4,
-            sigmoid_U_o_4, mm_U_g_4, tanh_U_g_7, mm_U_i_4, sigmoid_U_i_4, mm_U_f_4, sigmoid_U_f_4,
-            add_U_g_4, tanh_U_g_8, mul_U_o_4, mm_U_o_5, sigmoid_U_o_5, mm_U_g_5, tanh_U_g_9,
-            mm_U_i_5, sigmoid_U_i_5, mm_U_f_5);
-    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f,
-            b_g, b_o, V, c0, loss, logit, add_U_g_4, sigmoid_U_o_5, tanh_U_g_9, sigmoid_U_i_5,
-            mm_U_f_5, sigmoid_U_f_5, add_U_g_5, tanh_U_g_10, mul_U_o_5, mm_U_o_6, sigmoid_U_o_6,
-            mm_U_g_6, tanh_U_g_11, mm_U_i_6, sigmoid_U_i_6, mm_U_f_6, sigmoid_U_f_6, add_U_g_6,
-            tanh_U_g_12, mul_U_o_6, mm_U_o_7, sigmoid_U_o_7, mm_U_g_7, tanh_U_g_13, mm_U_i_7,
-            sigmoid_U_i_7, mm_U_f_7, sigmoid_U_f_7, tanh_U_g_14, mul_U_o_7, mm_V, add_logit,
-            grad_logit, colsum_logit);
+    lstm_sequence_run_part1(
+        n,
+        x1_,
+        x2_,
+        x3_,
+        x4_,
+        W_i,
+        W_f,
+        W_g,
+        W_o,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        b_i,
+        b_f,
+        b_g,
+        b_o,
+        mm_W_o,
+        sigmoid_W_o,
+        mm_W_i,
+        sigmoid_W_i,
+        mm_W_g,
+        tanh_W_g,
+        mul_W_i,
+        tanh_W_i,
+        mul_W_o,
+        mm_U_o,
+        sigmoid_U_o,
+        mm_U_g,
+        tanh_U_g,
+        mm_U_i,
+        sigmoid_U_i,
+        mm_U_f,
+        sigmoid_U_f,
+        add_U_g,
+        tanh_U_g_2,
+        mul_U_o,
+        mm_U_o_2,
+        sigmoid_U_o_2,
+        mm_U_g_2,
+        tanh_U_g_3,
+        mm_U_i_2,
+        sigmoid_U_i_2,
+        mm_U_f_2,
+        sigmoid_U_f_2,
+        add_U_g_2,
+        tanh_U_g_4,
+        mul_U_o_2,
+        mm_U_o_3
+    );
+    lstm_sequence_run_part2(
+        n,
+        x4_,
+        x5_,
+        x6_,
+        W_i,
+        W_f,
+        W_g,
+        W_o,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        b_i,
+        b_f,
+        b_g,
+        b_o,
+        add_U_g_2,
+        mul_U_o_2,
+        mm_U_o_3,
+        sigmoid_U_o_3,
+        mm_U_g_3,
+        tanh_U_g_5,
+        mm_U_i_3,
+        sigmoid_U_i_3,
+        mm_U_f_3,
+        sigmoid_U_f_3,
+        add_U_g_3,
+        tanh_U_g_6,
+        mul_U_o_3,
+        mm_U_o_4,
+        sigmoid_U_o_4,
+        mm_U_g_4,
+        tanh_U_g_7,
+        mm_U_i_4,
+        sigmoid_U_i_4,
+        mm_U_f_4,
+        sigmoid_U_f_4,
+        add_U_g_4,
+        tanh_U_g_8,
+        mul_U_o_4,
+        mm_U_o_5,
+        sigmoid_U_o_5,
+        mm_U_g_5,
+        tanh_U_g_9,
+        mm_U_i_5,
+        sigmoid_U_i_5,
+        mm_U_f_5
+    );
+    lstm_sequence_run_part3(
+        n,
+        x6_,
+        x7_,
+        x8_,
+        y,
+        W_i,
+        W_f,
+        W_g,
+        W_o,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        b_i,
+        b_f,
+        b_g,
+        b_o,
+        V,
+        c0,
+        loss,
+        logit,
+        add_U_g_4,
+        sigmoid_U_o_5,
+        tanh_U_g_9,
+        sigmoid_U_i_5,
+        mm_U_f_5,
+        sigmoid_U_f_5,
+        add_U_g_5,
+        tanh_U_g_10,
+        mul_U_o_5,
+        mm_U_o_6,
+        sigmoid_U_o_6,
+        mm_U_g_6,
+        tanh_U_g_11,
+        mm_U_i_6,
+        sigmoid_U_i_6,
+        mm_U_f_6,
+        sigmoid_U_f_6,
+        add_U_g_6,
+        tanh_U_g_12,
+        mul_U_o_6,
+        mm_U_o_7,
+        sigmoid_U_o_7,
+        mm_U_g_7,
+        tanh_U_g_13,
+        mm_U_i_7,
+        sigmoid_U_i_7,
+        mm_U_f_7,
+        sigmoid_U_f_7,
+        tanh_U_g_14,
+        mul_U_o_7,
+        mm_V,
+        add_logit,
+        grad_logit,
+        colsum_logit
+    );
     if (!with_grads) {
         return 0;
     }
@@ -2181,89 +2764,281 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_i + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *grad_add_U_g_2 = grad_add_U_f + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *grad_add_U_o = grad_add_U_g_2 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_6 = add_U_g_6; /* n x 8, in add_U_g_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = tanh_U_g_13; /* n x 8, in tanh_U_g_13's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = tanh_U_g_14; /* n x 8, in tanh_U_g_14's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = grad_mul_U_o_7; /* n x 8, in grad_mul_U_o_7's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_5 = add_U_g_5; /* n x 8, in add_U_g_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = sigmoid_U_o_6; /* n x 8, in sigmoid_U_o_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = tanh_U_g_11; /* n x 8, in tanh_U_g_11's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = sigmoid_U_i_6; /* n x 8, in sigmoid_U_i_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = tanh_U_g_12; /* n x 8, in tanh_U_g_12's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = sigmoid_U_f_7; /* n x 8, in sigmoid_U_f_7's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_4 = grad_add_U_g; /* n x 8, in grad_add_U_g's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_4_2 = grad_mul_U_o_6; /* n x 8, in grad_mul_U_o_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = add_U_g_4; /* n x 8, in add_U_g_4's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_4 = sigmoid_U_o_5; /* n x 8, in sigmoid_U_o_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_7 = tanh_U_g_9; /* n x 8, in tanh_U_g_9's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = sigmoid_U_i_5; /* n x 8, in sigmoid_U_i_5's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = tanh_U_g_10; /* n x 8, in tanh_U_g_10's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3_2 = sigmoid_U_f_6; /* n x 8, in sigmoid_U_f_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_5 = grad_add_U_g_6; /* n x 8, in grad_add_U_g_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_5 = grad_mul_U_o_5; /* n x 8, in grad_mul_U_o_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_8 = add_U_g_3; /* n x 8, in add_U_g_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = sigmoid_U_o_4; /* n x 8, in sigmoid_U_o_4's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_2 = tanh_U_g_7; /* n x 8, in tanh_U_g_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2_2 = sigmoid_U_i_4; /* n x 8, in sigmoid_U_i_4's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_6 = tanh_U_g_8; /* n x 8, in tanh_U_g_8's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_6 = sigmoid_U_f_5; /* n x 8, in sigmoid_U_f_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_9 = grad_add_U_g_5; /* n x 8, in grad_add_U_g_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = grad_mul_U_o_4; /* n x 8, in grad_mul_U_o_4's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o = add_U_g_2; /* n x 8, in add_U_g_2's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_10 = sigmoid_U_o_3; /* n x 8, in sigmoid_U_o_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = tanh_U_g_5; /* n x 8, in tanh_U_g_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_7 = sigmoid_U_i_3; /* n x 8, in sigmoid_U_i_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_11 = tanh_U_g_6; /* n x 8, in tanh_U_g_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_7 = sigmoid_U_f_4; /* n x 8, in sigmoid_U_f_4's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_f = grad_add_U_g_4_2; /* n x 8, in grad_add_U_g_4_2's memory */
-    LSTM_SEQUENCE_REAL *grad_mul_W_o = grad_mul_U_o_3; /* n x 8, in grad_mul_U_o_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_W_i = add_U_g; /* n x 8, in add_U_g's memory */
-    LSTM_SEQUENCE_REAL *grad_add_W_g = sigmoid_U_o_2; /* n x 8, in sigmoid_U_o_2's memory */
-    LSTM_SEQUENCE_REAL *grad_add_W_o = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_i = sigmoid_U_i_2; /* n x 8, in sigmoid_U_i_2's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_g_4; /* n x 8, in tanh_U_g_4's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_o = sigmoid_U_f_3; /* n x 8, in sigmoid_U_f_3's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_6 = grad_mul_U_o_7; /* n x 8, in grad_mul_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = tanh_U_g_14; /* n x 8, in tanh_U_g_14's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = tanh_U_g_13; /* n x 8, in tanh_U_g_13's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = add_U_g_6; /* n x 8, in add_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_5 = grad_mul_U_o_6; /* n x 8, in grad_mul_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = grad_add_U_g; /* n x 8, in grad_add_U_g's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = sigmoid_U_f_7; /* n x 8, in sigmoid_U_f_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = tanh_U_g_12; /* n x 8, in tanh_U_g_12's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = sigmoid_U_i_6; /* n x 8, in sigmoid_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = tanh_U_g_11; /* n x 8, in tanh_U_g_11's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_4 = grad_mul_U_o_5; /* n x 8, in grad_mul_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4_2 = grad_add_U_g_6; /* n x 8, in grad_add_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = sigmoid_U_f_6; /* n x 8, in sigmoid_U_f_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4 = tanh_U_g_10; /* n x 8, in tanh_U_g_10's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7 = sigmoid_U_i_5; /* n x 8, in sigmoid_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = tanh_U_g_9; /* n x 8, in tanh_U_g_9's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = grad_mul_U_o_4; /* n x 8, in grad_mul_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3_2 = grad_add_U_g_5; /* n x 8, in grad_add_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5 = sigmoid_U_f_5; /* n x 8, in sigmoid_U_f_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5 = tanh_U_g_8; /* n x 8, in tanh_U_g_8's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_8 = sigmoid_U_i_4; /* n x 8, in sigmoid_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = tanh_U_g_7; /* n x 8, in tanh_U_g_7's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_2 = grad_mul_U_o_3; /* n x 8, in grad_mul_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2_2 = grad_add_U_g_4_2; /* n x 8, in grad_add_U_g_4_2's memory
+            */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6 = sigmoid_U_f_4; /* n x 8, in sigmoid_U_f_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6 = tanh_U_g_6; /* n x 8, in tanh_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_9 = sigmoid_U_i_3; /* n x 8, in sigmoid_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = tanh_U_g_5; /* n x 8, in tanh_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o = grad_mul_U_o_2; /* n x 8, in grad_mul_U_o_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_10 = grad_add_U_g_3_2; /* n x 8, in grad_add_U_g_3_2's memory
+            */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = sigmoid_U_f_3; /* n x 8, in sigmoid_U_f_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7 = tanh_U_g_4; /* n x 8, in tanh_U_g_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_11 = sigmoid_U_i_2; /* n x 8, in sigmoid_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7 = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_f = sigmoid_U_o_2; /* n x 8, in sigmoid_U_o_2's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_W_o = grad_mul_U_o; /* n x 8, in grad_mul_U_o's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_i = grad_add_U_g_2_2; /* n x 8, in grad_add_U_g_2_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_g = sigmoid_U_f_2; /* n x 8, in sigmoid_U_f_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_o = tanh_U_g_2; /* n x 8, in tanh_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_i = sigmoid_U_i; /* n x 8, in sigmoid_U_i's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_g; /* n x 8, in tanh_U_g's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_o = sigmoid_U_o; /* n x 8, in sigmoid_U_o's memory */
 
-    lstm_sequence_run_part4(n, V, add_U_g_6, sigmoid_U_o_7, tanh_U_g_13, sigmoid_U_i_7,
-            sigmoid_U_f_7, tanh_U_g_14, grad_logit, grad_mul_U_o_7, grad_add_U_g, grad_add_U_i,
-            grad_add_U_f, grad_add_U_g_2, grad_add_U_o);
-    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, add_U_g,
-            sigmoid_U_o_2, tanh_U_g_3, sigmoid_U_i_2, sigmoid_U_f_2, add_U_g_2, tanh_U_g_4,
-            sigmoid_U_o_3, tanh_U_g_5, sigmoid_U_i_3, sigmoid_U_f_3, add_U_g_3, tanh_U_g_6,
-            sigmoid_U_o_4, tanh_U_g_7, sigmoid_U_i_4, sigmoid_U_f_4, add_U_g_4, tanh_U_g_8,
-            sigmoid_U_o_5, tanh_U_g_9, sigmoid_U_i_5, sigmoid_U_f_5, add_U_g_5, tanh_U_g_10,
-            sigmoid_U_o_6, tanh_U_g_11, sigmoid_U_i_6, sigmoid_U_f_6, tanh_U_g_12, sigmoid_U_f_7,
-            grad_add_U_g, grad_add_U_i, grad_add_U_f, grad_add_U_g_2, grad_add_U_o, grad_mul_U_o_6,
-            grad_add_U_g_6, grad_add_U_i_2, grad_add_U_f_2, grad_add_U_g_3, grad_add_U_o_2,
-            grad_mul_U_o_5, grad_add_U_g_5, grad_add_U_i_3, grad_add_U_f_3, grad_add_U_g_4,
-            grad_add_U_o_3, grad_mul_U_o_4, grad_add_U_g_4_2, grad_add_U_i_4, grad_add_U_f_4,
-            grad_add_U_g_7, grad_add_U_o_4, grad_mul_U_o_3, grad_add_U_g_3_2, grad_add_U_i_5,
-            grad_add_U_f_5, grad_add_U_g_8, grad_add_U_o_5, grad_mul_U_o_2, grad_add_U_g_2_2,
-            grad_add_U_i_6, grad_add_U_f_6, grad_add_U_g_9, grad_add_U_o_6, grad_mul_U_o);
-    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i,
-            grad_W_f, grad_W_g, grad_W_o, sigmoid_W_o, sigmoid_W_i, tanh_W_g, mul_W_i, tanh_W_i,
-            sigmoid_U_o, tanh_U_g, sigmoid_U_i, sigmoid_U_f, tanh_U_g_2, sigmoid_U_f_2,
-            grad_add_U_i, grad_add_U_f, grad_add_U_g_2, grad_add_U_o, grad_add_U_i_2,
-            grad_add_U_f_2, grad_add_U_g_3, grad_add_U_o_2, grad_add_U_i_3, grad_add_U_f_3,
-            grad_add_U_g_4, grad_add_U_o_3, grad_add_U_i_4, grad_add_U_f_4, grad_add_U_g_7,
-            grad_add_U_o_4, grad_add_U_i_5, grad_add_U_f_5, grad_add_U_g_8, grad_add_U_o_5,
-            grad_add_U_g_2_2, grad_add_U_i_6, grad_add_U_f_6, grad_add_U_g_9, grad_add_U_o_6,
-            grad_mul_U_o, grad_add_U_g_10, grad_add_U_i_7, grad_add_U_f_7, grad_add_U_g_11,
-            grad_add_U_o_7, grad_copy_b_f, grad_mul_W_o, grad_add_W_i, grad_add_W_g, grad_add_W_o,
-            grad_copy_b_i, grad_copy_b_g, grad_copy_b_o);
-    lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i,
-            grad_b_f, mul_W_o, mul_U_o, mul_U_o_2, mul_U_o_3, mul_U_o_4, mul_U_o_5, mul_U_o_6,
-            grad_add_U_i, grad_add_U_f, grad_add_U_g_2, grad_add_U_o, grad_add_U_i_2,
-            grad_add_U_f_2, grad_add_U_g_3, grad_add_U_o_2, grad_add_U_i_3, grad_add_U_f_3,
-            grad_add_U_g_4, grad_add_U_o_3, grad_add_U_i_4, grad_add_U_f_4, grad_add_U_g_7,
-            grad_add_U_o_4, grad_add_U_i_5, grad_add_U_f_5, grad_add_U_g_8, grad_add_U_o_5,
-            grad_add_U_i_6, grad_add_U_f_6, grad_add_U_g_9, grad_add_U_o_6, grad_add_U_i_7,
-            grad_add_U_f_7, grad_add_U_g_11, grad_add_U_o_7, grad_copy_b_f, grad_add_W_o,
-            grad_copy_b_i);
-    lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, mul_U_o_7, grad_logit,
-            grad_copy_b_g, grad_copy_b_o);
+    lstm_sequence_run_part4(
+        n,
+        V,
+        add_U_g_6,
+        sigmoid_U_o_7,
+        tanh_U_g_13,
+        sigmoid_U_i_7,
+        sigmoid_U_f_7,
+        tanh_U_g_14,
+        grad_logit,
+        grad_mul_U_o_7,
+        grad_add_U_g,
+        grad_add_U_i,
+        grad_add_U_f,
+        grad_add_U_g_2,
+        grad_add_U_o
+    );
+    lstm_sequence_run_part5(
+        n,
+        x3_,
+        x4_,
+        x5_,
+        x6_,
+        x7_,
+        x8_,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        grad_W_i,
+        add_U_g,
+        sigmoid_U_o_2,
+        tanh_U_g_3,
+        sigmoid_U_i_2,
+        sigmoid_U_f_2,
+        add_U_g_2,
+        tanh_U_g_4,
+        sigmoid_U_o_3,
+        tanh_U_g_5,
+        sigmoid_U_i_3,
+        sigmoid_U_f_3,
+        add_U_g_3,
+        tanh_U_g_6,
+        sigmoid_U_o_4,
+        tanh_U_g_7,
+        sigmoid_U_i_4,
+        sigmoid_U_f_4,
+        add_U_g_4,
+        tanh_U_g_8,
+        sigmoid_U_o_5,
+        tanh_U_g_9,
+        sigmoid_U_i_5,
+        sigmoid_U_f_5,
+        add_U_g_5,
+        tanh_U_g_10,
+        sigmoid_U_o_6,
+        tanh_U_g_11,
+        sigmoid_U_i_6,
+        sigmoid_U_f_6,
+        tanh_U_g_12,
+        sigmoid_U_f_7,
+        grad_add_U_g,
+        grad_add_U_i,
+        grad_add_U_f,
+        grad_add_U_g_2,
+        grad_add_U_o,
+        grad_mul_U_o_6,
+        grad_add_U_g_6,
+        grad_add_U_i_2,
+        grad_add_U_f_2,
+        grad_add_U_g_3,
+        grad_add_U_o_2,
+        grad_mul_U_o_5,
+        grad_add_U_g_5,
+        grad_add_U_i_3,
+        grad_add_U_f_3,
+        grad_add_U_g_4,
+        grad_add_U_o_3,
+        grad_mul_U_o_4,
+        grad_add_U_g_4_2,
+        grad_add_U_i_4,
+        grad_add_U_f_4,
+        grad_add_U_g_7,
+        grad_add_U_o_4,
+        grad_mul_U_o_3,
+        grad_add_U_g_3_2,
+        grad_add_U_i_5,
+        grad_add_U_f_5,
+        grad_add_U_g_8,
+        grad_add_U_o_5,
+        grad_mul_U_o_2,
+        grad_add_U_g_2_2,
+        grad_add_U_i_6,
+        grad_add_U_f_6,
+        grad_add_U_g_9,
+        grad_add_U_o_6,
+        grad_mul_U_o
+    );
+    lstm_sequence_run_part6(
+        n,
+        x1_,
+        x2_,
+        x3_,
+        x4_,
+        x5_,
+        x6_,
+        x7_,
+        x8_,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        grad_W_i,
+        grad_W_f,
+        grad_W_g,
+        grad_W_o,
+        sigmoid_W_o,
+        sigmoid_W_i,
+        tanh_W_g,
+        mul_W_i,
+        tanh_W_i,
+        sigmoid_U_o,
+        tanh_U_g,
+        sigmoid_U_i,
+        sigmoid_U_f,
+        tanh_U_g_2,
+        sigmoid_U_f_2,
+        grad_add_U_i,
+        grad_add_U_f,
+        grad_add_U_g_2,
+        grad_add_U_o,
+        grad_add_U_i_2,
+        grad_add_U_f_2,
+        grad_add_U_g_3,
+        grad_add_U_o_2,
+        grad_add_U_i_3,
+        grad_add_U_f_3,
+        grad_add_U_g_4,
+        grad_add_U_o_3,
+        grad_add_U_i_4,
+        grad_add_U_f_4,
+        grad_add_U_g_7,
+        grad_add_U_o_4,
+        grad_add_U_i_5,
+        grad_add_U_f_5,
+        grad_add_U_g_8,
+        grad_add_U_o_5,
+        grad_add_U_g_2_2,
+        grad_add_U_i_6,
+        grad_add_U_f_6,
+        grad_add_U_g_9,
+        grad_add_U_o_6,
+        grad_mul_U_o,
+        grad_add_U_g_10,
+        grad_add_U_i_7,
+        grad_add_U_f_7,
+        grad_add_U_g_11,
+        grad_add_U_o_7,
+        grad_copy_b_f,
+        grad_mul_W_o,
+        grad_add_W_i,
+        grad_add_W_g,
+        grad_add_W_o,
+        grad_copy_b_i,
+        grad_copy_b_g,
+        grad_copy_b_o
+    );
+    lstm_sequence_run_part7(
+        n,
+        x1_,
+        x2_,
+        grad_W_o,
+        grad_U_i,
+        grad_U_f,
+        grad_U_g,
+        grad_U_o,
+        grad_b_i,
+        grad_b_f,
+        mul_W_o,
+        mul_U_o,
+        mul_U_o_2,
+        mul_U_o_3,
+        mul_U_o_4,
+        mul_U_o_5,
+        mul_U_o_6,
+        grad_add_U_i,
+        grad_add_U_f,
+        grad_add_U_g_2,
+        grad_add_U_o,
+        grad_add_U_i_2,
+        grad_add_U_f_2,
+        grad_add_U_g_3,
+        grad_add_U_o_2,
+        grad_add_U_i_3,
+        grad_add_U_f_3,
+        grad_add_U_g_4,
+        grad_add_U_o_3,
+        grad_add_U_i_4,
+        grad_add_U_f_4,
+        grad_add_U_g_7,
+        grad_add_U_o_4,
+        grad_add_U_i_5,
+        grad_add_U_f_5,
+        grad_add_U_g_8,
+        grad_add_U_o_5,
+        grad_add_U_i_6,
+        grad_add_U_f_6,
+        grad_add_U_g_9,
+        grad_add_U_o_6,
+        grad_add_U_i_7,
+        grad_add_U_f_7,
+        grad_add_U_g_11,
+        grad_add_U_o_7,
+        grad_copy_b_f,
+        grad_add_W_o,
+        grad_copy_b_i
+    );
+    lstm_sequence_run_part8(
+        n,
+        grad_b_g,
+        grad_b_o,
+        grad_V,
+        grad_c0,
+        mul_U_o_7,
+        grad_logit,
+        grad_copy_b_g,
+        grad_copy_b_o
+    );
     return 0;
 }
 #endif
@@ -2319,9 +3094,50 @@ int lstm_sequence_forward(
     if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
-            U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL,
-            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+    return lstm_sequence_run(
+        n,
+        x1_,
+        x2_,
+        x3_,
+        x4_,
+        x5_,
+        x6_,
+        x7_,
+        x8_,
+        y,
+        W_i,
+        W_f,
+        W_g,
+        W_o,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        b_i,
+        b_f,
+        b_g,
+        b_o,
+        V,
+        c0,
+        loss,
+        logit,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        work,
+        0
+    );
 }
 #endif
 
@@ -2389,10 +3205,50 @@ int lstm_sequence_value_and_grad(
     if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
-            U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1),
-            grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o,
-            grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
+    return lstm_sequence_run(
+        n,
+        x1_,
+        x2_,
+        x3_,
+        x4_,
+        x5_,
+        x6_,
+        x7_,
+        x8_,
+        y,
+        W_i,
+        W_f,
+        W_g,
+        W_o,
+        U_i,
+        U_f,
+        U_g,
+        U_o,
+        b_i,
+        b_f,
+        b_g,
+        b_o,
+        V,
+        c0,
+        loss,
+        work + lstm_sequence_run_work_len(n, 1),
+        grad_W_i,
+        grad_W_f,
+        grad_W_g,
+        grad_W_o,
+        grad_U_i,
+        grad_U_f,
+        grad_U_g,
+        grad_U_o,
+        grad_b_i,
+        grad_b_f,
+        grad_b_g,
+        grad_b_o,
+        grad_V,
+        grad_c0,
+        work,
+        1
+    );
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -2408,7 +3264,7 @@ int lstm_sequence_n_dims(void)
 const char *lstm_sequence_name_dim(int64_t i)
 {
     static const char *const names[] = {"n"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -2459,13 +3315,13 @@ const char *lstm_sequence_forward_name_in(int64_t i)
         "V",
         "c0",
     };
-    return i >= 0 && i < 23 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *lstm_sequence_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "logit"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int lstm_sequence_forward_kind_in(int64_t i)
@@ -2482,33 +3338,37 @@ int lstm_sequence_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape
     if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 1; return 0; /* x1_ */
-    case 1: shape[0] = n; shape[1] = 1; return 0; /* x2_ */
-    case 2: shape[0] = n; shape[1] = 1; return 0; /* x3_ */
-    case 3: shape[0] = n; shape[1] = 1; return 0; /* x4_ */
-    case 4: shape[0] = n; shape[1] = 1; return 0; /* x5_ */
-    case 5: shape[0] = n; shape[1] = 1; return 0; /* x6_ */
-    case 6: shape[0] = n; shape[1] = 1; return 0; /* x7_ */
-    case 7: shape[0] = n; shape[1] = 1; return 0; /* x8_ */
-    case 8: shape[0] = n; shape[1] = 1; return 0; /* y */
-    case 9: shape[0] = 1; shape[1] = 8; return 0; /* W_i */
-    case 10: shape[0] = 1; shape[1] = 8; return 0; /* W_f */
-    case 11: shape[0] = 1; shape[1] = 8; return 0; /* W_g */
-    case 12: shape[0] = 1; shape[1] = 8; return 0; /* W_o */
-    case 13: shape[0] = 8; shape[1] = 8; return 0; /* U_i */
-    case 14: shape[0] = 8; shape[1] = 8; return 0; /* U_f */
-    case 15: shape[0] = 8; shape[1] = 8; return 0; /* U_g */
-    case 16: shape[0] = 8; shape[1] = 8; return 0; /* U_o */
-    case 17: shape[0] = 1; shape[1] = 8; return 0; /* b_i */
-    case 18: shape[0] = 1; shape[1] = 8; return 0; /* b_f */
-    case 19: shape[0] = 1; shape[1] = 8; return 0; /* b_g */
-    case 20: shape[0] = 1; shape[1] = 8; return 0; /* b_o */
-    case 21: shape[0] = 8; shape[1] = 1; return 0; /* V */
-    case 22: shape[0] = 1; shape[1] = 1; return 0; /* c0 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 1}, /* x1_ */
+        {n, 1}, /* x2_ */
+        {n, 1}, /* x3_ */
+        {n, 1}, /* x4_ */
+        {n, 1}, /* x5_ */
+        {n, 1}, /* x6_ */
+        {n, 1}, /* x7_ */
+        {n, 1}, /* x8_ */
+        {n, 1}, /* y */
+        {1, 8}, /* W_i */
+        {1, 8}, /* W_f */
+        {1, 8}, /* W_g */
+        {1, 8}, /* W_o */
+        {8, 8}, /* U_i */
+        {8, 8}, /* U_f */
+        {8, 8}, /* U_g */
+        {8, 8}, /* U_o */
+        {1, 8}, /* b_i */
+        {1, 8}, /* b_f */
+        {1, 8}, /* b_g */
+        {1, 8}, /* b_o */
+        {8, 1}, /* V */
+        {1, 1}, /* c0 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int lstm_sequence_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -2520,12 +3380,16 @@ int lstm_sequence_forward_shape_out(int64_t i, const int64_t *dims, int64_t shap
     if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = n; shape[1] = 1; return 0; /* logit */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {n, 1}, /* logit */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t lstm_sequence_forward_call_work_len(const int64_t *dims)
@@ -2552,19 +3416,33 @@ int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return lstm_sequence_forward(
-        dims[0], (const LSTM_SEQUENCE_REAL *)in[0], (const LSTM_SEQUENCE_REAL *)in[1],
-        (const LSTM_SEQUENCE_REAL *)in[2], (const LSTM_SEQUENCE_REAL *)in[3],
-        (const LSTM_SEQUENCE_REAL *)in[4], (const LSTM_SEQUENCE_REAL *)in[5],
-        (const LSTM_SEQUENCE_REAL *)in[6], (const LSTM_SEQUENCE_REAL *)in[7],
-        (const LSTM_SEQUENCE_REAL *)in[8], (const LSTM_SEQUENCE_REAL *)in[9],
-        (const LSTM_SEQUENCE_REAL *)in[10], (const LSTM_SEQUENCE_REAL *)in[11],
-        (const LSTM_SEQUENCE_REAL *)in[12], (const LSTM_SEQUENCE_REAL *)in[13],
-        (const LSTM_SEQUENCE_REAL *)in[14], (const LSTM_SEQUENCE_REAL *)in[15],
-        (const LSTM_SEQUENCE_REAL *)in[16], (const LSTM_SEQUENCE_REAL *)in[17],
-        (const LSTM_SEQUENCE_REAL *)in[18], (const LSTM_SEQUENCE_REAL *)in[19],
-        (const LSTM_SEQUENCE_REAL *)in[20], (const LSTM_SEQUENCE_REAL *)in[21],
-        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL
-                *)out[1], work
+        dims[0],
+        (const LSTM_SEQUENCE_REAL *)in[0],
+        (const LSTM_SEQUENCE_REAL *)in[1],
+        (const LSTM_SEQUENCE_REAL *)in[2],
+        (const LSTM_SEQUENCE_REAL *)in[3],
+        (const LSTM_SEQUENCE_REAL *)in[4],
+        (const LSTM_SEQUENCE_REAL *)in[5],
+        (const LSTM_SEQUENCE_REAL *)in[6],
+        (const LSTM_SEQUENCE_REAL *)in[7],
+        (const LSTM_SEQUENCE_REAL *)in[8],
+        (const LSTM_SEQUENCE_REAL *)in[9],
+        (const LSTM_SEQUENCE_REAL *)in[10],
+        (const LSTM_SEQUENCE_REAL *)in[11],
+        (const LSTM_SEQUENCE_REAL *)in[12],
+        (const LSTM_SEQUENCE_REAL *)in[13],
+        (const LSTM_SEQUENCE_REAL *)in[14],
+        (const LSTM_SEQUENCE_REAL *)in[15],
+        (const LSTM_SEQUENCE_REAL *)in[16],
+        (const LSTM_SEQUENCE_REAL *)in[17],
+        (const LSTM_SEQUENCE_REAL *)in[18],
+        (const LSTM_SEQUENCE_REAL *)in[19],
+        (const LSTM_SEQUENCE_REAL *)in[20],
+        (const LSTM_SEQUENCE_REAL *)in[21],
+        (const LSTM_SEQUENCE_REAL *)in[22],
+        (LSTM_SEQUENCE_REAL *)out[0],
+        (LSTM_SEQUENCE_REAL *)out[1],
+        work
     );
 }
 
@@ -2615,7 +3493,7 @@ const char *lstm_sequence_value_and_grad_name_in(int64_t i)
         "V",
         "c0",
     };
-    return i >= 0 && i < 23 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *lstm_sequence_value_and_grad_name_out(int64_t i)
@@ -2637,7 +3515,7 @@ const char *lstm_sequence_value_and_grad_name_out(int64_t i)
         "grad_V",
         "grad_c0",
     };
-    return i >= 0 && i < 15 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int lstm_sequence_value_and_grad_kind_in(int64_t i)
@@ -2654,33 +3532,37 @@ int lstm_sequence_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_
     if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 1; return 0; /* x1_ */
-    case 1: shape[0] = n; shape[1] = 1; return 0; /* x2_ */
-    case 2: shape[0] = n; shape[1] = 1; return 0; /* x3_ */
-    case 3: shape[0] = n; shape[1] = 1; return 0; /* x4_ */
-    case 4: shape[0] = n; shape[1] = 1; return 0; /* x5_ */
-    case 5: shape[0] = n; shape[1] = 1; return 0; /* x6_ */
-    case 6: shape[0] = n; shape[1] = 1; return 0; /* x7_ */
-    case 7: shape[0] = n; shape[1] = 1; return 0; /* x8_ */
-    case 8: shape[0] = n; shape[1] = 1; return 0; /* y */
-    case 9: shape[0] = 1; shape[1] = 8; return 0; /* W_i */
-    case 10: shape[0] = 1; shape[1] = 8; return 0; /* W_f */
-    case 11: shape[0] = 1; shape[1] = 8; return 0; /* W_g */
-    case 12: shape[0] = 1; shape[1] = 8; return 0; /* W_o */
-    case 13: shape[0] = 8; shape[1] = 8; return 0; /* U_i */
-    case 14: shape[0] = 8; shape[1] = 8; return 0; /* U_f */
-    case 15: shape[0] = 8; shape[1] = 8; return 0; /* U_g */
-    case 16: shape[0] = 8; shape[1] = 8; return 0; /* U_o */
-    case 17: shape[0] = 1; shape[1] = 8; return 0; /* b_i */
-    case 18: shape[0] = 1; shape[1] = 8; return 0; /* b_f */
-    case 19: shape[0] = 1; shape[1] = 8; return 0; /* b_g */
-    case 20: shape[0] = 1; shape[1] = 8; return 0; /* b_o */
-    case 21: shape[0] = 8; shape[1] = 1; return 0; /* V */
-    case 22: shape[0] = 1; shape[1] = 1; return 0; /* c0 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 1}, /* x1_ */
+        {n, 1}, /* x2_ */
+        {n, 1}, /* x3_ */
+        {n, 1}, /* x4_ */
+        {n, 1}, /* x5_ */
+        {n, 1}, /* x6_ */
+        {n, 1}, /* x7_ */
+        {n, 1}, /* x8_ */
+        {n, 1}, /* y */
+        {1, 8}, /* W_i */
+        {1, 8}, /* W_f */
+        {1, 8}, /* W_g */
+        {1, 8}, /* W_o */
+        {8, 8}, /* U_i */
+        {8, 8}, /* U_f */
+        {8, 8}, /* U_g */
+        {8, 8}, /* U_o */
+        {1, 8}, /* b_i */
+        {1, 8}, /* b_f */
+        {1, 8}, /* b_g */
+        {1, 8}, /* b_o */
+        {8, 1}, /* V */
+        {1, 1}, /* c0 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int lstm_sequence_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -2692,25 +3574,29 @@ int lstm_sequence_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64
     if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 1; shape[1] = 8; return 0; /* grad_W_i */
-    case 2: shape[0] = 1; shape[1] = 8; return 0; /* grad_W_f */
-    case 3: shape[0] = 1; shape[1] = 8; return 0; /* grad_W_g */
-    case 4: shape[0] = 1; shape[1] = 8; return 0; /* grad_W_o */
-    case 5: shape[0] = 8; shape[1] = 8; return 0; /* grad_U_i */
-    case 6: shape[0] = 8; shape[1] = 8; return 0; /* grad_U_f */
-    case 7: shape[0] = 8; shape[1] = 8; return 0; /* grad_U_g */
-    case 8: shape[0] = 8; shape[1] = 8; return 0; /* grad_U_o */
-    case 9: shape[0] = 1; shape[1] = 8; return 0; /* grad_b_i */
-    case 10: shape[0] = 1; shape[1] = 8; return 0; /* grad_b_f */
-    case 11: shape[0] = 1; shape[1] = 8; return 0; /* grad_b_g */
-    case 12: shape[0] = 1; shape[1] = 8; return 0; /* grad_b_o */
-    case 13: shape[0] = 8; shape[1] = 1; return 0; /* grad_V */
-    case 14: shape[0] = 1; shape[1] = 1; return 0; /* grad_c0 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {1, 8}, /* grad_W_i */
+        {1, 8}, /* grad_W_f */
+        {1, 8}, /* grad_W_g */
+        {1, 8}, /* grad_W_o */
+        {8, 8}, /* grad_U_i */
+        {8, 8}, /* grad_U_f */
+        {8, 8}, /* grad_U_g */
+        {8, 8}, /* grad_U_o */
+        {1, 8}, /* grad_b_i */
+        {1, 8}, /* grad_b_f */
+        {1, 8}, /* grad_b_g */
+        {1, 8}, /* grad_b_o */
+        {8, 1}, /* grad_V */
+        {1, 1}, /* grad_c0 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t lstm_sequence_value_and_grad_call_work_len(const int64_t *dims)
@@ -2737,24 +3623,46 @@ int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in
         }
     }
     return lstm_sequence_value_and_grad(
-        dims[0], (const LSTM_SEQUENCE_REAL *)in[0], (const LSTM_SEQUENCE_REAL *)in[1],
-        (const LSTM_SEQUENCE_REAL *)in[2], (const LSTM_SEQUENCE_REAL *)in[3],
-        (const LSTM_SEQUENCE_REAL *)in[4], (const LSTM_SEQUENCE_REAL *)in[5],
-        (const LSTM_SEQUENCE_REAL *)in[6], (const LSTM_SEQUENCE_REAL *)in[7],
-        (const LSTM_SEQUENCE_REAL *)in[8], (const LSTM_SEQUENCE_REAL *)in[9],
-        (const LSTM_SEQUENCE_REAL *)in[10], (const LSTM_SEQUENCE_REAL *)in[11],
-        (const LSTM_SEQUENCE_REAL *)in[12], (const LSTM_SEQUENCE_REAL *)in[13],
-        (const LSTM_SEQUENCE_REAL *)in[14], (const LSTM_SEQUENCE_REAL *)in[15],
-        (const LSTM_SEQUENCE_REAL *)in[16], (const LSTM_SEQUENCE_REAL *)in[17],
-        (const LSTM_SEQUENCE_REAL *)in[18], (const LSTM_SEQUENCE_REAL *)in[19],
-        (const LSTM_SEQUENCE_REAL *)in[20], (const LSTM_SEQUENCE_REAL *)in[21],
-        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL
-                *)out[1],
-        (LSTM_SEQUENCE_REAL *)out[2], (LSTM_SEQUENCE_REAL *)out[3], (LSTM_SEQUENCE_REAL *)out[4],
-        (LSTM_SEQUENCE_REAL *)out[5], (LSTM_SEQUENCE_REAL *)out[6], (LSTM_SEQUENCE_REAL *)out[7],
-        (LSTM_SEQUENCE_REAL *)out[8], (LSTM_SEQUENCE_REAL *)out[9], (LSTM_SEQUENCE_REAL *)out[10],
-        (LSTM_SEQUENCE_REAL *)out[11], (LSTM_SEQUENCE_REAL *)out[12], (LSTM_SEQUENCE_REAL *)out[13],
-        (LSTM_SEQUENCE_REAL *)out[14], work
+        dims[0],
+        (const LSTM_SEQUENCE_REAL *)in[0],
+        (const LSTM_SEQUENCE_REAL *)in[1],
+        (const LSTM_SEQUENCE_REAL *)in[2],
+        (const LSTM_SEQUENCE_REAL *)in[3],
+        (const LSTM_SEQUENCE_REAL *)in[4],
+        (const LSTM_SEQUENCE_REAL *)in[5],
+        (const LSTM_SEQUENCE_REAL *)in[6],
+        (const LSTM_SEQUENCE_REAL *)in[7],
+        (const LSTM_SEQUENCE_REAL *)in[8],
+        (const LSTM_SEQUENCE_REAL *)in[9],
+        (const LSTM_SEQUENCE_REAL *)in[10],
+        (const LSTM_SEQUENCE_REAL *)in[11],
+        (const LSTM_SEQUENCE_REAL *)in[12],
+        (const LSTM_SEQUENCE_REAL *)in[13],
+        (const LSTM_SEQUENCE_REAL *)in[14],
+        (const LSTM_SEQUENCE_REAL *)in[15],
+        (const LSTM_SEQUENCE_REAL *)in[16],
+        (const LSTM_SEQUENCE_REAL *)in[17],
+        (const LSTM_SEQUENCE_REAL *)in[18],
+        (const LSTM_SEQUENCE_REAL *)in[19],
+        (const LSTM_SEQUENCE_REAL *)in[20],
+        (const LSTM_SEQUENCE_REAL *)in[21],
+        (const LSTM_SEQUENCE_REAL *)in[22],
+        (LSTM_SEQUENCE_REAL *)out[0],
+        (LSTM_SEQUENCE_REAL *)out[1],
+        (LSTM_SEQUENCE_REAL *)out[2],
+        (LSTM_SEQUENCE_REAL *)out[3],
+        (LSTM_SEQUENCE_REAL *)out[4],
+        (LSTM_SEQUENCE_REAL *)out[5],
+        (LSTM_SEQUENCE_REAL *)out[6],
+        (LSTM_SEQUENCE_REAL *)out[7],
+        (LSTM_SEQUENCE_REAL *)out[8],
+        (LSTM_SEQUENCE_REAL *)out[9],
+        (LSTM_SEQUENCE_REAL *)out[10],
+        (LSTM_SEQUENCE_REAL *)out[11],
+        (LSTM_SEQUENCE_REAL *)out[12],
+        (LSTM_SEQUENCE_REAL *)out[13],
+        (LSTM_SEQUENCE_REAL *)out[14],
+        work
     );
 }
 #endif

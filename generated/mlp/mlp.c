@@ -20,6 +20,54 @@ SYMBACKPROP_HELPER int64_t mlp_run_size(int64_t n)
     return symbackprop_size_add(59, symbackprop_size_mul(35, n));
 }
 
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void mlp_sigmoid_nx4_loop(int64_t n, MLP_REAL *SYMBACKPROP_RESTRICT a0, const MLP_REAL
+        *SYMBACKPROP_RESTRICT a1, const MLP_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 4; ++j) {
+            a0[4*i + j] = (((a1[4*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[4*i + j] + a2[j]))) /
+                    (1.0 + exp(-fabs(a1[4*i + j] + a2[j]))));
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void mlp_Y_nx2_loop(
+    int64_t n,
+    MLP_REAL *SYMBACKPROP_RESTRICT a0,
+    MLP_REAL *SYMBACKPROP_RESTRICT a1,
+    const MLP_REAL *SYMBACKPROP_RESTRICT a2,
+    MLP_REAL *SYMBACKPROP_RESTRICT a3,
+    const MLP_REAL *SYMBACKPROP_RESTRICT a4,
+    const MLP_REAL *SYMBACKPROP_RESTRICT a5
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 2; ++j) {
+            const MLP_REAL x0 = a4[2*i + j] + a5[j];
+            a0[2*i + j] = x0;
+            a1[2*i + j] = pow(-a2[2*i + j] + x0, 2);
+            a3[2*i + j] = (1.0/2.0)*(2*a4[2*i + j] + 2*a5[j] - 2*a2[2*i + j])/((MLP_REAL)n);
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void mlp_grad_sigmoid_nx4_loop(int64_t n, MLP_REAL *SYMBACKPROP_RESTRICT a0, const MLP_REAL
+        *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 4; ++j) {
+            a0[4*i + j] = a1[4*i + j]*a0[4*i + j]*(1 - a1[4*i + j]);
+        }
+    }
+}
+
 static size_t mlp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
@@ -71,13 +119,7 @@ static int mlp_run(
     symbackprop_f64_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, mm_W1);
 
     /* sigmoid_W1 = sigmoid(b1 + mm_W1) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 4; ++j) {
-            sigmoid_W1[4*i + j] = (((mm_W1[4*i + j] + b1[j]) >= 0 ? 1.0 : exp(-fabs(mm_W1[4*i + j] +
-                    b1[j]))) / (1.0 + exp(-fabs(mm_W1[4*i + j] + b1[j]))));
-        }
-    }
+    mlp_sigmoid_nx4_loop(n, sigmoid_W1, mm_W1, b1);
 
     /* mm_W2 = sigmoid_W1 @ W2 */
     symbackprop_f64_matmul(n, 2, 4, sigmoid_W1, 4, 1, W2, 2, 1, mm_W2);
@@ -85,16 +127,7 @@ static int mlp_run(
     /* Y = b2 + mm_W2 */
     /* sq_Y = (-T + b2 + mm_W2)**2 */
     /* grad_add_Y = (-2*T + 2*b2 + 2*mm_W2)/(2*n) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-            const MLP_REAL x0 = mm_W2[2*i + j] + b2[j];
-            Y[2*i + j] = x0;
-            sq_Y[2*i + j] = pow(-T[2*i + j] + x0, 2);
-            grad_add_Y[2*i + j] = (1.0/2.0)*(2*mm_W2[2*i + j] + 2*b2[j] -
-                    2*T[2*i + j])/((MLP_REAL)n);
-        }
-    }
+    mlp_Y_nx2_loop(n, Y, sq_Y, T, grad_add_Y, mm_W2, b2);
 
     /* colsum_Y = sum of sq_Y down each column */
     symbackprop_f64_sum_columns(sq_Y, n, 2, 2, colsum_Y);
@@ -118,13 +151,7 @@ static int mlp_run(
     symbackprop_f64_matmul(n, 4, 2, grad_add_Y, 2, 1, W2, 1, 2, grad_sigmoid_W1);
 
     /* grad_sigmoid_W1 = grad_sigmoid_W1*sigmoid_W1*(1 - sigmoid_W1) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 4; ++j) {
-            grad_sigmoid_W1[4*i + j] = sigmoid_W1[4*i + j]*grad_sigmoid_W1[4*i + j]*(1 -
-                    sigmoid_W1[4*i + j]);
-        }
-    }
+    mlp_grad_sigmoid_nx4_loop(n, grad_sigmoid_W1, sigmoid_W1);
 
     /* grad_W1 = X^T @ grad_sigmoid_W1 */
     symbackprop_f64_matmul(3, 4, n, X, 1, 3, grad_sigmoid_W1, 4, 1, grad_W1);
@@ -208,8 +235,23 @@ int mlp_value_and_grad(
     if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1,
-            grad_W2, grad_b2, work, 1);
+    return mlp_run(
+        n,
+        X,
+        T,
+        W1,
+        b1,
+        W2,
+        b2,
+        loss,
+        work + mlp_run_work_len(n, 1),
+        grad_W1,
+        grad_b1,
+        grad_W2,
+        grad_b2,
+        work,
+        1
+    );
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see mlp.h) --- */
@@ -222,7 +264,7 @@ int mlp_n_dims(void)
 const char *mlp_name_dim(int64_t i)
 {
     static const char *const names[] = {"n"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -256,13 +298,13 @@ const char *mlp_forward_name_in(int64_t i)
         "W2",
         "b2",
     };
-    return i >= 0 && i < 6 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *mlp_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "Y"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int mlp_forward_kind_in(int64_t i)
@@ -279,16 +321,20 @@ int mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 3; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 2; return 0; /* T */
-    case 2: shape[0] = 3; shape[1] = 4; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 4; return 0; /* b1 */
-    case 4: shape[0] = 4; shape[1] = 2; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 2; return 0; /* b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 3}, /* X */
+        {n, 2}, /* T */
+        {3, 4}, /* W1 */
+        {1, 4}, /* b1 */
+        {4, 2}, /* W2 */
+        {1, 2}, /* b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -300,12 +346,16 @@ int mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = n; shape[1] = 2; return 0; /* Y */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {n, 2}, /* Y */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t mlp_forward_call_work_len(const int64_t *dims)
@@ -331,10 +381,16 @@ int mlp_forward_call(const int64_t *dims, const void *const *in, void *const *ou
         }
     }
     return mlp_forward(
-        dims[0], (const MLP_REAL *)in[0], (const MLP_REAL *)in[1], (const MLP_REAL *)in[2],
-        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL
-                *)out[0],
-        (MLP_REAL *)out[1], work
+        dims[0],
+        (const MLP_REAL *)in[0],
+        (const MLP_REAL *)in[1],
+        (const MLP_REAL *)in[2],
+        (const MLP_REAL *)in[3],
+        (const MLP_REAL *)in[4],
+        (const MLP_REAL *)in[5],
+        (MLP_REAL *)out[0],
+        (MLP_REAL *)out[1],
+        work
     );
 }
 
@@ -368,7 +424,7 @@ const char *mlp_value_and_grad_name_in(int64_t i)
         "W2",
         "b2",
     };
-    return i >= 0 && i < 6 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *mlp_value_and_grad_name_out(int64_t i)
@@ -380,7 +436,7 @@ const char *mlp_value_and_grad_name_out(int64_t i)
         "grad_W2",
         "grad_b2",
     };
-    return i >= 0 && i < 5 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int mlp_value_and_grad_kind_in(int64_t i)
@@ -397,16 +453,20 @@ int mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]
     if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 3; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 2; return 0; /* T */
-    case 2: shape[0] = 3; shape[1] = 4; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 4; return 0; /* b1 */
-    case 4: shape[0] = 4; shape[1] = 2; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 2; return 0; /* b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 3}, /* X */
+        {n, 2}, /* T */
+        {3, 4}, /* W1 */
+        {1, 4}, /* b1 */
+        {4, 2}, /* W2 */
+        {1, 2}, /* b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -418,15 +478,19 @@ int mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 3; shape[1] = 4; return 0; /* grad_W1 */
-    case 2: shape[0] = 1; shape[1] = 4; return 0; /* grad_b1 */
-    case 3: shape[0] = 4; shape[1] = 2; return 0; /* grad_W2 */
-    case 4: shape[0] = 1; shape[1] = 2; return 0; /* grad_b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {3, 4}, /* grad_W1 */
+        {1, 4}, /* grad_b1 */
+        {4, 2}, /* grad_W2 */
+        {1, 2}, /* grad_b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t mlp_value_and_grad_call_work_len(const int64_t *dims)
@@ -453,9 +517,18 @@ int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *co
         }
     }
     return mlp_value_and_grad(
-        dims[0], (const MLP_REAL *)in[0], (const MLP_REAL *)in[1], (const MLP_REAL *)in[2],
-        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL
-                *)out[0],
-        (MLP_REAL *)out[1], (MLP_REAL *)out[2], (MLP_REAL *)out[3], (MLP_REAL *)out[4], work
+        dims[0],
+        (const MLP_REAL *)in[0],
+        (const MLP_REAL *)in[1],
+        (const MLP_REAL *)in[2],
+        (const MLP_REAL *)in[3],
+        (const MLP_REAL *)in[4],
+        (const MLP_REAL *)in[5],
+        (MLP_REAL *)out[0],
+        (MLP_REAL *)out[1],
+        (MLP_REAL *)out[2],
+        (MLP_REAL *)out[3],
+        (MLP_REAL *)out[4],
+        work
     );
 }

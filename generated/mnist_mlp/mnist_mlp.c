@@ -80,8 +80,15 @@ static int mnist_mlp_run(
     /* log_softmax_axis_logits = log_softmax of logits along each row: (its entries - their
      * max) - log(sum(exp(that))) */
     for (int64_t i = 0; i < 128; ++i) {
-        symbackprop_f64_log_softmax_axis(logits + 10*i, 10, 1, softmax_axis_logits + 10*i, 1,
-                log_softmax_axis_logits + 10*i, 1);
+        symbackprop_f64_log_softmax_axis(
+            logits + 10*i,
+            10,
+            1,
+            softmax_axis_logits + 10*i,
+            1,
+            log_softmax_axis_logits + 10*i,
+            1
+        );
     }
 
     /* mul_T = T*log_softmax_axis_logits */
@@ -111,8 +118,7 @@ static int mnist_mlp_run(
 
     /* the gradient's buffers in work */
     MNIST_MLP_REAL *rowsum_T_2 = rowsum_T + 1; /* 128 x 1 */
-    MNIST_MLP_REAL *grad_logits = log_softmax_axis_logits; /* 128 x 10, in log_softmax_axis_logits's
-            memory */
+    MNIST_MLP_REAL *grad_logits = mul_T; /* 128 x 10, in mul_T's memory */
     MNIST_MLP_REAL *grad_tanh_W1 = mm_W1; /* 128 x 256, in mm_W1's memory */
 
     /* rowsum_T_2 = sum of grad_log_softmax_axis_logits along each row */
@@ -198,8 +204,22 @@ int mnist_mlp_value_and_grad(
     MNIST_MLP_REAL *work
 )
 {
-    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1,
-            grad_b1, grad_W2, grad_b2, work, 1);
+    return mnist_mlp_run(
+        X,
+        T,
+        W1,
+        b1,
+        W2,
+        b2,
+        loss,
+        work + mnist_mlp_run_work_len(1),
+        grad_W1,
+        grad_b1,
+        grad_W2,
+        grad_b2,
+        work,
+        1
+    );
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see mnist_mlp.h) --- */
@@ -246,13 +266,13 @@ const char *mnist_mlp_forward_name_in(int64_t i)
         "W2",
         "b2",
     };
-    return i >= 0 && i < 6 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *mnist_mlp_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "logits"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int mnist_mlp_forward_kind_in(int64_t i)
@@ -263,27 +283,35 @@ int mnist_mlp_forward_kind_in(int64_t i)
 int mnist_mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 128; shape[1] = 784; return 0; /* X */
-    case 1: shape[0] = 128; shape[1] = 10; return 0; /* T */
-    case 2: shape[0] = 784; shape[1] = 256; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 256; return 0; /* b1 */
-    case 4: shape[0] = 256; shape[1] = 10; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {128, 784}, /* X */
+        {128, 10}, /* T */
+        {784, 256}, /* W1 */
+        {1, 256}, /* b1 */
+        {256, 10}, /* W2 */
+        {1, 10}, /* b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int mnist_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 128; shape[1] = 10; return 0; /* logits */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {128, 10}, /* logits */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t mnist_mlp_forward_call_work_len(const int64_t *dims)
@@ -310,9 +338,15 @@ int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *con
         }
     }
     return mnist_mlp_forward(
-        (const MNIST_MLP_REAL *)in[0], (const MNIST_MLP_REAL *)in[1], (const MNIST_MLP_REAL *)in[2],
-        (const MNIST_MLP_REAL *)in[3], (const MNIST_MLP_REAL *)in[4], (const MNIST_MLP_REAL *)in[5],
-        (MNIST_MLP_REAL *)out[0], (MNIST_MLP_REAL *)out[1], work
+        (const MNIST_MLP_REAL *)in[0],
+        (const MNIST_MLP_REAL *)in[1],
+        (const MNIST_MLP_REAL *)in[2],
+        (const MNIST_MLP_REAL *)in[3],
+        (const MNIST_MLP_REAL *)in[4],
+        (const MNIST_MLP_REAL *)in[5],
+        (MNIST_MLP_REAL *)out[0],
+        (MNIST_MLP_REAL *)out[1],
+        work
     );
 }
 
@@ -346,7 +380,7 @@ const char *mnist_mlp_value_and_grad_name_in(int64_t i)
         "W2",
         "b2",
     };
-    return i >= 0 && i < 6 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *mnist_mlp_value_and_grad_name_out(int64_t i)
@@ -358,7 +392,7 @@ const char *mnist_mlp_value_and_grad_name_out(int64_t i)
         "grad_W2",
         "grad_b2",
     };
-    return i >= 0 && i < 5 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int mnist_mlp_value_and_grad_kind_in(int64_t i)
@@ -369,30 +403,38 @@ int mnist_mlp_value_and_grad_kind_in(int64_t i)
 int mnist_mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 128; shape[1] = 784; return 0; /* X */
-    case 1: shape[0] = 128; shape[1] = 10; return 0; /* T */
-    case 2: shape[0] = 784; shape[1] = 256; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 256; return 0; /* b1 */
-    case 4: shape[0] = 256; shape[1] = 10; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {128, 784}, /* X */
+        {128, 10}, /* T */
+        {784, 256}, /* W1 */
+        {1, 256}, /* b1 */
+        {256, 10}, /* W2 */
+        {1, 10}, /* b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int mnist_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 784; shape[1] = 256; return 0; /* grad_W1 */
-    case 2: shape[0] = 1; shape[1] = 256; return 0; /* grad_b1 */
-    case 3: shape[0] = 256; shape[1] = 10; return 0; /* grad_W2 */
-    case 4: shape[0] = 1; shape[1] = 10; return 0; /* grad_b2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {784, 256}, /* grad_W1 */
+        {1, 256}, /* grad_b1 */
+        {256, 10}, /* grad_W2 */
+        {1, 10}, /* grad_b2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t mnist_mlp_value_and_grad_call_work_len(const int64_t *dims)
@@ -420,9 +462,17 @@ int mnist_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, vo
         }
     }
     return mnist_mlp_value_and_grad(
-        (const MNIST_MLP_REAL *)in[0], (const MNIST_MLP_REAL *)in[1], (const MNIST_MLP_REAL *)in[2],
-        (const MNIST_MLP_REAL *)in[3], (const MNIST_MLP_REAL *)in[4], (const MNIST_MLP_REAL *)in[5],
-        (MNIST_MLP_REAL *)out[0], (MNIST_MLP_REAL *)out[1], (MNIST_MLP_REAL *)out[2],
-        (MNIST_MLP_REAL *)out[3], (MNIST_MLP_REAL *)out[4], work
+        (const MNIST_MLP_REAL *)in[0],
+        (const MNIST_MLP_REAL *)in[1],
+        (const MNIST_MLP_REAL *)in[2],
+        (const MNIST_MLP_REAL *)in[3],
+        (const MNIST_MLP_REAL *)in[4],
+        (const MNIST_MLP_REAL *)in[5],
+        (MNIST_MLP_REAL *)out[0],
+        (MNIST_MLP_REAL *)out[1],
+        (MNIST_MLP_REAL *)out[2],
+        (MNIST_MLP_REAL *)out[3],
+        (MNIST_MLP_REAL *)out[4],
+        work
     );
 }

@@ -36,11 +36,11 @@ SYMBACKPROP_HELPER int64_t pinn_poisson_value_and_grad_size(int64_t n)
     return symbackprop_size_add(2069, symbackprop_size_mul(839, n));
 }
 
-/* Its 4 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_tanh_loop(
+void pinn_poisson_tanh_nx16_loop_b06e(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -50,7 +50,62 @@ void pinn_poisson_tanh_loop(
     const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
 );
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_grad_add_loop(
+void pinn_poisson_mul_nx16_loop_e517(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_mul_nx16_loop_8048(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_sq_n_loop_598e(int64_t n, PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0, const
+        PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1, const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT
+        a2);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_u_n_loop(int64_t n, const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+        PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1, const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT
+        a2);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_tanh_nx16_loop_6f56(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_add_nx16_loop_4b7a(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_mul_nx16_loop_935e(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_mul_nx16_loop_0ef2(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -60,9 +115,71 @@ void pinn_poisson_grad_add_loop(
     const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
     const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6
 );
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_add_nx16_loop_b066(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_sq_n_loop_40f7(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_grad_add_nx16_loop_9a4f(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_grad_add_nx16_loop_dde8(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a7,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a8,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a9,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a10,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a11
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_grad_add_nx16_loop_91fc(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a7,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a8,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a9,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a10,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a11,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a12
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_tanh_loop(
+void pinn_poisson_tanh_nx16_loop_b06e(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -84,7 +201,184 @@ void pinn_poisson_tanh_loop(
     }
 }
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_grad_add_loop(
+void pinn_poisson_mul_nx16_loop_e517(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            a0[16*i + j] = -2*a1[16*i + j]*a2[j]*a3[16*i + j]*a4[16*i + j];
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_mul_nx16_loop_8048(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            a0[16*i + j] = a1[16*i + j]*(-2*a2[j]*a3[16*i + j]*a4[16*i + j] + a5[16*i + j]);
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_sq_n_loop_598e(int64_t n, PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0, const
+        PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1, const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT
+        a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        a0[i] = pow(a1[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*a2[i]), 2);
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_u_n_loop(int64_t n, const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+        PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1, const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT
+        a2)
+{
+    {
+        const PINN_POISSON_REAL b3_value = a0[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < n; ++i) {
+            a1[i] = a2[i] + b3_value;
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_tanh_nx16_loop_6f56(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            const PINN_POISSON_REAL x0 = tanh(a3[16*i + j] + a4[j]);
+            a0[16*i + j] = x0;
+            a1[16*i + j] = -2*x0;
+            a2[16*i + j] = 1 - (x0*x0);
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_add_nx16_loop_4b7a(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            const PINN_POISSON_REAL x0 = tanh(a4[16*i + j] + a5[j]);
+            const PINN_POISSON_REAL x1 = 1 - (x0*x0);
+            a0[16*i + j] = x1;
+            a1[16*i + j] = a2[j]*x1;
+            a3[16*i + j] = -2*x0;
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_mul_nx16_loop_935e(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            a0[16*i + j] = a1[j]*a2[16*i + j];
+            a3[16*i + j] = a1[j]*a4[16*i + j];
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_mul_nx16_loop_0ef2(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            const PINN_POISSON_REAL x0 = a4[16*i + j]*a5[j];
+            const PINN_POISSON_REAL x1 = a6[16*i + j]*x0;
+            a0[16*i + j] = x0;
+            a1[16*i + j] = x1;
+            a2[16*i + j] = a3[16*i + j]*x1;
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_add_nx16_loop_b066(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            const PINN_POISSON_REAL x0 = a3[16*i + j]*a4[16*i + j] + a5[16*i + j];
+            a0[16*i + j] = x0;
+            a1[16*i + j] = a2[16*i + j]*x0;
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_sq_n_loop_40f7(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        const PINN_POISSON_REAL x0 = pow(3.1415926535897932, 2)*sin(3.1415926535897932*a3[i]);
+        a0[i] = pow(a1[i] + x0, 2);
+        a2[i] = (2*a1[i] + 2*x0)/((PINN_POISSON_REAL)n);
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_grad_add_nx16_loop_9a4f(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -103,6 +397,59 @@ void pinn_poisson_grad_add_loop(
             a0[16*i + j] = x0;
             a1[16*i + j] = x1;
             a2[16*i + j] = a3[j]*x1;
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_grad_add_nx16_loop_dde8(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a7,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a8,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a9,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a10,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a11
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            a0[16*i + j] = a1[16*i + j]*(-2*a2[16*i + j]*a3[16*i + j] +
+                    a4[16*i + j]*(a5[16*i + j]*a6[16*i + j] + a7[16*i + j]*a8[j]));
+            a9[16*i + j] = a7[16*i + j]*a1[16*i + j] + a10[16*i + j]*a11[16*i + j];
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_grad_add_nx16_loop_91fc(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a7,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a8,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a9,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a10,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a11,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a12
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            a0[16*i + j] = a1[16*i + j]*(a2[16*i + j]*(a3[16*i + j]*a4[16*i + j] +
+                    a5[16*i + j]*a6[j]) - 2*a7[16*i + j]*a8[16*i + j] + a9[16*i + j]);
+            a10[16*i + j] = a11[16*i + j]*a12[16*i + j] + a5[16*i + j]*a1[16*i + j];
         }
     }
 }
@@ -165,12 +512,12 @@ int pinn_poisson_forward(
     PINN_POISSON_REAL *mm_W2_3 = mm_W2_2; /* n x 16, in mm_W2_2's memory */
     PINN_POISSON_REAL *mm_W2_4 = mul_W3; /* n x 16, in mul_W3's memory */
     PINN_POISSON_REAL *mul_W2 = mul_W1; /* n x 16, in mul_W1's memory */
-    PINN_POISSON_REAL *mm_W2_5 = add_W2; /* n x 16, in add_W2's memory */
-    PINN_POISSON_REAL *mul_W2_2 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
+    PINN_POISSON_REAL *mm_W2_5 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
+    PINN_POISSON_REAL *mul_W2_2 = mul_W2; /* n x 16, in mul_W2's memory */
     PINN_POISSON_REAL *d2u = mul_W3 + 16*n; /* n x 1 */
     PINN_POISSON_REAL *sq_d2u = d2u + n; /* n x 1 */
     PINN_POISSON_REAL *colsum_d2u = sq_d2u + n; /* 1 x 1 */
-    PINN_POISSON_REAL *mm_W3_2 = d2u; /* n x 1, in d2u's memory */
+    PINN_POISSON_REAL *mm_W3_2 = sq_d2u; /* n x 1, in sq_d2u's memory */
 
     /* mm_W1 = xb @ W1 */
     for (int64_t i = 0; i < 2; ++i) {
@@ -242,7 +589,7 @@ int pinn_poisson_forward(
     /* tanh_W1_2 = tanh(b1 + mm_W1_2) */
     /* add_W1 = 1 - tanh(b1 + mm_W1_2)**2 */
     /* mul_W1 = W1*(1 - tanh(b1 + mm_W1_2)**2) */
-    pinn_poisson_tanh_loop(n, tanh_W1_2, add_W1, mul_W1, W1, mm_W1_2, b1);
+    pinn_poisson_tanh_nx16_loop_b06e(n, tanh_W1_2, add_W1, mul_W1, W1, mm_W1_2, b1);
 
     /* mm_W2_2 = tanh_W1_2 @ W2 */
     symbackprop_f64_matmul(n, 16, 16, tanh_W1_2, 16, 1, W2, 16, 1, mm_W2_2);
@@ -250,7 +597,7 @@ int pinn_poisson_forward(
     /* tanh_W2_2 = tanh(b2 + mm_W2_2) */
     /* add_W2 = 1 - tanh(b2 + mm_W2_2)**2 */
     /* mul_W3 = W3^T*(1 - tanh(b2 + mm_W2_2)**2) */
-    pinn_poisson_tanh_loop(n, tanh_W2_2, add_W2, mul_W3, W3, mm_W2_2, b2);
+    pinn_poisson_tanh_nx16_loop_b06e(n, tanh_W2_2, add_W2, mul_W3, W3, mm_W2_2, b2);
 
     /* mm_W2_3 = mul_W3 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, mul_W3, 16, 1, W2, 1, 16, mm_W2_3);
@@ -259,33 +606,19 @@ int pinn_poisson_forward(
     symbackprop_f64_matmul(n, 16, 16, mul_W1, 16, 1, W2, 16, 1, mm_W2_4);
 
     /* mul_W2 = -2*W3^T*add_W2*mm_W2_4*tanh_W2_2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            mul_W2[16*i + j] = -2*mm_W2_4[16*i + j]*W3[j]*tanh_W2_2[16*i + j]*add_W2[16*i + j];
-        }
-    }
+    pinn_poisson_mul_nx16_loop_e517(n, mul_W2, mm_W2_4, W3, tanh_W2_2, add_W2);
 
     /* mm_W2_5 = mul_W2 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, mul_W2, 16, 1, W2, 1, 16, mm_W2_5);
 
     /* mul_W2_2 = add_W1*(-2*W1*mm_W2_3*tanh_W1_2 + mm_W2_5) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            mul_W2_2[16*i + j] = add_W1[16*i + j]*(-2*W1[j]*mm_W2_3[16*i + j]*tanh_W1_2[16*i + j] +
-                    mm_W2_5[16*i + j]);
-        }
-    }
+    pinn_poisson_mul_nx16_loop_8048(n, mul_W2_2, add_W1, W1, mm_W2_3, tanh_W1_2, mm_W2_5);
 
     /* d2u = mul_W2_2 @ W1^T */
     symbackprop_f64_matmul(n, 1, 16, mul_W2_2, 16, 1, W1, 1, 0, d2u);
 
     /* sq_d2u = (d2u + pi**2*sin(pi*x))**2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        sq_d2u[i] = pow(d2u[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]), 2);
-    }
+    pinn_poisson_sq_n_loop_598e(n, sq_d2u, d2u, x);
 
     /* colsum_d2u = sum of sq_d2u down each column */
     colsum_d2u[0] = symbackprop_f64_sum(sq_d2u, n, 1);
@@ -299,13 +632,7 @@ int pinn_poisson_forward(
     symbackprop_f64_matmul(n, 1, 16, tanh_W2_2, 16, 1, W3, 1, 0, mm_W3_2);
 
     /* u = b3 + mm_W3_2 */
-    {
-        const PINN_POISSON_REAL b3_value = b3[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < n; ++i) {
-            u[i] = mm_W3_2[i] + b3_value;
-        }
-    }
+    pinn_poisson_u_n_loop(n, b3, u, mm_W3_2);
     return 0;
 }
 #endif
@@ -518,15 +845,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* tanh_W1_2 = tanh(b1 + mm_W1_2) */
     /* mul_W1_2 = -2*tanh(b1 + mm_W1_2) */
     /* add_W1 = 1 - tanh(b1 + mm_W1_2)**2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(mm_W1_2[16*i + j] + b1[j]);
-            tanh_W1_2[16*i + j] = x0;
-            mul_W1_2[16*i + j] = -2*x0;
-            add_W1[16*i + j] = 1 - (x0*x0);
-        }
-    }
+    pinn_poisson_tanh_nx16_loop_6f56(n, tanh_W1_2, mul_W1_2, add_W1, mm_W1_2, b1);
 
     /* mm_W2_2 = tanh_W1_2 @ W2 */
     symbackprop_f64_matmul(n, 16, 16, tanh_W1_2, 16, 1, W2, 16, 1, mm_W2_2);
@@ -534,29 +853,14 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* add_W2 = 1 - tanh(b2 + mm_W2_2)**2 */
     /* mul_W3 = W3^T*(1 - tanh(b2 + mm_W2_2)**2) */
     /* mul_W2_3 = -2*tanh(b2 + mm_W2_2) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(mm_W2_2[16*i + j] + b2[j]);
-            const PINN_POISSON_REAL x1 = 1 - (x0*x0);
-            add_W2[16*i + j] = x1;
-            mul_W3[16*i + j] = W3[j]*x1;
-            mul_W2_3[16*i + j] = -2*x0;
-        }
-    }
+    pinn_poisson_add_nx16_loop_4b7a(n, add_W2, mul_W3, W3, mul_W2_3, mm_W2_2, b2);
 
     /* mm_W2_3 = mul_W3 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, mul_W3, 16, 1, W2, 1, 16, mm_W2_3);
 
     /* mul_W1_3 = W1*mm_W2_3 */
     /* mul_W1 = W1*add_W1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            mul_W1_3[16*i + j] = W1[j]*mm_W2_3[16*i + j];
-            mul_W1[16*i + j] = W1[j]*add_W1[16*i + j];
-        }
-    }
+    pinn_poisson_mul_nx16_loop_935e(n, mul_W1_3, W1, mm_W2_3, mul_W1, add_W1);
 
     /* mm_W2_4 = mul_W1 @ W2 */
     symbackprop_f64_matmul(n, 16, 16, mul_W1, 16, 1, W2, 16, 1, mm_W2_4);
@@ -564,42 +868,21 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* mul_W2_4 = W3^T*mm_W2_4 */
     /* mul_W2_5 = W3^T*mm_W2_4*mul_W2_3 */
     /* mul_W2 = W3^T*add_W2*mm_W2_4*mul_W2_3 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = mm_W2_4[16*i + j]*W3[j];
-            const PINN_POISSON_REAL x1 = mul_W2_3[16*i + j]*x0;
-            mul_W2_4[16*i + j] = x0;
-            mul_W2_5[16*i + j] = x1;
-            mul_W2[16*i + j] = add_W2[16*i + j]*x1;
-        }
-    }
+    pinn_poisson_mul_nx16_loop_0ef2(n, mul_W2_4, mul_W2_5, mul_W2, add_W2, mm_W2_4, W3, mul_W2_3);
 
     /* mm_W2_5 = mul_W2 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, mul_W2, 16, 1, W2, 1, 16, mm_W2_5);
 
     /* add_W2_2 = mm_W2_5 + mul_W1_2*mul_W1_3 */
     /* mul_W2_2 = add_W1*(mm_W2_5 + mul_W1_2*mul_W1_3) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = mul_W1_3[16*i + j]*mul_W1_2[16*i + j] + mm_W2_5[16*i + j];
-            add_W2_2[16*i + j] = x0;
-            mul_W2_2[16*i + j] = add_W1[16*i + j]*x0;
-        }
-    }
+    pinn_poisson_add_nx16_loop_b066(n, add_W2_2, mul_W2_2, add_W1, mul_W1_3, mul_W1_2, mm_W2_5);
 
     /* d2u = mul_W2_2 @ W1^T */
     symbackprop_f64_matmul(n, 1, 16, mul_W2_2, 16, 1, W1, 1, 0, d2u);
 
     /* sq_d2u = (d2u + pi**2*sin(pi*x))**2 */
     /* grad_add_d2u = (2*d2u + 2*pi**2*sin(pi*x))/n */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        const PINN_POISSON_REAL x0 = pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]);
-        sq_d2u[i] = pow(d2u[i] + x0, 2);
-        grad_add_d2u[i] = (2*d2u[i] + 2*x0)/((PINN_POISSON_REAL)n);
-    }
+    pinn_poisson_sq_n_loop_40f7(n, sq_d2u, d2u, grad_add_d2u, x);
 
     /* colsum_d2u = sum of sq_d2u down each column */
     colsum_d2u[0] = symbackprop_f64_sum(sq_d2u, n, 1);
@@ -618,8 +901,16 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* grad_add_W2_2 = add_W1*grad_mul_W2_2 */
     /* grad_mul_W1_3 = add_W1*grad_mul_W2_2*mul_W1_2 */
     /* grad_mm_W2_3 = W1*add_W1*grad_mul_W2_2*mul_W1_2 */
-    pinn_poisson_grad_add_loop(n, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, W1, grad_mul_W2_2,
-            add_W1, mul_W1_2);
+    pinn_poisson_grad_add_nx16_loop_9a4f(
+        n,
+        grad_add_W2_2,
+        grad_mul_W1_3,
+        grad_mm_W2_3,
+        W1,
+        grad_mul_W2_2,
+        add_W1,
+        mul_W1_2
+    );
 
     /* grad_mul_W2 = grad_add_W2_2 @ W2 */
     symbackprop_f64_matmul(n, 16, 16, grad_add_W2_2, 16, 1, W2, 16, 1, grad_mul_W2);
@@ -627,8 +918,16 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* grad_mul_W2_5 = add_W2*grad_mul_W2 */
     /* grad_mul_W2_4 = add_W2*grad_mul_W2*mul_W2_3 */
     /* grad_mm_W2_4 = W3^T*add_W2*grad_mul_W2*mul_W2_3 */
-    pinn_poisson_grad_add_loop(n, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, W3, grad_mul_W2,
-            add_W2, mul_W2_3);
+    pinn_poisson_grad_add_nx16_loop_9a4f(
+        n,
+        grad_mul_W2_5,
+        grad_mul_W2_4,
+        grad_mm_W2_4,
+        W3,
+        grad_mul_W2,
+        add_W2,
+        mul_W2_3
+    );
 
     /* grad_mul_W1 = grad_mm_W2_4 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, grad_mm_W2_4, 16, 1, W2, 1, 16, grad_mul_W1);
@@ -639,16 +938,21 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* grad_add_W2 = add_W2*(-2*grad_mul_W2_5*mul_W2_4 + mul_W2_3*(W3^T*grad_mul_W3 +
      * grad_mul_W2*mul_W2_5)) */
     /* grad_copy_W3 = add_W2*grad_mul_W3 + grad_mul_W2_4*mm_W2_4 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            grad_add_W2[16*i + j] = add_W2[16*i + j]*(-2*grad_mul_W2_5[16*i + j]*mul_W2_4[16*i + j]
-                    + mul_W2_3[16*i + j]*(grad_mul_W2[16*i + j]*mul_W2_5[16*i + j] +
-                    grad_mul_W3[16*i + j]*W3[j]));
-            grad_copy_W3[16*i + j] = grad_mul_W3[16*i + j]*add_W2[16*i + j] +
-                    grad_mul_W2_4[16*i + j]*mm_W2_4[16*i + j];
-        }
-    }
+    pinn_poisson_grad_add_nx16_loop_dde8(
+        n,
+        grad_add_W2,
+        add_W2,
+        grad_mul_W2_5,
+        mul_W2_4,
+        mul_W2_3,
+        grad_mul_W2,
+        mul_W2_5,
+        grad_mul_W3,
+        W3,
+        grad_copy_W3,
+        grad_mul_W2_4,
+        mm_W2_4
+    );
 
     /* grad_tanh_W1_2_part = grad_add_W2 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, grad_add_W2, 16, 1, W2, 1, 16, grad_tanh_W1_2_part);
@@ -656,17 +960,22 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* grad_add_W1 = add_W1*(-2*grad_add_W2_2*mul_W1_3 + grad_tanh_W1_2_part +
      * mul_W1_2*(W1*grad_mul_W1 + add_W2_2*grad_mul_W2_2)) */
     /* grad_copy_W1 = add_W1*grad_mul_W1 + grad_mul_W1_3*mm_W2_3 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            grad_add_W1[16*i + j] =
-                    add_W1[16*i + j]*(mul_W1_2[16*i + j]*(grad_mul_W2_2[16*i + j]*add_W2_2[16*i + j]
-                    + grad_mul_W1[16*i + j]*W1[j]) - 2*grad_add_W2_2[16*i + j]*mul_W1_3[16*i + j] +
-                    grad_tanh_W1_2_part[16*i + j]);
-            grad_copy_W1[16*i + j] = mm_W2_3[16*i + j]*grad_mul_W1_3[16*i + j] +
-                    grad_mul_W1[16*i + j]*add_W1[16*i + j];
-        }
-    }
+    pinn_poisson_grad_add_nx16_loop_91fc(
+        n,
+        grad_add_W1,
+        add_W1,
+        mul_W1_2,
+        grad_mul_W2_2,
+        add_W2_2,
+        grad_mul_W1,
+        W1,
+        grad_add_W2_2,
+        mul_W1_3,
+        grad_tanh_W1_2_part,
+        grad_copy_W1,
+        mm_W2_3,
+        grad_mul_W1_3
+    );
 
     /* grad_W1_part += x^T @ grad_add_W1 */
     symbackprop_f64_matmul_add(1, 16, n, x, 0, 1, grad_add_W1, 16, 1, grad_W1_part);
@@ -956,8 +1265,8 @@ int pinn_poisson_value_and_grad(
     PINN_POISSON_REAL *grad_add_d2u = sq_d2u + n; /* n x 1 */
     PINN_POISSON_REAL *colsum_d2u = grad_add_d2u + n; /* 1 x 1 */
     PINN_POISSON_REAL *grad_W1_part = colsum_d2u + 1; /* 1 x 16 */
-    PINN_POISSON_REAL *grad_mul_W2_2 = mm_W2_5; /* n x 16, in mm_W2_5's memory */
-    PINN_POISSON_REAL *grad_add_W2_2 = mul_W2_2; /* n x 16, in mul_W2_2's memory */
+    PINN_POISSON_REAL *grad_mul_W2_2 = mul_W2_2; /* n x 16, in mul_W2_2's memory */
+    PINN_POISSON_REAL *grad_add_W2_2 = mm_W2_5; /* n x 16, in mm_W2_5's memory */
     PINN_POISSON_REAL *grad_mul_W1_3 = grad_W1_part + 16; /* n x 16 */
     PINN_POISSON_REAL *grad_mm_W2_3 = grad_mul_W1_3 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *grad_mul_W2 = grad_mm_W2_3 + 16*n; /* n x 16 */
@@ -968,36 +1277,121 @@ int pinn_poisson_value_and_grad(
     PINN_POISSON_REAL *grad_mul_W3 = grad_mul_W1 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *grad_add_W2 = grad_mul_W3 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *grad_copy_W3 = grad_add_W2 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_tanh_W1_2_part = add_W2; /* n x 16, in add_W2's memory */
-    PINN_POISSON_REAL *grad_add_W1 = mul_W2_3; /* n x 16, in mul_W2_3's memory */
-    PINN_POISSON_REAL *grad_copy_W1 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
+    PINN_POISSON_REAL *grad_tanh_W1_2_part = grad_mul_W3; /* n x 16, in grad_mul_W3's memory */
+    PINN_POISSON_REAL *grad_add_W1 = grad_mul_W2_4; /* n x 16, in grad_mul_W2_4's memory */
+    PINN_POISSON_REAL *grad_copy_W1 = grad_mul_W2_5; /* n x 16, in grad_mul_W2_5's memory */
     PINN_POISSON_REAL *grad_W1_part_2 = grad_copy_W3 + 16*n; /* 1 x 16 */
     PINN_POISSON_REAL *grad_tanh_W2 = mm_W2; /* 2 x 16, in mm_W2's memory */
     PINN_POISSON_REAL *grad_add_W2_3 = grad_W1_part_2 + 16; /* 2 x 16 */
     PINN_POISSON_REAL *grad_tanh_W1 = grad_tanh_W2; /* 2 x 16, in grad_tanh_W2's memory */
     PINN_POISSON_REAL *grad_add_W1_2 = grad_add_W2_3 + 32; /* 2 x 16 */
-    PINN_POISSON_REAL *grad_b1_part = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
-    PINN_POISSON_REAL *grad_b1_part_2 = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
+    PINN_POISSON_REAL *grad_b1_part = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
+    PINN_POISSON_REAL *grad_b1_part_2 = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
     PINN_POISSON_REAL *grad_W2_part = grad_add_W1_2 + 32; /* 16 x 16 */
     PINN_POISSON_REAL *grad_transpose_W2 = grad_W2_part + 256; /* 16 x 16 */
-    PINN_POISSON_REAL *grad_b2_part = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
-    PINN_POISSON_REAL *grad_b2_part_2 = grad_b1_part_2; /* 1 x 16, in grad_b1_part_2's memory */
-    PINN_POISSON_REAL *grad_transpose_W3 = grad_b2_part; /* 1 x 16, in grad_b2_part's memory */
-    PINN_POISSON_REAL *grad_W3_part = grad_b2_part_2; /* 16 x 1, in grad_b2_part_2's memory */
+    PINN_POISSON_REAL *grad_b2_part = grad_b1_part_2; /* 1 x 16, in grad_b1_part_2's memory */
+    PINN_POISSON_REAL *grad_b2_part_2 = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
+    PINN_POISSON_REAL *grad_transpose_W3 = grad_b2_part_2; /* 1 x 16, in grad_b2_part_2's memory */
+    PINN_POISSON_REAL *grad_W3_part = grad_b2_part; /* 16 x 1, in grad_b2_part's memory */
 
-    pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, mm_W1, tanh_W1, mm_W2,
-            tanh_W2, mm_W3, sq_W3, grad_add_W3, colsum_W3, mm_W1_2, tanh_W1_2, mul_W1_2, add_W1,
-            mm_W2_2, add_W2, mul_W3, mul_W2_3, mm_W2_3, mul_W1_3, mul_W1, mm_W2_4, mul_W2_4,
-            mul_W2_5, mul_W2, mm_W2_5, add_W2_2, mul_W2_2, d2u, sq_d2u, grad_add_d2u, colsum_d2u,
-            grad_W1_part, grad_mul_W2_2, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, grad_mul_W2,
-            grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, grad_mul_W1, grad_mul_W3, grad_add_W2,
-            grad_copy_W3, grad_tanh_W1_2_part, grad_add_W1, grad_copy_W1);
-    pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3,
-            grad_b3, tanh_W1, tanh_W2, grad_add_W3, tanh_W1_2, mul_W3, mul_W1, mul_W2, grad_W1_part,
-            grad_add_W2_2, grad_mm_W2_3, grad_mm_W2_4, grad_add_W2, grad_copy_W3, grad_add_W1,
-            grad_copy_W1, grad_W1_part_2, grad_tanh_W2, grad_add_W2_3, grad_tanh_W1, grad_add_W1_2,
-            grad_b1_part, grad_b1_part_2, grad_W2_part, grad_transpose_W2, grad_b2_part,
-            grad_b2_part_2, grad_transpose_W3, grad_W3_part);
+    pinn_poisson_value_and_grad_part1(
+        n,
+        x,
+        xb,
+        W1,
+        b1,
+        W2,
+        b2,
+        W3,
+        b3,
+        loss,
+        mm_W1,
+        tanh_W1,
+        mm_W2,
+        tanh_W2,
+        mm_W3,
+        sq_W3,
+        grad_add_W3,
+        colsum_W3,
+        mm_W1_2,
+        tanh_W1_2,
+        mul_W1_2,
+        add_W1,
+        mm_W2_2,
+        add_W2,
+        mul_W3,
+        mul_W2_3,
+        mm_W2_3,
+        mul_W1_3,
+        mul_W1,
+        mm_W2_4,
+        mul_W2_4,
+        mul_W2_5,
+        mul_W2,
+        mm_W2_5,
+        add_W2_2,
+        mul_W2_2,
+        d2u,
+        sq_d2u,
+        grad_add_d2u,
+        colsum_d2u,
+        grad_W1_part,
+        grad_mul_W2_2,
+        grad_add_W2_2,
+        grad_mul_W1_3,
+        grad_mm_W2_3,
+        grad_mul_W2,
+        grad_mul_W2_5,
+        grad_mul_W2_4,
+        grad_mm_W2_4,
+        grad_mul_W1,
+        grad_mul_W3,
+        grad_add_W2,
+        grad_copy_W3,
+        grad_tanh_W1_2_part,
+        grad_add_W1,
+        grad_copy_W1
+    );
+    pinn_poisson_value_and_grad_part2(
+        n,
+        xb,
+        W2,
+        W3,
+        grad_W1,
+        grad_b1,
+        grad_W2,
+        grad_b2,
+        grad_W3,
+        grad_b3,
+        tanh_W1,
+        tanh_W2,
+        grad_add_W3,
+        tanh_W1_2,
+        mul_W3,
+        mul_W1,
+        mul_W2,
+        grad_W1_part,
+        grad_add_W2_2,
+        grad_mm_W2_3,
+        grad_mm_W2_4,
+        grad_add_W2,
+        grad_copy_W3,
+        grad_add_W1,
+        grad_copy_W1,
+        grad_W1_part_2,
+        grad_tanh_W2,
+        grad_add_W2_3,
+        grad_tanh_W1,
+        grad_add_W1_2,
+        grad_b1_part,
+        grad_b1_part_2,
+        grad_W2_part,
+        grad_transpose_W2,
+        grad_b2_part,
+        grad_b2_part_2,
+        grad_transpose_W3,
+        grad_W3_part
+    );
     return 0;
 }
 #endif
@@ -1014,7 +1408,7 @@ int pinn_poisson_n_dims(void)
 const char *pinn_poisson_name_dim(int64_t i)
 {
     static const char *const names[] = {"n"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -1050,13 +1444,13 @@ const char *pinn_poisson_forward_name_in(int64_t i)
         "W3",
         "b3",
     };
-    return i >= 0 && i < 8 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *pinn_poisson_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "u"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int pinn_poisson_forward_kind_in(int64_t i)
@@ -1073,18 +1467,22 @@ int pinn_poisson_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[
     if (pinn_poisson_forward_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 1; return 0; /* x */
-    case 1: shape[0] = 2; shape[1] = 1; return 0; /* xb */
-    case 2: shape[0] = 1; shape[1] = 16; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 16; return 0; /* b1 */
-    case 4: shape[0] = 16; shape[1] = 16; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 16; return 0; /* b2 */
-    case 6: shape[0] = 16; shape[1] = 1; return 0; /* W3 */
-    case 7: shape[0] = 1; shape[1] = 1; return 0; /* b3 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 1}, /* x */
+        {2, 1}, /* xb */
+        {1, 16}, /* W1 */
+        {1, 16}, /* b1 */
+        {16, 16}, /* W2 */
+        {1, 16}, /* b2 */
+        {16, 1}, /* W3 */
+        {1, 1}, /* b3 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int pinn_poisson_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1096,12 +1494,16 @@ int pinn_poisson_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape
     if (pinn_poisson_forward_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = n; shape[1] = 1; return 0; /* u */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {n, 1}, /* u */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t pinn_poisson_forward_call_work_len(const int64_t *dims)
@@ -1128,12 +1530,18 @@ int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *
         }
     }
     return pinn_poisson_forward(
-        dims[0], (const PINN_POISSON_REAL *)in[0], (const PINN_POISSON_REAL *)in[1],
-        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL
-                *)in[4],
-        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL
-                *)in[7],
-        (PINN_POISSON_REAL *)out[0], (PINN_POISSON_REAL *)out[1], work
+        dims[0],
+        (const PINN_POISSON_REAL *)in[0],
+        (const PINN_POISSON_REAL *)in[1],
+        (const PINN_POISSON_REAL *)in[2],
+        (const PINN_POISSON_REAL *)in[3],
+        (const PINN_POISSON_REAL *)in[4],
+        (const PINN_POISSON_REAL *)in[5],
+        (const PINN_POISSON_REAL *)in[6],
+        (const PINN_POISSON_REAL *)in[7],
+        (PINN_POISSON_REAL *)out[0],
+        (PINN_POISSON_REAL *)out[1],
+        work
     );
 }
 
@@ -1169,7 +1577,7 @@ const char *pinn_poisson_value_and_grad_name_in(int64_t i)
         "W3",
         "b3",
     };
-    return i >= 0 && i < 8 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *pinn_poisson_value_and_grad_name_out(int64_t i)
@@ -1183,7 +1591,7 @@ const char *pinn_poisson_value_and_grad_name_out(int64_t i)
         "grad_W3",
         "grad_b3",
     };
-    return i >= 0 && i < 7 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int pinn_poisson_value_and_grad_kind_in(int64_t i)
@@ -1200,18 +1608,22 @@ int pinn_poisson_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t
     if (pinn_poisson_value_and_grad_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 1; return 0; /* x */
-    case 1: shape[0] = 2; shape[1] = 1; return 0; /* xb */
-    case 2: shape[0] = 1; shape[1] = 16; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 16; return 0; /* b1 */
-    case 4: shape[0] = 16; shape[1] = 16; return 0; /* W2 */
-    case 5: shape[0] = 1; shape[1] = 16; return 0; /* b2 */
-    case 6: shape[0] = 16; shape[1] = 1; return 0; /* W3 */
-    case 7: shape[0] = 1; shape[1] = 1; return 0; /* b3 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 1}, /* x */
+        {2, 1}, /* xb */
+        {1, 16}, /* W1 */
+        {1, 16}, /* b1 */
+        {16, 16}, /* W2 */
+        {1, 16}, /* b2 */
+        {16, 1}, /* W3 */
+        {1, 1}, /* b3 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int pinn_poisson_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1223,17 +1635,21 @@ int pinn_poisson_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_
     if (pinn_poisson_value_and_grad_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 1; shape[1] = 16; return 0; /* grad_W1 */
-    case 2: shape[0] = 1; shape[1] = 16; return 0; /* grad_b1 */
-    case 3: shape[0] = 16; shape[1] = 16; return 0; /* grad_W2 */
-    case 4: shape[0] = 1; shape[1] = 16; return 0; /* grad_b2 */
-    case 5: shape[0] = 16; shape[1] = 1; return 0; /* grad_W3 */
-    case 6: shape[0] = 1; shape[1] = 1; return 0; /* grad_b3 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {1, 16}, /* grad_W1 */
+        {1, 16}, /* grad_b1 */
+        {16, 16}, /* grad_W2 */
+        {1, 16}, /* grad_b2 */
+        {16, 1}, /* grad_W3 */
+        {1, 1}, /* grad_b3 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t pinn_poisson_value_and_grad_call_work_len(const int64_t *dims)
@@ -1260,14 +1676,23 @@ int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in,
         }
     }
     return pinn_poisson_value_and_grad(
-        dims[0], (const PINN_POISSON_REAL *)in[0], (const PINN_POISSON_REAL *)in[1],
-        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL
-                *)in[4],
-        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL
-                *)in[7],
-        (PINN_POISSON_REAL *)out[0], (PINN_POISSON_REAL *)out[1], (PINN_POISSON_REAL *)out[2],
-        (PINN_POISSON_REAL *)out[3], (PINN_POISSON_REAL *)out[4], (PINN_POISSON_REAL *)out[5],
-        (PINN_POISSON_REAL *)out[6], work
+        dims[0],
+        (const PINN_POISSON_REAL *)in[0],
+        (const PINN_POISSON_REAL *)in[1],
+        (const PINN_POISSON_REAL *)in[2],
+        (const PINN_POISSON_REAL *)in[3],
+        (const PINN_POISSON_REAL *)in[4],
+        (const PINN_POISSON_REAL *)in[5],
+        (const PINN_POISSON_REAL *)in[6],
+        (const PINN_POISSON_REAL *)in[7],
+        (PINN_POISSON_REAL *)out[0],
+        (PINN_POISSON_REAL *)out[1],
+        (PINN_POISSON_REAL *)out[2],
+        (PINN_POISSON_REAL *)out[3],
+        (PINN_POISSON_REAL *)out[4],
+        (PINN_POISSON_REAL *)out[5],
+        (PINN_POISSON_REAL *)out[6],
+        work
     );
 }
 #endif

@@ -192,8 +192,16 @@ int polynomial_fit_forward(
     if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return polynomial_fit_run(N, points, coeffs, loss, squared_error, work +
-            polynomial_fit_run_work_len(N, 0), work, 0);
+    return polynomial_fit_run(
+        N,
+        points,
+        coeffs,
+        loss,
+        squared_error,
+        work + polynomial_fit_run_work_len(N, 0),
+        work,
+        0
+    );
 }
 
 size_t polynomial_fit_value_and_grad_work_len(int64_t N)
@@ -223,8 +231,16 @@ int polynomial_fit_value_and_grad(
     if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1),
-            grad_coeffs, work, 1);
+    return polynomial_fit_run(
+        N,
+        points,
+        coeffs,
+        loss,
+        work + polynomial_fit_run_work_len(N, 1),
+        grad_coeffs,
+        work,
+        1
+    );
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see
@@ -238,7 +254,7 @@ int polynomial_fit_n_dims(void)
 const char *polynomial_fit_name_dim(int64_t i)
 {
     static const char *const names[] = {"N"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -265,13 +281,13 @@ int polynomial_fit_forward_n_out(void)
 const char *polynomial_fit_forward_name_in(int64_t i)
 {
     static const char *const names[] = {"points", "coeffs"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *polynomial_fit_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "squared_error"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int polynomial_fit_forward_kind_in(int64_t i)
@@ -288,12 +304,16 @@ int polynomial_fit_forward_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = N; shape[1] = 2; return 0; /* points */
-    case 1: shape[0] = 1; shape[1] = 6; return 0; /* coeffs */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {N, 2}, /* points */
+        {1, 6}, /* coeffs */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int polynomial_fit_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -305,12 +325,16 @@ int polynomial_fit_forward_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = N; shape[1] = 1; return 0; /* squared_error */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {N, 1}, /* squared_error */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t polynomial_fit_forward_call_work_len(const int64_t *dims)
@@ -337,8 +361,12 @@ int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void
         }
     }
     return polynomial_fit_forward(
-        dims[0], (const POLYNOMIAL_FIT_REAL *)in[0], (const POLYNOMIAL_FIT_REAL *)in[1],
-        (POLYNOMIAL_FIT_REAL *)out[0], (POLYNOMIAL_FIT_REAL *)out[1], work
+        dims[0],
+        (const POLYNOMIAL_FIT_REAL *)in[0],
+        (const POLYNOMIAL_FIT_REAL *)in[1],
+        (POLYNOMIAL_FIT_REAL *)out[0],
+        (POLYNOMIAL_FIT_REAL *)out[1],
+        work
     );
 }
 
@@ -365,13 +393,13 @@ int polynomial_fit_value_and_grad_n_out(void)
 const char *polynomial_fit_value_and_grad_name_in(int64_t i)
 {
     static const char *const names[] = {"points", "coeffs"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *polynomial_fit_value_and_grad_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "grad_coeffs"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int polynomial_fit_value_and_grad_kind_in(int64_t i)
@@ -388,12 +416,16 @@ int polynomial_fit_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64
     if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = N; shape[1] = 2; return 0; /* points */
-    case 1: shape[0] = 1; shape[1] = 6; return 0; /* coeffs */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {N, 2}, /* points */
+        {1, 6}, /* coeffs */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int polynomial_fit_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -405,12 +437,16 @@ int polynomial_fit_value_and_grad_shape_out(int64_t i, const int64_t *dims, int6
     if (polynomial_fit_run_size(N) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 1; shape[1] = 6; return 0; /* grad_coeffs */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {1, 6}, /* grad_coeffs */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t polynomial_fit_value_and_grad_call_work_len(const int64_t *dims)
@@ -437,7 +473,11 @@ int polynomial_fit_value_and_grad_call(const int64_t *dims, const void *const *i
         }
     }
     return polynomial_fit_value_and_grad(
-        dims[0], (const POLYNOMIAL_FIT_REAL *)in[0], (const POLYNOMIAL_FIT_REAL *)in[1],
-        (POLYNOMIAL_FIT_REAL *)out[0], (POLYNOMIAL_FIT_REAL *)out[1], work
+        dims[0],
+        (const POLYNOMIAL_FIT_REAL *)in[0],
+        (const POLYNOMIAL_FIT_REAL *)in[1],
+        (POLYNOMIAL_FIT_REAL *)out[0],
+        (POLYNOMIAL_FIT_REAL *)out[1],
+        work
     );
 }

@@ -168,8 +168,18 @@ int relu_net_value_and_grad(
     RELU_NET_REAL *work
 )
 {
-    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work,
-            1);
+    return relu_net_run(
+        x,
+        t,
+        W1,
+        W2,
+        loss,
+        work + relu_net_run_work_len(1),
+        grad_W1,
+        grad_W2,
+        work,
+        1
+    );
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see relu_net.h) --- */
@@ -209,13 +219,13 @@ int relu_net_forward_n_out(void)
 const char *relu_net_forward_name_in(int64_t i)
 {
     static const char *const names[] = {"x", "t", "W1", "W2"};
-    return i >= 0 && i < 4 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *relu_net_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "y"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int relu_net_forward_kind_in(int64_t i)
@@ -226,25 +236,33 @@ int relu_net_forward_kind_in(int64_t i)
 int relu_net_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 2; shape[1] = 1; return 0; /* x */
-    case 1: shape[0] = 1; shape[1] = 1; return 0; /* t */
-    case 2: shape[0] = 2; shape[1] = 2; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 2; return 0; /* W2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {2, 1}, /* x */
+        {1, 1}, /* t */
+        {2, 2}, /* W1 */
+        {1, 2}, /* W2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int relu_net_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 1; shape[1] = 1; return 0; /* y */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {1, 1}, /* y */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t relu_net_forward_call_work_len(const int64_t *dims)
@@ -271,8 +289,13 @@ int relu_net_forward_call(const int64_t *dims, const void *const *in, void *cons
         }
     }
     return relu_net_forward(
-        (const RELU_NET_REAL *)in[0], (const RELU_NET_REAL *)in[1], (const RELU_NET_REAL *)in[2],
-        (const RELU_NET_REAL *)in[3], (RELU_NET_REAL *)out[0], (RELU_NET_REAL *)out[1], work
+        (const RELU_NET_REAL *)in[0],
+        (const RELU_NET_REAL *)in[1],
+        (const RELU_NET_REAL *)in[2],
+        (const RELU_NET_REAL *)in[3],
+        (RELU_NET_REAL *)out[0],
+        (RELU_NET_REAL *)out[1],
+        work
     );
 }
 
@@ -299,13 +322,13 @@ int relu_net_value_and_grad_n_out(void)
 const char *relu_net_value_and_grad_name_in(int64_t i)
 {
     static const char *const names[] = {"x", "t", "W1", "W2"};
-    return i >= 0 && i < 4 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *relu_net_value_and_grad_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "grad_W1", "grad_W2"};
-    return i >= 0 && i < 3 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int relu_net_value_and_grad_kind_in(int64_t i)
@@ -316,26 +339,34 @@ int relu_net_value_and_grad_kind_in(int64_t i)
 int relu_net_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 2; shape[1] = 1; return 0; /* x */
-    case 1: shape[0] = 1; shape[1] = 1; return 0; /* t */
-    case 2: shape[0] = 2; shape[1] = 2; return 0; /* W1 */
-    case 3: shape[0] = 1; shape[1] = 2; return 0; /* W2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {2, 1}, /* x */
+        {1, 1}, /* t */
+        {2, 2}, /* W1 */
+        {1, 2}, /* W2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int relu_net_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 2; shape[1] = 2; return 0; /* grad_W1 */
-    case 2: shape[0] = 1; shape[1] = 2; return 0; /* grad_W2 */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {2, 2}, /* grad_W1 */
+        {1, 2}, /* grad_W2 */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t relu_net_value_and_grad_call_work_len(const int64_t *dims)
@@ -363,8 +394,13 @@ int relu_net_value_and_grad_call(const int64_t *dims, const void *const *in, voi
         }
     }
     return relu_net_value_and_grad(
-        (const RELU_NET_REAL *)in[0], (const RELU_NET_REAL *)in[1], (const RELU_NET_REAL *)in[2],
-        (const RELU_NET_REAL *)in[3], (RELU_NET_REAL *)out[0], (RELU_NET_REAL *)out[1],
-        (RELU_NET_REAL *)out[2], work
+        (const RELU_NET_REAL *)in[0],
+        (const RELU_NET_REAL *)in[1],
+        (const RELU_NET_REAL *)in[2],
+        (const RELU_NET_REAL *)in[3],
+        (RELU_NET_REAL *)out[0],
+        (RELU_NET_REAL *)out[1],
+        (RELU_NET_REAL *)out[2],
+        work
     );
 }

@@ -37,144 +37,144 @@ SYMBACKPROP_HELPER int64_t transformer_lm_train_step_size(int64_t m)
     return symbackprop_size_add(892940, symbackprop_size_mul(3, m));
 }
 
-/* Its 39 matrix products, a function for each kind of call (its sizes
- * and strides): the product's loops are compiled once a kind, fitted to its
+/* Its matrix products, a function for each kind of call (its sizes and
+ * strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_64_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_64_256(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_256_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_64_62(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_62_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_64_256_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_256_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_64_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_m_64_64_bt_add(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_64_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
-        *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_64_m_256_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
-        *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_256_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
-        *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_m_64_256_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
-        *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_64_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_m_64_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_m_256_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_m_256_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
-        *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_64_m_256_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_m_64_62(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
+    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
-        TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_m_64_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
-        *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product_256_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
 }
 #endif
-
-/* Its 23 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
-        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+void transformer_lm_product_m_64_256(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_62_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_64_64_bt_add(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
+}
+#endif
+
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_add_mx64_loop_d712(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+        const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
         *SYMBACKPROP_RESTRICT a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_add_loop_2(
+void transformer_lm_add_mx64_loop_f8c8(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -182,7 +182,7 @@ void transformer_lm_add_loop_2(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_mul_loop(
+void transformer_lm_mul_mx256_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -190,7 +190,7 @@ void transformer_lm_mul_loop(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_add_loop_3(
+void transformer_lm_add_mx64_loop_6e45(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -198,7 +198,11 @@ void transformer_lm_add_loop_3(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_grad_norm_loop(
+void transformer_lm_grad_log_softmax_axis_mx62_loop(int64_t m, TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_grad_norm_mx64_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -206,14 +210,26 @@ void transformer_lm_grad_norm_loop(
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_grad_mul_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
-        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
+void transformer_lm_grad_mul_mx256_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+        const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_grad_add_Wo1_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
-        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+void transformer_lm_grad_add_E_mx64_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+        const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_add_loop_2(
+void transformer_lm_add_mx64_loop_d712(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+        const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_add_mx64_loop_f8c8(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -228,57 +244,8 @@ void transformer_lm_add_loop_2(
         }
     }
 }
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
-        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
-        *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_add_loop_3(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_grad_norm_loop(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[j];
-            a3[64*i + j] = a1[64*i + j]*a3[64*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_mul_loop(
+void transformer_lm_mul_mx256_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -299,8 +266,53 @@ void transformer_lm_mul_loop(
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_grad_mul_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
-        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
+void transformer_lm_add_mx64_loop_6e45(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_grad_log_softmax_axis_mx62_loop(int64_t m, TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 62; ++j) {
+            a0[62*i + j] = a0[62*i + j] - a1[62*i + j]*a2[i];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_grad_norm_mx64_loop(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*a2[j];
+            a3[64*i + j] = a1[64*i + j]*a3[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_grad_mul_mx256_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+        const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
@@ -309,11 +321,9 @@ void transformer_lm_grad_mul_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RE
         }
     }
 }
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_grad_add_Wo1_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
-        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
+void transformer_lm_grad_add_E_mx64_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+        const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
@@ -701,7 +711,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 )
 {
     /* add_E = emap_E + emap_P */
-    transformer_lm_add_loop(m, add_E, emap_E, emap_P);
+    transformer_lm_add_mx64_loop_d712(m, add_E, emap_E, emap_P);
 
     /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
      * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
@@ -753,7 +763,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b0a = b0a + g0a*norm_E */
-    transformer_lm_add_loop_2(m, add_b0a, g0a, norm_E, b0a);
+    transformer_lm_add_mx64_loop_f8c8(m, add_b0a, g0a, norm_E, b0a);
 
     /* mul_Wq0 = Wq0/4 */
     SYMBACKPROP_PARALLEL_FOR
@@ -764,10 +774,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wq0 = add_b0a @ mul_Wq0 */
-    transformer_lm_product0(m, add_b0a, mul_Wq0, mm_Wq0);
+    transformer_lm_product_m_64_64(m, add_b0a, mul_Wq0, mm_Wq0);
 
     /* mm_Wk0 = add_b0a @ Wk0 */
-    transformer_lm_product0(m, add_b0a, Wk0, mm_Wk0);
+    transformer_lm_product_m_64_64(m, add_b0a, Wk0, mm_Wk0);
 
     /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
      * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -847,7 +857,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wv0 = add_b0a @ Wv0 */
-    transformer_lm_product0(m, add_b0a, Wv0, mm_Wv0);
+    transformer_lm_product_m_64_64(m, add_b0a, Wv0, mm_Wv0);
 
     /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -883,10 +893,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wo0 = mix_Wv0 @ Wo0 */
-    transformer_lm_product0(m, mix_Wv0, Wo0, mm_Wo0);
+    transformer_lm_product_m_64_64(m, mix_Wv0, Wo0, mm_Wo0);
 
     /* add_Wo0 = add_E + mm_Wo0 */
-    transformer_lm_add_loop(m, add_Wo0, add_E, mm_Wo0);
+    transformer_lm_add_mx64_loop_d712(m, add_Wo0, add_E, mm_Wo0);
 
     /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
@@ -938,21 +948,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b0m = b0m + g0m*norm_Wo0 */
-    transformer_lm_add_loop_2(m, add_b0m, g0m, norm_Wo0, b0m);
+    transformer_lm_add_mx64_loop_f8c8(m, add_b0m, g0m, norm_Wo0, b0m);
 
     /* mm_W0up = add_b0m @ W0up */
-    transformer_lm_product1(m, add_b0m, W0up, mm_W0up);
+    transformer_lm_product_m_64_256(m, add_b0m, W0up, mm_W0up);
 
     /* mul_W0up = (c0up + mm_W0up)*(erf(sqrt(2)*(c0up + mm_W0up)/2) + 1)/2 */
     /* add_W0up = sqrt(2)*(c0up + mm_W0up)*exp(-(c0up + mm_W0up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c0up + mm_W0up)/2)/2 + 1/2 */
-    transformer_lm_mul_loop(m, mul_W0up, add_W0up, mm_W0up, c0up);
+    transformer_lm_mul_mx256_loop(m, mul_W0up, add_W0up, mm_W0up, c0up);
 
     /* mm_W0down = mul_W0up @ W0down */
-    transformer_lm_product2(m, mul_W0up, W0down, mm_W0down);
+    transformer_lm_product_m_256_64(m, mul_W0up, W0down, mm_W0down);
 
     /* add_W0down = add_Wo0 + c0down + mm_W0down */
-    transformer_lm_add_loop_3(m, add_W0down, add_Wo0, mm_W0down, c0down);
+    transformer_lm_add_mx64_loop_6e45(m, add_W0down, add_Wo0, mm_W0down, c0down);
 
     /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
      * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
@@ -1004,7 +1014,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b1a = b1a + g1a*norm_W0down */
-    transformer_lm_add_loop_2(m, add_b1a, g1a, norm_W0down, b1a);
+    transformer_lm_add_mx64_loop_f8c8(m, add_b1a, g1a, norm_W0down, b1a);
 
     /* mul_Wq1 = Wq1/4 */
     SYMBACKPROP_PARALLEL_FOR
@@ -1015,10 +1025,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wq1 = add_b1a @ mul_Wq1 */
-    transformer_lm_product0(m, add_b1a, mul_Wq1, mm_Wq1);
+    transformer_lm_product_m_64_64(m, add_b1a, mul_Wq1, mm_Wq1);
 
     /* mm_Wk1 = add_b1a @ Wk1 */
-    transformer_lm_product0(m, add_b1a, Wk1, mm_Wk1);
+    transformer_lm_product_m_64_64(m, add_b1a, Wk1, mm_Wk1);
 
     /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
      * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1098,7 +1108,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wv1 = add_b1a @ Wv1 */
-    transformer_lm_product0(m, add_b1a, Wv1, mm_Wv1);
+    transformer_lm_product_m_64_64(m, add_b1a, Wv1, mm_Wv1);
 
     /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1134,10 +1144,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wo1 = mix_Wv1 @ Wo1 */
-    transformer_lm_product0(m, mix_Wv1, Wo1, mm_Wo1);
+    transformer_lm_product_m_64_64(m, mix_Wv1, Wo1, mm_Wo1);
 
     /* add_Wo1 = add_W0down + mm_Wo1 */
-    transformer_lm_add_loop(m, add_Wo1, add_W0down, mm_Wo1);
+    transformer_lm_add_mx64_loop_d712(m, add_Wo1, add_W0down, mm_Wo1);
 
     /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
@@ -1189,7 +1199,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b1m = b1m + g1m*norm_Wo1 */
-    transformer_lm_add_loop_2(m, add_b1m, g1m, norm_Wo1, b1m);
+    transformer_lm_add_mx64_loop_f8c8(m, add_b1m, g1m, norm_Wo1, b1m);
 }
 #endif
 
@@ -1252,18 +1262,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 )
 {
     /* mm_W1up = add_b1m @ W1up */
-    transformer_lm_product1(m, add_b1m, W1up, mm_W1up);
+    transformer_lm_product_m_64_256(m, add_b1m, W1up, mm_W1up);
 
     /* mul_W1up = (c1up + mm_W1up)*(erf(sqrt(2)*(c1up + mm_W1up)/2) + 1)/2 */
     /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
-    transformer_lm_mul_loop(m, mul_W1up, add_W1up, mm_W1up, c1up);
+    transformer_lm_mul_mx256_loop(m, mul_W1up, add_W1up, mm_W1up, c1up);
 
     /* mm_W1down = mul_W1up @ W1down */
-    transformer_lm_product2(m, mul_W1up, W1down, mm_W1down);
+    transformer_lm_product_m_256_64(m, mul_W1up, W1down, mm_W1down);
 
     /* add_W1down = add_Wo1 + c1down + mm_W1down */
-    transformer_lm_add_loop_3(m, add_W1down, add_Wo1, mm_W1down, c1down);
+    transformer_lm_add_mx64_loop_6e45(m, add_W1down, add_Wo1, mm_W1down, c1down);
 
     /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
      * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
@@ -1315,10 +1325,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     }
 
     /* add_bf = bf + gf*norm_W1down */
-    transformer_lm_add_loop_2(m, add_bf, gf, norm_W1down, bf);
+    transformer_lm_add_mx64_loop_f8c8(m, add_bf, gf, norm_W1down, bf);
 
     /* mm_Wout = add_bf @ Wout */
-    transformer_lm_product3(m, add_bf, Wout, mm_Wout);
+    transformer_lm_product_m_64_62(m, add_bf, Wout, mm_Wout);
 
     /* softmax_axis_Wout = softmax of mm_Wout along each row, its max subtracted first */
     for (int64_t i = 0; i < m; ++i) {
@@ -1328,8 +1338,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     /* log_softmax_axis_Wout = log_softmax of mm_Wout along each row: (its entries - their
      * max) - log(sum(exp(that))) */
     for (int64_t i = 0; i < m; ++i) {
-        symbackprop_f64_log_softmax_axis(mm_Wout + 62*i, 62, 1, softmax_axis_Wout + 62*i, 1,
-                log_softmax_axis_Wout + 62*i, 1);
+        symbackprop_f64_log_softmax_axis(
+            mm_Wout + 62*i,
+            62,
+            1,
+            softmax_axis_Wout + 62*i,
+            1,
+            log_softmax_axis_Wout + 62*i,
+            1
+        );
     }
 
     /* pick_targets[i] = log_softmax_axis_Wout[i, targets[i]] */
@@ -1450,20 +1467,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_log_softmax_axis_Wout = grad_log_softmax_axis_Wout - rowsum_targets*softmax_axis_Wout */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            grad_log_softmax_axis_Wout[62*i + j] = grad_log_softmax_axis_Wout[62*i + j] -
-                    softmax_axis_Wout[62*i + j]*rowsum_targets[i];
-        }
-    }
+    transformer_lm_grad_log_softmax_axis_mx62_loop(
+        m,
+        grad_log_softmax_axis_Wout,
+        softmax_axis_Wout,
+        rowsum_targets
+    );
 
     /* grad_add_bf = grad_log_softmax_axis_Wout @ Wout^T */
-    transformer_lm_product4(m, grad_log_softmax_axis_Wout, Wout, grad_add_bf);
+    transformer_lm_product_m_62_64_bt(m, grad_log_softmax_axis_Wout, Wout, grad_add_bf);
 
     /* grad_norm_W1down = gf*grad_add_bf */
     /* norm_W1down = grad_add_bf*norm_W1down */
-    transformer_lm_grad_norm_loop(m, grad_norm_W1down, grad_add_bf, gf, norm_W1down);
+    transformer_lm_grad_norm_mx64_loop(m, grad_norm_W1down, grad_add_bf, gf, norm_W1down);
 
     /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
      * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
@@ -1529,17 +1545,17 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_mul_W1up = grad_add_W1down @ W1down^T */
-    transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
+    transformer_lm_product_m_64_256_bt(m, grad_add_W1down, W1down, grad_mul_W1up);
 
     /* grad_mul_W1up = add_W1up*grad_mul_W1up */
-    transformer_lm_grad_mul_loop(m, grad_mul_W1up, add_W1up);
+    transformer_lm_grad_mul_mx256_loop(m, grad_mul_W1up, add_W1up);
 
     /* grad_add_b1m = grad_mul_W1up @ W1up^T */
-    transformer_lm_product6(m, grad_mul_W1up, W1up, grad_add_b1m);
+    transformer_lm_product_m_256_64_bt(m, grad_mul_W1up, W1up, grad_add_b1m);
 
     /* grad_norm_Wo1 = g1m*grad_add_b1m */
     /* norm_Wo1 = grad_add_b1m*norm_Wo1 */
-    transformer_lm_grad_norm_loop(m, grad_norm_Wo1, grad_add_b1m, g1m, norm_Wo1);
+    transformer_lm_grad_norm_mx64_loop(m, grad_norm_Wo1, grad_add_b1m, g1m, norm_Wo1);
 
     /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
      * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
@@ -1604,10 +1620,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_add_Wo1_part = grad_add_W1down + grad_add_Wo1_part */
-    transformer_lm_grad_add_Wo1_loop(m, grad_add_Wo1_part, grad_add_W1down);
+    transformer_lm_grad_add_E_mx64_loop(m, grad_add_Wo1_part, grad_add_W1down);
 
     /* grad_mix_Wv1 = grad_add_Wo1_part @ Wo1^T */
-    transformer_lm_product7(m, grad_add_Wo1_part, Wo1, grad_mix_Wv1);
+    transformer_lm_product_m_64_64_bt(m, grad_add_Wo1_part, Wo1, grad_mix_Wv1);
 
     /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
      * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1643,7 +1659,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
-    transformer_lm_product7(m, grad_mm_Wv1, Wv1, grad_add_b1a);
+    transformer_lm_product_m_64_64_bt(m, grad_mm_Wv1, Wv1, grad_add_b1a);
 
     /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
      * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
@@ -1750,7 +1766,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_add_b1a += grad_mm_Wk1 @ Wk1^T */
-    transformer_lm_product8(m, grad_mm_Wk1, Wk1, grad_add_b1a);
+    transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wk1, Wk1, grad_add_b1a);
 
     /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1881,11 +1897,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 )
 {
     /* grad_add_b1a += grad_mm_Wq1 @ mul_Wq1^T */
-    transformer_lm_product8(m, grad_mm_Wq1, mul_Wq1, grad_add_b1a);
+    transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wq1, mul_Wq1, grad_add_b1a);
 
     /* grad_norm_W0down = g1a*grad_add_b1a */
     /* norm_W0down = grad_add_b1a*norm_W0down */
-    transformer_lm_grad_norm_loop(m, grad_norm_W0down, grad_add_b1a, g1a, norm_W0down);
+    transformer_lm_grad_norm_mx64_loop(m, grad_norm_W0down, grad_add_b1a, g1a, norm_W0down);
 
     /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
      * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
@@ -1952,20 +1968,20 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_W0down_part = grad_add_W0down_part + grad_add_Wo1_part */
-    transformer_lm_grad_add_Wo1_loop(m, grad_add_W0down_part, grad_add_Wo1_part);
+    transformer_lm_grad_add_E_mx64_loop(m, grad_add_W0down_part, grad_add_Wo1_part);
 
     /* grad_mul_W0up = grad_add_W0down_part @ W0down^T */
-    transformer_lm_product5(m, grad_add_W0down_part, W0down, grad_mul_W0up);
+    transformer_lm_product_m_64_256_bt(m, grad_add_W0down_part, W0down, grad_mul_W0up);
 
     /* grad_mul_W0up = add_W0up*grad_mul_W0up */
-    transformer_lm_grad_mul_loop(m, grad_mul_W0up, add_W0up);
+    transformer_lm_grad_mul_mx256_loop(m, grad_mul_W0up, add_W0up);
 
     /* grad_add_b0m = grad_mul_W0up @ W0up^T */
-    transformer_lm_product6(m, grad_mul_W0up, W0up, grad_add_b0m);
+    transformer_lm_product_m_256_64_bt(m, grad_mul_W0up, W0up, grad_add_b0m);
 
     /* grad_norm_Wo0 = g0m*grad_add_b0m */
     /* norm_Wo0 = grad_add_b0m*norm_Wo0 */
-    transformer_lm_grad_norm_loop(m, grad_norm_Wo0, grad_add_b0m, g0m, norm_Wo0);
+    transformer_lm_grad_norm_mx64_loop(m, grad_norm_Wo0, grad_add_b0m, g0m, norm_Wo0);
 
     /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
      * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
@@ -2030,10 +2046,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_Wo0_part = grad_add_W0down_part + grad_add_Wo0_part */
-    transformer_lm_grad_add_Wo1_loop(m, grad_add_Wo0_part, grad_add_W0down_part);
+    transformer_lm_grad_add_E_mx64_loop(m, grad_add_Wo0_part, grad_add_W0down_part);
 
     /* grad_mix_Wv0 = grad_add_Wo0_part @ Wo0^T */
-    transformer_lm_product7(m, grad_add_Wo0_part, Wo0, grad_mix_Wv0);
+    transformer_lm_product_m_64_64_bt(m, grad_add_Wo0_part, Wo0, grad_mix_Wv0);
 
     /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
      * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -2069,7 +2085,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
-    transformer_lm_product7(m, grad_mm_Wv0, Wv0, grad_add_b0a);
+    transformer_lm_product_m_64_64_bt(m, grad_mm_Wv0, Wv0, grad_add_b0a);
 
     /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
      * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
@@ -2176,7 +2192,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_b0a += grad_mm_Wk0 @ Wk0^T */
-    transformer_lm_product8(m, grad_mm_Wk0, Wk0, grad_add_b0a);
+    transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wk0, Wk0, grad_add_b0a);
 
     /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -2213,11 +2229,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_b0a += grad_mm_Wq0 @ mul_Wq0^T */
-    transformer_lm_product8(m, grad_mm_Wq0, mul_Wq0, grad_add_b0a);
+    transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wq0, mul_Wq0, grad_add_b0a);
 
     /* grad_norm_E = g0a*grad_add_b0a */
     /* norm_E = grad_add_b0a*norm_E */
-    transformer_lm_grad_norm_loop(m, grad_norm_E, grad_add_b0a, g0a, norm_E);
+    transformer_lm_grad_norm_mx64_loop(m, grad_norm_E, grad_add_b0a, g0a, norm_E);
 
     /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
      * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
@@ -2281,7 +2297,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_E_part = grad_add_E_part + grad_add_Wo0_part */
-    transformer_lm_grad_add_Wo1_loop(m, grad_add_E_part, grad_add_Wo0_part);
+    transformer_lm_grad_add_E_mx64_loop(m, grad_add_E_part, grad_add_Wo0_part);
 }
 #endif
 
@@ -2461,7 +2477,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 88 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2484,7 +2500,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_mm_Wq0,
     TRANSFORMER_LM_REAL *grad_mul_Wq0
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2515,7 +2531,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     symbackprop_f64_sum_columns(grad_add_b0a, m, 64, 64, grad_b0a);
 
     /* grad_mul_Wq0 = add_b0a^T @ grad_mm_Wq0 */
-    transformer_lm_product9(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
+    transformer_lm_product_64_m_64_at(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
 
     /* grad_Wq0 = grad_mul_Wq0/4 */
     SYMBACKPROP_PARALLEL_FOR
@@ -2526,13 +2542,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     }
 
     /* grad_Wk0 = add_b0a^T @ grad_mm_Wk0 */
-    transformer_lm_product9(m, add_b0a, grad_mm_Wk0, grad_Wk0);
+    transformer_lm_product_64_m_64_at(m, add_b0a, grad_mm_Wk0, grad_Wk0);
 
     /* grad_Wv0 = add_b0a^T @ grad_mm_Wv0 */
-    transformer_lm_product9(m, add_b0a, grad_mm_Wv0, grad_Wv0);
+    transformer_lm_product_64_m_64_at(m, add_b0a, grad_mm_Wv0, grad_Wv0);
 
     /* grad_Wo0 = mix_Wv0^T @ grad_add_Wo0_part */
-    transformer_lm_product9(m, mix_Wv0, grad_add_Wo0_part, grad_Wo0);
+    transformer_lm_product_64_m_64_at(m, mix_Wv0, grad_add_Wo0_part, grad_Wo0);
 
     /* grad_g0m = sum of norm_Wo0 down each column */
     symbackprop_f64_sum_columns(norm_Wo0, m, 64, 64, grad_g0m);
@@ -2639,13 +2655,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
 )
 {
     /* grad_W0up = add_b0m^T @ grad_mul_W0up */
-    transformer_lm_product10(m, add_b0m, grad_mul_W0up, grad_W0up);
+    transformer_lm_product_64_m_256_at(m, add_b0m, grad_mul_W0up, grad_W0up);
 
     /* grad_c0up = sum of grad_mul_W0up down each column */
     symbackprop_f64_sum_columns(grad_mul_W0up, m, 256, 256, grad_c0up);
 
     /* grad_W0down = mul_W0up^T @ grad_add_W0down_part */
-    transformer_lm_product11(m, mul_W0up, grad_add_W0down_part, grad_W0down);
+    transformer_lm_product_256_m_64_at(m, mul_W0up, grad_add_W0down_part, grad_W0down);
 
     /* grad_c0down = sum of grad_add_W0down_part down each column */
     symbackprop_f64_sum_columns(grad_add_W0down_part, m, 64, 64, grad_c0down);
@@ -2657,7 +2673,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     symbackprop_f64_sum_columns(grad_add_b1a, m, 64, 64, grad_b1a);
 
     /* grad_mul_Wq1 = add_b1a^T @ grad_mm_Wq1 */
-    transformer_lm_product9(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
+    transformer_lm_product_64_m_64_at(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
 
     /* grad_Wq1 = grad_mul_Wq1/4 */
     SYMBACKPROP_PARALLEL_FOR
@@ -2668,13 +2684,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     }
 
     /* grad_Wk1 = add_b1a^T @ grad_mm_Wk1 */
-    transformer_lm_product9(m, add_b1a, grad_mm_Wk1, grad_Wk1);
+    transformer_lm_product_64_m_64_at(m, add_b1a, grad_mm_Wk1, grad_Wk1);
 
     /* grad_Wv1 = add_b1a^T @ grad_mm_Wv1 */
-    transformer_lm_product9(m, add_b1a, grad_mm_Wv1, grad_Wv1);
+    transformer_lm_product_64_m_64_at(m, add_b1a, grad_mm_Wv1, grad_Wv1);
 
     /* grad_Wo1 = mix_Wv1^T @ grad_add_Wo1_part */
-    transformer_lm_product9(m, mix_Wv1, grad_add_Wo1_part, grad_Wo1);
+    transformer_lm_product_64_m_64_at(m, mix_Wv1, grad_add_Wo1_part, grad_Wo1);
 
     /* grad_g1m = sum of norm_Wo1 down each column */
     symbackprop_f64_sum_columns(norm_Wo1, m, 64, 64, grad_g1m);
@@ -2683,13 +2699,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     symbackprop_f64_sum_columns(grad_add_b1m, m, 64, 64, grad_b1m);
 
     /* grad_W1up = add_b1m^T @ grad_mul_W1up */
-    transformer_lm_product10(m, add_b1m, grad_mul_W1up, grad_W1up);
+    transformer_lm_product_64_m_256_at(m, add_b1m, grad_mul_W1up, grad_W1up);
 
     /* grad_c1up = sum of grad_mul_W1up down each column */
     symbackprop_f64_sum_columns(grad_mul_W1up, m, 256, 256, grad_c1up);
 
     /* grad_W1down = mul_W1up^T @ grad_add_W1down */
-    transformer_lm_product11(m, mul_W1up, grad_add_W1down, grad_W1down);
+    transformer_lm_product_256_m_64_at(m, mul_W1up, grad_add_W1down, grad_W1down);
 
     /* grad_c1down = sum of grad_add_W1down down each column */
     symbackprop_f64_sum_columns(grad_add_W1down, m, 64, 64, grad_c1down);
@@ -2701,7 +2717,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     symbackprop_f64_sum_columns(grad_add_bf, m, 64, 64, grad_bf);
 
     /* grad_Wout = add_bf^T @ grad_log_softmax_axis_Wout */
-    transformer_lm_product12(m, add_bf, grad_log_softmax_axis_Wout, grad_Wout);
+    transformer_lm_product_64_m_62_at(m, add_bf, grad_log_softmax_axis_Wout, grad_Wout);
 }
 #endif
 
@@ -2802,51 +2818,51 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
     TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
-    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
+    TRANSFORMER_LM_REAL *norm_E = emap_P; /* m x 64, in emap_P's memory */
+    TRANSFORMER_LM_REAL *add_b0a = emap_E; /* m x 64, in emap_E's memory */
     TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
     TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? mul_Wq0 + 4096 : norm_E; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : mul_Wq0 + 4096; /* m x 64 */
     TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *scores_Wk0_block = scores_Wk0 + 256*m; /* 64 x 16 */
     TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block + 1024; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wq0; /* m x 64 */
-    TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : mm_Wk0; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wo0 = with_grads ? mix_Wv0 + 64*m : add_b0a; /* m x 64 */
-    TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? mm_Wo0 + 64*m : mm_Wv0; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_Wo0 = with_grads ? mm_Wo0 : mix_Wv0; /* m x 64, in mm_Wo0's memory */
+    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wk0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : add_b0a; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wo0 = with_grads ? mix_Wv0 + 64*m : mm_Wv0; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? mm_Wo0 + 64*m : mix_Wv0; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_Wo0 = mm_Wo0; /* m x 64, in mm_Wo0's memory */
     TRANSFORMER_LM_REAL *add_b0m = with_grads ? add_Wo0 + 64*m : add_E; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
-    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : softmax_Wk0; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_W0up = with_grads ? scores_Wk0 : softmax_Wk0; /* m x 256, in
+            scores_Wk0's memory */
+    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : scores_Wk0; /* m x 256 */
     TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wk0 + 256*m; /* m x 256
             */
-    TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : mm_Wo0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : add_b0m; /* m x 64 */
     TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? mm_W0down : add_b0m; /* m x 64, in mm_W0down's
-            memory */
+    TRANSFORMER_LM_REAL *norm_W0down = mm_W0down; /* m x 64, in mm_W0down's memory */
     TRANSFORMER_LM_REAL *add_b1a = with_grads ? add_W0down + 64*m : add_Wo0; /* m x 64 */
     TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? add_b1a + 64*m : mul_Wq0; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? mul_Wq1 + 4096 : mm_W0down; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : norm_W0down; /* m x 64 */
-    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
+    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? mul_Wq1 + 4096 : norm_W0down; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : mm_Wq0; /* m x 64 */
+    TRANSFORMER_LM_REAL *scores_Wk1 = with_grads ? mm_W0up : mul_W0up; /* m x 256, in mm_W0up's
+            memory */
     TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's
             memory */
     TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wq1; /* m x 64 */
-    TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? mm_Wv1 + 64*m : mm_Wk1; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? mix_Wv1 + 64*m : add_b1a; /* m x 64 */
-    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? mm_Wo1 + 64*m : mm_Wv1; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? mm_Wo1 : mix_Wv1; /* m x 64, in mm_Wo1's memory */
+    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wk1; /* m x 64 */
+    TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? mm_Wv1 + 64*m : add_b1a; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? mix_Wv1 + 64*m : mm_Wv1; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? mm_Wo1 + 64*m : mix_Wv1; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_Wo1 = mm_Wo1; /* m x 64, in mm_Wo1's memory */
     TRANSFORMER_LM_REAL *add_b1m = with_grads ? add_Wo1 + 64*m : add_W0down; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : mul_W0up; /* m x 256, in scores_Wk1's
-            memory */
+    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : softmax_Wk1; /* m x 256, in
+            scores_Wk1's memory */
     TRANSFORMER_LM_REAL *mul_W1up = with_grads ? add_b1m + 64*m : scores_Wk1; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W1up = with_grads ? mul_W1up + 256*m : softmax_Wk1; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_W1down = with_grads ? add_W1up + 256*m : mm_Wo1; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_W1up = with_grads ? mul_W1up + 256*m : mm_W0up; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_W1down = with_grads ? add_W1up + 256*m : add_b1m; /* m x 64 */
     TRANSFORMER_LM_REAL *add_W1down = with_grads ? mm_W1down + 64*m : norm_Wo1; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? mm_W1down : add_b1m; /* m x 64, in mm_W1down's
-            memory */
-    TRANSFORMER_LM_REAL *add_bf = with_grads ? add_W1down + 64*m : add_Wo1; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_W1down = mm_W1down; /* m x 64, in mm_W1down's memory */
+    TRANSFORMER_LM_REAL *add_bf = with_grads ? add_W1down + 64*m : add_W1down; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wout = with_grads ? add_bf + 64*m : add_W0up + 256*m; /* m x 62 */
     TRANSFORMER_LM_REAL *softmax_axis_Wout = mm_Wout + 62*m; /* m x 62 */
     TRANSFORMER_LM_REAL *log_softmax_axis_Wout = softmax_axis_Wout + 62*m; /* m x 62 */
@@ -2854,85 +2870,286 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *colsum_targets = pick_targets + m; /* 1 x 1 */
 
     transformer_lm_run_part1(m, ids, positions, E, P, emap_E, emap_P);
-    transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down,
-            g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, emap_E, emap_P, add_E, norm_E, add_b0a, mul_Wq0,
-            mm_Wq0, mm_Wk0, scores_Wk0, scores_Wk0_block, softmax_Wk0, mm_Wv0, mix_Wv0, mm_Wo0,
-            add_Wo0, norm_Wo0, add_b0m, mm_W0up, mul_W0up, add_W0up, mm_W0down, add_W0down,
-            norm_W0down, add_b1a, mul_Wq1, mm_Wq1, mm_Wk1, scores_Wk1, scores_Wk1_block,
-            softmax_Wk1, mm_Wv1, mix_Wv1, mm_Wo1, add_Wo1, norm_Wo1, add_b1m);
-    transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, add_Wo1,
-            add_b1m, mm_W1up, mul_W1up, add_W1up, mm_W1down, add_W1down, norm_W1down, add_bf,
-            mm_Wout, softmax_axis_Wout, log_softmax_axis_Wout, pick_targets, colsum_targets);
+    transformer_lm_run_part2(
+        m,
+        g0a,
+        b0a,
+        Wq0,
+        Wk0,
+        Wv0,
+        Wo0,
+        g0m,
+        b0m,
+        W0up,
+        c0up,
+        W0down,
+        c0down,
+        g1a,
+        b1a,
+        Wq1,
+        Wk1,
+        Wv1,
+        Wo1,
+        g1m,
+        b1m,
+        emap_E,
+        emap_P,
+        add_E,
+        norm_E,
+        add_b0a,
+        mul_Wq0,
+        mm_Wq0,
+        mm_Wk0,
+        scores_Wk0,
+        scores_Wk0_block,
+        softmax_Wk0,
+        mm_Wv0,
+        mix_Wv0,
+        mm_Wo0,
+        add_Wo0,
+        norm_Wo0,
+        add_b0m,
+        mm_W0up,
+        mul_W0up,
+        add_W0up,
+        mm_W0down,
+        add_W0down,
+        norm_W0down,
+        add_b1a,
+        mul_Wq1,
+        mm_Wq1,
+        mm_Wk1,
+        scores_Wk1,
+        scores_Wk1_block,
+        softmax_Wk1,
+        mm_Wv1,
+        mix_Wv1,
+        mm_Wo1,
+        add_Wo1,
+        norm_Wo1,
+        add_b1m
+    );
+    transformer_lm_run_part3(
+        m,
+        targets,
+        W1up,
+        c1up,
+        W1down,
+        c1down,
+        gf,
+        bf,
+        Wout,
+        loss,
+        add_Wo1,
+        add_b1m,
+        mm_W1up,
+        mul_W1up,
+        add_W1up,
+        mm_W1down,
+        add_W1down,
+        norm_W1down,
+        add_bf,
+        mm_Wout,
+        softmax_axis_Wout,
+        log_softmax_axis_Wout,
+        pick_targets,
+        colsum_targets
+    );
     if (!with_grads) {
         return 0;
     }
 
     /* the gradient's buffers in work */
-    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout = mm_Wout; /* m x 62, in mm_Wout's memory */
+    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout = log_softmax_axis_Wout; /* m x 62, in
+            log_softmax_axis_Wout's memory */
     TRANSFORMER_LM_REAL *rowsum_targets = pick_targets; /* m x 1, in pick_targets's memory */
     TRANSFORMER_LM_REAL *grad_add_bf = colsum_targets + 1; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_add_W1down = grad_norm_W1down + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
-    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory
-            */
+    TRANSFORMER_LM_REAL *grad_add_b1m = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo1 = add_W1down; /* m x 64, in add_W1down's memory */
     TRANSFORMER_LM_REAL *grad_add_Wo1_part = grad_add_W1down + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_mix_Wv1 = add_Wo1; /* m x 64, in add_Wo1's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = add_Wo1; /* m x 64, in add_Wo1's memory */
     TRANSFORMER_LM_REAL *grad_add_b1a = grad_add_Wo1_part + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
     TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in
             scores_Wk1_block's memory */
     TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_add_b1a + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
-    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
-    TRANSFORMER_LM_REAL *grad_add_W0down_part = mm_Wk1; /* m x 64, in mm_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_add_b0m = add_W0down; /* m x 64, in add_W0down's memory */
-    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory
-            */
+    TRANSFORMER_LM_REAL *grad_mm_Wk1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wq1 = mm_Wq1; /* m x 64, in mm_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wk1; /* m x 64, in mm_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0down_part = mm_Wv1; /* m x 64, in mm_Wv1's memory */
+    TRANSFORMER_LM_REAL *grad_mul_W0up = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo0 = add_W0down; /* m x 64, in add_W0down's memory */
     TRANSFORMER_LM_REAL *grad_add_Wo0_part = grad_scores_Wk1 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_mix_Wv0 = add_Wo0; /* m x 64, in add_Wo0's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = add_Wo0; /* m x 64, in add_Wo0's memory */
     TRANSFORMER_LM_REAL *grad_add_b0a = grad_add_Wo0_part + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's
-            memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
     TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in
             grad_softmax_Wk1_block's memory */
-    TRANSFORMER_LM_REAL *grad_scores_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory
-            */
-    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
-    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
-    TRANSFORMER_LM_REAL *grad_add_E_part = mm_Wk0; /* m x 64, in mm_Wk0's memory */
-    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
-    TRANSFORMER_LM_REAL *grad_mul_Wq1 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk0 = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's
+            memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wk0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wq0 = mm_Wq0; /* m x 64, in mm_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wk0; /* m x 64, in mm_Wk0's memory */
+    TRANSFORMER_LM_REAL *grad_add_E_part = mm_Wv0; /* m x 64, in mm_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
 
-    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, mm_Wq1, mm_Wk1,
-            softmax_Wk1, mm_Wv1, add_Wo1, norm_Wo1, add_W1up, add_W1down, norm_W1down,
-            softmax_axis_Wout, grad_log_softmax_axis_Wout, rowsum_targets, grad_add_bf,
-            grad_norm_W1down, grad_add_W1down, grad_mul_W1up, grad_add_b1m, grad_norm_Wo1,
-            grad_add_Wo1_part, grad_mix_Wv1, grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1,
-            grad_softmax_Wk1_block, grad_scores_Wk1, grad_mm_Wk1, grad_mm_Wq1);
-    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, add_E, norm_E, mul_Wq0,
-            mm_Wq0, mm_Wk0, softmax_Wk0, mm_Wv0, add_Wo0, norm_Wo0, add_W0up, add_W0down,
-            norm_W0down, mul_Wq1, grad_add_Wo1_part, grad_add_b1a, grad_mm_Wq1, grad_norm_W0down,
-            grad_add_W0down_part, grad_mul_W0up, grad_add_b0m, grad_norm_Wo0, grad_add_Wo0_part,
-            grad_mix_Wv0, grad_mm_Wv0, grad_add_b0a, grad_softmax_Wk0, grad_softmax_Wk0_block,
-            grad_scores_Wk0, grad_mm_Wk0, grad_mm_Wq0, grad_norm_E, grad_add_E_part);
+    transformer_lm_run_part4(
+        m,
+        targets,
+        Wk1,
+        Wv1,
+        Wo1,
+        g1m,
+        W1up,
+        W1down,
+        gf,
+        Wout,
+        mm_Wq1,
+        mm_Wk1,
+        softmax_Wk1,
+        mm_Wv1,
+        add_Wo1,
+        norm_Wo1,
+        add_W1up,
+        add_W1down,
+        norm_W1down,
+        softmax_axis_Wout,
+        grad_log_softmax_axis_Wout,
+        rowsum_targets,
+        grad_add_bf,
+        grad_norm_W1down,
+        grad_add_W1down,
+        grad_mul_W1up,
+        grad_add_b1m,
+        grad_norm_Wo1,
+        grad_add_Wo1_part,
+        grad_mix_Wv1,
+        grad_mm_Wv1,
+        grad_add_b1a,
+        grad_softmax_Wk1,
+        grad_softmax_Wk1_block,
+        grad_scores_Wk1,
+        grad_mm_Wk1,
+        grad_mm_Wq1
+    );
+    transformer_lm_run_part5(
+        m,
+        g0a,
+        Wk0,
+        Wv0,
+        Wo0,
+        g0m,
+        W0up,
+        W0down,
+        g1a,
+        add_E,
+        norm_E,
+        mul_Wq0,
+        mm_Wq0,
+        mm_Wk0,
+        softmax_Wk0,
+        mm_Wv0,
+        add_Wo0,
+        norm_Wo0,
+        add_W0up,
+        add_W0down,
+        norm_W0down,
+        mul_Wq1,
+        grad_add_Wo1_part,
+        grad_add_b1a,
+        grad_mm_Wq1,
+        grad_norm_W0down,
+        grad_add_W0down_part,
+        grad_mul_W0up,
+        grad_add_b0m,
+        grad_norm_Wo0,
+        grad_add_Wo0_part,
+        grad_mix_Wv0,
+        grad_mm_Wv0,
+        grad_add_b0a,
+        grad_softmax_Wk0,
+        grad_softmax_Wk0_block,
+        grad_scores_Wk0,
+        grad_mm_Wk0,
+        grad_mm_Wq0,
+        grad_norm_E,
+        grad_add_E_part
+    );
     transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, grad_add_E_part);
-    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0,
-            grad_g0m, grad_b0m, norm_E, add_b0a, mix_Wv0, norm_Wo0, grad_add_b0m, grad_add_Wo0_part,
-            grad_mm_Wv0, grad_add_b0a, grad_mm_Wk0, grad_mm_Wq0, grad_mul_Wq0);
-    transformer_lm_run_part8(m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a,
-            grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up,
-            grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, add_b0m, mul_W0up, norm_W0down,
-            add_b1a, mix_Wv1, norm_Wo1, add_b1m, mul_W1up, norm_W1down, add_bf,
-            grad_log_softmax_axis_Wout, grad_add_bf, grad_add_W1down, grad_mul_W1up, grad_add_b1m,
-            grad_add_Wo1_part, grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1, grad_mm_Wq1,
-            grad_add_W0down_part, grad_mul_W0up, grad_mul_Wq1);
+    transformer_lm_run_part7(
+        m,
+        grad_g0a,
+        grad_b0a,
+        grad_Wq0,
+        grad_Wk0,
+        grad_Wv0,
+        grad_Wo0,
+        grad_g0m,
+        grad_b0m,
+        norm_E,
+        add_b0a,
+        mix_Wv0,
+        norm_Wo0,
+        grad_add_b0m,
+        grad_add_Wo0_part,
+        grad_mm_Wv0,
+        grad_add_b0a,
+        grad_mm_Wk0,
+        grad_mm_Wq0,
+        grad_mul_Wq0
+    );
+    transformer_lm_run_part8(
+        m,
+        grad_W0up,
+        grad_c0up,
+        grad_W0down,
+        grad_c0down,
+        grad_g1a,
+        grad_b1a,
+        grad_Wq1,
+        grad_Wk1,
+        grad_Wv1,
+        grad_Wo1,
+        grad_g1m,
+        grad_b1m,
+        grad_W1up,
+        grad_c1up,
+        grad_W1down,
+        grad_c1down,
+        grad_gf,
+        grad_bf,
+        grad_Wout,
+        add_b0m,
+        mul_W0up,
+        norm_W0down,
+        add_b1a,
+        mix_Wv1,
+        norm_Wo1,
+        add_b1m,
+        mul_W1up,
+        norm_W1down,
+        add_bf,
+        grad_log_softmax_axis_Wout,
+        grad_add_bf,
+        grad_add_W1down,
+        grad_mul_W1up,
+        grad_add_b1m,
+        grad_add_Wo1_part,
+        grad_mm_Wv1,
+        grad_add_b1a,
+        grad_mm_Wk1,
+        grad_mm_Wq1,
+        grad_add_W0down_part,
+        grad_mul_W0up,
+        grad_mul_Wq1
+    );
     return 0;
 }
 #endif
@@ -2996,11 +3213,73 @@ int transformer_lm_forward(
     if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
-            b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
-            W1down, c1down, gf, bf, Wout, loss, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-            NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+    return transformer_lm_run(
+        m,
+        ids,
+        positions,
+        targets,
+        E,
+        P,
+        g0a,
+        b0a,
+        Wq0,
+        Wk0,
+        Wv0,
+        Wo0,
+        g0m,
+        b0m,
+        W0up,
+        c0up,
+        W0down,
+        c0down,
+        g1a,
+        b1a,
+        Wq1,
+        Wk1,
+        Wv1,
+        Wo1,
+        g1m,
+        b1m,
+        W1up,
+        c1up,
+        W1down,
+        c1down,
+        gf,
+        bf,
+        Wout,
+        loss,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        NULL,
+        work,
+        0
+    );
 }
 #endif
 
@@ -3092,13 +3371,73 @@ int transformer_lm_value_and_grad(
     if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* its arrays and workspace, summed */
         return 6;
     }
-    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
-            b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
-            W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0,
-            grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down,
-            grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m,
-            grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout,
-            work, 1);
+    return transformer_lm_run(
+        m,
+        ids,
+        positions,
+        targets,
+        E,
+        P,
+        g0a,
+        b0a,
+        Wq0,
+        Wk0,
+        Wv0,
+        Wo0,
+        g0m,
+        b0m,
+        W0up,
+        c0up,
+        W0down,
+        c0down,
+        g1a,
+        b1a,
+        Wq1,
+        Wk1,
+        Wv1,
+        Wo1,
+        g1m,
+        b1m,
+        W1up,
+        c1up,
+        W1down,
+        c1down,
+        gf,
+        bf,
+        Wout,
+        loss,
+        grad_E,
+        grad_P,
+        grad_g0a,
+        grad_b0a,
+        grad_Wq0,
+        grad_Wk0,
+        grad_Wv0,
+        grad_Wo0,
+        grad_g0m,
+        grad_b0m,
+        grad_W0up,
+        grad_c0up,
+        grad_W0down,
+        grad_c0down,
+        grad_g1a,
+        grad_b1a,
+        grad_Wq1,
+        grad_Wk1,
+        grad_Wv1,
+        grad_Wo1,
+        grad_g1m,
+        grad_b1m,
+        grad_W1up,
+        grad_c1up,
+        grad_W1down,
+        grad_c1down,
+        grad_gf,
+        grad_bf,
+        grad_Wout,
+        work,
+        1
+    );
 }
 #endif
 
@@ -4415,43 +4754,311 @@ int transformer_lm_train_step(
     TRANSFORMER_LM_REAL *grad_bf = grad_gf + 1*64; /* 1 x 64 */
     TRANSFORMER_LM_REAL *grad_Wout = grad_bf + 1*64; /* 64 x 62 */
 
-    const int status = transformer_lm_value_and_grad(m, ids, positions, targets, E, P, g0a, b0a,
-            Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1,
-            g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a,
-            grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up,
-            grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1,
-            grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf,
-            grad_bf, grad_Wout, grad_Wout + 64*62);
+    const int status = transformer_lm_value_and_grad(
+        m,
+        ids,
+        positions,
+        targets,
+        E,
+        P,
+        g0a,
+        b0a,
+        Wq0,
+        Wk0,
+        Wv0,
+        Wo0,
+        g0m,
+        b0m,
+        W0up,
+        c0up,
+        W0down,
+        c0down,
+        g1a,
+        b1a,
+        Wq1,
+        Wk1,
+        Wv1,
+        Wo1,
+        g1m,
+        b1m,
+        W1up,
+        c1up,
+        W1down,
+        c1down,
+        gf,
+        bf,
+        Wout,
+        loss,
+        grad_E,
+        grad_P,
+        grad_g0a,
+        grad_b0a,
+        grad_Wq0,
+        grad_Wk0,
+        grad_Wv0,
+        grad_Wo0,
+        grad_g0m,
+        grad_b0m,
+        grad_W0up,
+        grad_c0up,
+        grad_W0down,
+        grad_c0down,
+        grad_g1a,
+        grad_b1a,
+        grad_Wq1,
+        grad_Wk1,
+        grad_Wv1,
+        grad_Wo1,
+        grad_g1m,
+        grad_b1m,
+        grad_W1up,
+        grad_c1up,
+        grad_W1down,
+        grad_c1down,
+        grad_gf,
+        grad_bf,
+        grad_Wout,
+        grad_Wout + 64*62
+    );
     if (status != 0) {
         return status; /* (it writes nothing then) */
     }
 
-    transformer_lm_train_step_part1(E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up,
-            W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf,
-            bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, grad_E_3, grad_P_3,
-            grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3,
-            grad_Wo1_3, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3, grad_g1a_3,
-            grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3, grad_W0up_3,
-            grad_W1up_3, grad_c0up_3, grad_c1up_3, grad_W0down_3, grad_W1down_3, grad_Wout_3,
-            bias_correction1, bias_correction2, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0,
-            grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down,
-            grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m,
-            grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout);
-    transformer_lm_train_step_part2(P, Wq0, Wk0, Wv0, Wo0, Wq1, Wk1, Wv1, Wo1, lr, beta1, beta2,
-            eps, m_P, v_P, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_Wq1, v_Wq1,
-            m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, grad_P_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3,
-            grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, bias_correction1,
-            bias_correction2);
-    transformer_lm_train_step_part3(g0a, b0a, g0m, b0m, c0down, g1a, b1a, g1m, b1m, c1down, gf, bf,
-            lr, beta1, beta2, eps, m_g0a, v_g0a, m_b0a, v_b0a, m_g0m, v_g0m, m_b0m, v_b0m, m_c0down,
-            v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_g1m, v_g1m, m_b1m, v_b1m, m_c1down, v_c1down,
-            m_gf, v_gf, m_bf, v_bf, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3,
-            grad_g1a_3, grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3,
-            bias_correction1, bias_correction2);
-    transformer_lm_train_step_part4(W0up, c0up, W0down, W1up, c1up, W1down, Wout, lr, beta1, beta2,
-            eps, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_W1up, v_W1up, m_c1up, v_c1up,
-            m_W1down, v_W1down, m_Wout, v_Wout, grad_W0up_3, grad_W1up_3, grad_c0up_3, grad_c1up_3,
-            grad_W0down_3, grad_W1down_3, grad_Wout_3, bias_correction1, bias_correction2);
+    transformer_lm_train_step_part1(
+        E,
+        P,
+        g0a,
+        b0a,
+        Wq0,
+        Wk0,
+        Wv0,
+        Wo0,
+        g0m,
+        b0m,
+        W0up,
+        c0up,
+        W0down,
+        c0down,
+        g1a,
+        b1a,
+        Wq1,
+        Wk1,
+        Wv1,
+        Wo1,
+        g1m,
+        b1m,
+        W1up,
+        c1up,
+        W1down,
+        c1down,
+        gf,
+        bf,
+        Wout,
+        lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+        step,
+        m_E,
+        v_E,
+        grad_E_3,
+        grad_P_3,
+        grad_Wq0_3,
+        grad_Wk0_3,
+        grad_Wv0_3,
+        grad_Wo0_3,
+        grad_Wq1_3,
+        grad_Wk1_3,
+        grad_Wv1_3,
+        grad_Wo1_3,
+        grad_g0a_3,
+        grad_b0a_3,
+        grad_g0m_3,
+        grad_b0m_3,
+        grad_c0down_3,
+        grad_g1a_3,
+        grad_b1a_3,
+        grad_g1m_3,
+        grad_b1m_3,
+        grad_c1down_3,
+        grad_gf_3,
+        grad_bf_3,
+        grad_W0up_3,
+        grad_W1up_3,
+        grad_c0up_3,
+        grad_c1up_3,
+        grad_W0down_3,
+        grad_W1down_3,
+        grad_Wout_3,
+        bias_correction1,
+        bias_correction2,
+        grad_E,
+        grad_P,
+        grad_g0a,
+        grad_b0a,
+        grad_Wq0,
+        grad_Wk0,
+        grad_Wv0,
+        grad_Wo0,
+        grad_g0m,
+        grad_b0m,
+        grad_W0up,
+        grad_c0up,
+        grad_W0down,
+        grad_c0down,
+        grad_g1a,
+        grad_b1a,
+        grad_Wq1,
+        grad_Wk1,
+        grad_Wv1,
+        grad_Wo1,
+        grad_g1m,
+        grad_b1m,
+        grad_W1up,
+        grad_c1up,
+        grad_W1down,
+        grad_c1down,
+        grad_gf,
+        grad_bf,
+        grad_Wout
+    );
+    transformer_lm_train_step_part2(
+        P,
+        Wq0,
+        Wk0,
+        Wv0,
+        Wo0,
+        Wq1,
+        Wk1,
+        Wv1,
+        Wo1,
+        lr,
+        beta1,
+        beta2,
+        eps,
+        m_P,
+        v_P,
+        m_Wq0,
+        v_Wq0,
+        m_Wk0,
+        v_Wk0,
+        m_Wv0,
+        v_Wv0,
+        m_Wo0,
+        v_Wo0,
+        m_Wq1,
+        v_Wq1,
+        m_Wk1,
+        v_Wk1,
+        m_Wv1,
+        v_Wv1,
+        m_Wo1,
+        v_Wo1,
+        grad_P_3,
+        grad_Wq0_3,
+        grad_Wk0_3,
+        grad_Wv0_3,
+        grad_Wo0_3,
+        grad_Wq1_3,
+        grad_Wk1_3,
+        grad_Wv1_3,
+        grad_Wo1_3,
+        bias_correction1,
+        bias_correction2
+    );
+    transformer_lm_train_step_part3(
+        g0a,
+        b0a,
+        g0m,
+        b0m,
+        c0down,
+        g1a,
+        b1a,
+        g1m,
+        b1m,
+        c1down,
+        gf,
+        bf,
+        lr,
+        beta1,
+        beta2,
+        eps,
+        m_g0a,
+        v_g0a,
+        m_b0a,
+        v_b0a,
+        m_g0m,
+        v_g0m,
+        m_b0m,
+        v_b0m,
+        m_c0down,
+        v_c0down,
+        m_g1a,
+        v_g1a,
+        m_b1a,
+        v_b1a,
+        m_g1m,
+        v_g1m,
+        m_b1m,
+        v_b1m,
+        m_c1down,
+        v_c1down,
+        m_gf,
+        v_gf,
+        m_bf,
+        v_bf,
+        grad_g0a_3,
+        grad_b0a_3,
+        grad_g0m_3,
+        grad_b0m_3,
+        grad_c0down_3,
+        grad_g1a_3,
+        grad_b1a_3,
+        grad_g1m_3,
+        grad_b1m_3,
+        grad_c1down_3,
+        grad_gf_3,
+        grad_bf_3,
+        bias_correction1,
+        bias_correction2
+    );
+    transformer_lm_train_step_part4(
+        W0up,
+        c0up,
+        W0down,
+        W1up,
+        c1up,
+        W1down,
+        Wout,
+        lr,
+        beta1,
+        beta2,
+        eps,
+        m_W0up,
+        v_W0up,
+        m_c0up,
+        v_c0up,
+        m_W0down,
+        v_W0down,
+        m_W1up,
+        v_W1up,
+        m_c1up,
+        v_c1up,
+        m_W1down,
+        v_W1down,
+        m_Wout,
+        v_Wout,
+        grad_W0up_3,
+        grad_W1up_3,
+        grad_c0up_3,
+        grad_c1up_3,
+        grad_W0down_3,
+        grad_W1down_3,
+        grad_Wout_3,
+        bias_correction1,
+        bias_correction2
+    );
     return 0;
 }
 #endif
@@ -4772,7 +5379,7 @@ int transformer_lm_n_dims(void)
 const char *transformer_lm_name_dim(int64_t i)
 {
     static const char *const names[] = {"m"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -4832,20 +5439,52 @@ const char *transformer_lm_forward_name_in(int64_t i)
         "bf",
         "Wout",
     };
-    return i >= 0 && i < 32 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *transformer_lm_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int transformer_lm_forward_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-            0, 0, 0, 0, 0, 0, 0, 0, 0};
-    return i >= 0 && i < 32 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        1, /* ids */
+        1, /* positions */
+        1, /* targets */
+        0, /* E */
+        0, /* P */
+        0, /* g0a */
+        0, /* b0a */
+        0, /* Wq0 */
+        0, /* Wk0 */
+        0, /* Wv0 */
+        0, /* Wo0 */
+        0, /* g0m */
+        0, /* b0m */
+        0, /* W0up */
+        0, /* c0up */
+        0, /* W0down */
+        0, /* c0down */
+        0, /* g1a */
+        0, /* b1a */
+        0, /* Wq1 */
+        0, /* Wk1 */
+        0, /* Wv1 */
+        0, /* Wo1 */
+        0, /* g1m */
+        0, /* b1m */
+        0, /* W1up */
+        0, /* c1up */
+        0, /* W1down */
+        0, /* c1down */
+        0, /* gf */
+        0, /* bf */
+        0, /* Wout */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int transformer_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -4857,42 +5496,46 @@ int transformer_lm_forward_shape_in(int64_t i, const int64_t *dims, int64_t shap
     if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
-    case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
-    case 2: shape[0] = m; shape[1] = 1; return 0; /* targets */
-    case 3: shape[0] = 62; shape[1] = 64; return 0; /* E */
-    case 4: shape[0] = 64; shape[1] = 64; return 0; /* P */
-    case 5: shape[0] = 1; shape[1] = 64; return 0; /* g0a */
-    case 6: shape[0] = 1; shape[1] = 64; return 0; /* b0a */
-    case 7: shape[0] = 64; shape[1] = 64; return 0; /* Wq0 */
-    case 8: shape[0] = 64; shape[1] = 64; return 0; /* Wk0 */
-    case 9: shape[0] = 64; shape[1] = 64; return 0; /* Wv0 */
-    case 10: shape[0] = 64; shape[1] = 64; return 0; /* Wo0 */
-    case 11: shape[0] = 1; shape[1] = 64; return 0; /* g0m */
-    case 12: shape[0] = 1; shape[1] = 64; return 0; /* b0m */
-    case 13: shape[0] = 64; shape[1] = 256; return 0; /* W0up */
-    case 14: shape[0] = 1; shape[1] = 256; return 0; /* c0up */
-    case 15: shape[0] = 256; shape[1] = 64; return 0; /* W0down */
-    case 16: shape[0] = 1; shape[1] = 64; return 0; /* c0down */
-    case 17: shape[0] = 1; shape[1] = 64; return 0; /* g1a */
-    case 18: shape[0] = 1; shape[1] = 64; return 0; /* b1a */
-    case 19: shape[0] = 64; shape[1] = 64; return 0; /* Wq1 */
-    case 20: shape[0] = 64; shape[1] = 64; return 0; /* Wk1 */
-    case 21: shape[0] = 64; shape[1] = 64; return 0; /* Wv1 */
-    case 22: shape[0] = 64; shape[1] = 64; return 0; /* Wo1 */
-    case 23: shape[0] = 1; shape[1] = 64; return 0; /* g1m */
-    case 24: shape[0] = 1; shape[1] = 64; return 0; /* b1m */
-    case 25: shape[0] = 64; shape[1] = 256; return 0; /* W1up */
-    case 26: shape[0] = 1; shape[1] = 256; return 0; /* c1up */
-    case 27: shape[0] = 256; shape[1] = 64; return 0; /* W1down */
-    case 28: shape[0] = 1; shape[1] = 64; return 0; /* c1down */
-    case 29: shape[0] = 1; shape[1] = 64; return 0; /* gf */
-    case 30: shape[0] = 1; shape[1] = 64; return 0; /* bf */
-    case 31: shape[0] = 64; shape[1] = 62; return 0; /* Wout */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {m, 1}, /* ids */
+        {m, 1}, /* positions */
+        {m, 1}, /* targets */
+        {62, 64}, /* E */
+        {64, 64}, /* P */
+        {1, 64}, /* g0a */
+        {1, 64}, /* b0a */
+        {64, 64}, /* Wq0 */
+        {64, 64}, /* Wk0 */
+        {64, 64}, /* Wv0 */
+        {64, 64}, /* Wo0 */
+        {1, 64}, /* g0m */
+        {1, 64}, /* b0m */
+        {64, 256}, /* W0up */
+        {1, 256}, /* c0up */
+        {256, 64}, /* W0down */
+        {1, 64}, /* c0down */
+        {1, 64}, /* g1a */
+        {1, 64}, /* b1a */
+        {64, 64}, /* Wq1 */
+        {64, 64}, /* Wk1 */
+        {64, 64}, /* Wv1 */
+        {64, 64}, /* Wo1 */
+        {1, 64}, /* g1m */
+        {1, 64}, /* b1m */
+        {64, 256}, /* W1up */
+        {1, 256}, /* c1up */
+        {256, 64}, /* W1down */
+        {1, 64}, /* c1down */
+        {1, 64}, /* gf */
+        {1, 64}, /* bf */
+        {64, 62}, /* Wout */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int transformer_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -4904,11 +5547,15 @@ int transformer_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t sha
     if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t transformer_lm_forward_call_work_len(const int64_t *dims)
@@ -4935,22 +5582,41 @@ int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void
         }
     }
     return transformer_lm_forward(
-        dims[0], (const int64_t *)in[0], (const int64_t *)in[1], (const int64_t *)in[2],
-        (const TRANSFORMER_LM_REAL *)in[3], (const TRANSFORMER_LM_REAL *)in[4],
-        (const TRANSFORMER_LM_REAL *)in[5], (const TRANSFORMER_LM_REAL *)in[6],
-        (const TRANSFORMER_LM_REAL *)in[7], (const TRANSFORMER_LM_REAL *)in[8],
-        (const TRANSFORMER_LM_REAL *)in[9], (const TRANSFORMER_LM_REAL *)in[10],
-        (const TRANSFORMER_LM_REAL *)in[11], (const TRANSFORMER_LM_REAL *)in[12],
-        (const TRANSFORMER_LM_REAL *)in[13], (const TRANSFORMER_LM_REAL *)in[14],
-        (const TRANSFORMER_LM_REAL *)in[15], (const TRANSFORMER_LM_REAL *)in[16],
-        (const TRANSFORMER_LM_REAL *)in[17], (const TRANSFORMER_LM_REAL *)in[18],
-        (const TRANSFORMER_LM_REAL *)in[19], (const TRANSFORMER_LM_REAL *)in[20],
-        (const TRANSFORMER_LM_REAL *)in[21], (const TRANSFORMER_LM_REAL *)in[22],
-        (const TRANSFORMER_LM_REAL *)in[23], (const TRANSFORMER_LM_REAL *)in[24],
-        (const TRANSFORMER_LM_REAL *)in[25], (const TRANSFORMER_LM_REAL *)in[26],
-        (const TRANSFORMER_LM_REAL *)in[27], (const TRANSFORMER_LM_REAL *)in[28],
-        (const TRANSFORMER_LM_REAL *)in[29], (const TRANSFORMER_LM_REAL *)in[30],
-        (const TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)out[0], work
+        dims[0],
+        (const int64_t *)in[0],
+        (const int64_t *)in[1],
+        (const int64_t *)in[2],
+        (const TRANSFORMER_LM_REAL *)in[3],
+        (const TRANSFORMER_LM_REAL *)in[4],
+        (const TRANSFORMER_LM_REAL *)in[5],
+        (const TRANSFORMER_LM_REAL *)in[6],
+        (const TRANSFORMER_LM_REAL *)in[7],
+        (const TRANSFORMER_LM_REAL *)in[8],
+        (const TRANSFORMER_LM_REAL *)in[9],
+        (const TRANSFORMER_LM_REAL *)in[10],
+        (const TRANSFORMER_LM_REAL *)in[11],
+        (const TRANSFORMER_LM_REAL *)in[12],
+        (const TRANSFORMER_LM_REAL *)in[13],
+        (const TRANSFORMER_LM_REAL *)in[14],
+        (const TRANSFORMER_LM_REAL *)in[15],
+        (const TRANSFORMER_LM_REAL *)in[16],
+        (const TRANSFORMER_LM_REAL *)in[17],
+        (const TRANSFORMER_LM_REAL *)in[18],
+        (const TRANSFORMER_LM_REAL *)in[19],
+        (const TRANSFORMER_LM_REAL *)in[20],
+        (const TRANSFORMER_LM_REAL *)in[21],
+        (const TRANSFORMER_LM_REAL *)in[22],
+        (const TRANSFORMER_LM_REAL *)in[23],
+        (const TRANSFORMER_LM_REAL *)in[24],
+        (const TRANSFORMER_LM_REAL *)in[25],
+        (const TRANSFORMER_LM_REAL *)in[26],
+        (const TRANSFORMER_LM_REAL *)in[27],
+        (const TRANSFORMER_LM_REAL *)in[28],
+        (const TRANSFORMER_LM_REAL *)in[29],
+        (const TRANSFORMER_LM_REAL *)in[30],
+        (const TRANSFORMER_LM_REAL *)in[31],
+        (TRANSFORMER_LM_REAL *)out[0],
+        work
     );
 }
 
@@ -5010,7 +5676,7 @@ const char *transformer_lm_value_and_grad_name_in(int64_t i)
         "bf",
         "Wout",
     };
-    return i >= 0 && i < 32 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *transformer_lm_value_and_grad_name_out(int64_t i)
@@ -5047,14 +5713,46 @@ const char *transformer_lm_value_and_grad_name_out(int64_t i)
         "grad_bf",
         "grad_Wout",
     };
-    return i >= 0 && i < 30 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int transformer_lm_value_and_grad_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-            0, 0, 0, 0, 0, 0, 0, 0, 0};
-    return i >= 0 && i < 32 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        1, /* ids */
+        1, /* positions */
+        1, /* targets */
+        0, /* E */
+        0, /* P */
+        0, /* g0a */
+        0, /* b0a */
+        0, /* Wq0 */
+        0, /* Wk0 */
+        0, /* Wv0 */
+        0, /* Wo0 */
+        0, /* g0m */
+        0, /* b0m */
+        0, /* W0up */
+        0, /* c0up */
+        0, /* W0down */
+        0, /* c0down */
+        0, /* g1a */
+        0, /* b1a */
+        0, /* Wq1 */
+        0, /* Wk1 */
+        0, /* Wv1 */
+        0, /* Wo1 */
+        0, /* g1m */
+        0, /* b1m */
+        0, /* W1up */
+        0, /* c1up */
+        0, /* W1down */
+        0, /* c1down */
+        0, /* gf */
+        0, /* bf */
+        0, /* Wout */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int transformer_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -5066,42 +5764,46 @@ int transformer_lm_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64
     if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
-    case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
-    case 2: shape[0] = m; shape[1] = 1; return 0; /* targets */
-    case 3: shape[0] = 62; shape[1] = 64; return 0; /* E */
-    case 4: shape[0] = 64; shape[1] = 64; return 0; /* P */
-    case 5: shape[0] = 1; shape[1] = 64; return 0; /* g0a */
-    case 6: shape[0] = 1; shape[1] = 64; return 0; /* b0a */
-    case 7: shape[0] = 64; shape[1] = 64; return 0; /* Wq0 */
-    case 8: shape[0] = 64; shape[1] = 64; return 0; /* Wk0 */
-    case 9: shape[0] = 64; shape[1] = 64; return 0; /* Wv0 */
-    case 10: shape[0] = 64; shape[1] = 64; return 0; /* Wo0 */
-    case 11: shape[0] = 1; shape[1] = 64; return 0; /* g0m */
-    case 12: shape[0] = 1; shape[1] = 64; return 0; /* b0m */
-    case 13: shape[0] = 64; shape[1] = 256; return 0; /* W0up */
-    case 14: shape[0] = 1; shape[1] = 256; return 0; /* c0up */
-    case 15: shape[0] = 256; shape[1] = 64; return 0; /* W0down */
-    case 16: shape[0] = 1; shape[1] = 64; return 0; /* c0down */
-    case 17: shape[0] = 1; shape[1] = 64; return 0; /* g1a */
-    case 18: shape[0] = 1; shape[1] = 64; return 0; /* b1a */
-    case 19: shape[0] = 64; shape[1] = 64; return 0; /* Wq1 */
-    case 20: shape[0] = 64; shape[1] = 64; return 0; /* Wk1 */
-    case 21: shape[0] = 64; shape[1] = 64; return 0; /* Wv1 */
-    case 22: shape[0] = 64; shape[1] = 64; return 0; /* Wo1 */
-    case 23: shape[0] = 1; shape[1] = 64; return 0; /* g1m */
-    case 24: shape[0] = 1; shape[1] = 64; return 0; /* b1m */
-    case 25: shape[0] = 64; shape[1] = 256; return 0; /* W1up */
-    case 26: shape[0] = 1; shape[1] = 256; return 0; /* c1up */
-    case 27: shape[0] = 256; shape[1] = 64; return 0; /* W1down */
-    case 28: shape[0] = 1; shape[1] = 64; return 0; /* c1down */
-    case 29: shape[0] = 1; shape[1] = 64; return 0; /* gf */
-    case 30: shape[0] = 1; shape[1] = 64; return 0; /* bf */
-    case 31: shape[0] = 64; shape[1] = 62; return 0; /* Wout */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {m, 1}, /* ids */
+        {m, 1}, /* positions */
+        {m, 1}, /* targets */
+        {62, 64}, /* E */
+        {64, 64}, /* P */
+        {1, 64}, /* g0a */
+        {1, 64}, /* b0a */
+        {64, 64}, /* Wq0 */
+        {64, 64}, /* Wk0 */
+        {64, 64}, /* Wv0 */
+        {64, 64}, /* Wo0 */
+        {1, 64}, /* g0m */
+        {1, 64}, /* b0m */
+        {64, 256}, /* W0up */
+        {1, 256}, /* c0up */
+        {256, 64}, /* W0down */
+        {1, 64}, /* c0down */
+        {1, 64}, /* g1a */
+        {1, 64}, /* b1a */
+        {64, 64}, /* Wq1 */
+        {64, 64}, /* Wk1 */
+        {64, 64}, /* Wv1 */
+        {64, 64}, /* Wo1 */
+        {1, 64}, /* g1m */
+        {1, 64}, /* b1m */
+        {64, 256}, /* W1up */
+        {1, 256}, /* c1up */
+        {256, 64}, /* W1down */
+        {1, 64}, /* c1down */
+        {1, 64}, /* gf */
+        {1, 64}, /* bf */
+        {64, 62}, /* Wout */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int transformer_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -5113,40 +5815,44 @@ int transformer_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int6
     if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 62; shape[1] = 64; return 0; /* grad_E */
-    case 2: shape[0] = 64; shape[1] = 64; return 0; /* grad_P */
-    case 3: shape[0] = 1; shape[1] = 64; return 0; /* grad_g0a */
-    case 4: shape[0] = 1; shape[1] = 64; return 0; /* grad_b0a */
-    case 5: shape[0] = 64; shape[1] = 64; return 0; /* grad_Wq0 */
-    case 6: shape[0] = 64; shape[1] = 64; return 0; /* grad_Wk0 */
-    case 7: shape[0] = 64; shape[1] = 64; return 0; /* grad_Wv0 */
-    case 8: shape[0] = 64; shape[1] = 64; return 0; /* grad_Wo0 */
-    case 9: shape[0] = 1; shape[1] = 64; return 0; /* grad_g0m */
-    case 10: shape[0] = 1; shape[1] = 64; return 0; /* grad_b0m */
-    case 11: shape[0] = 64; shape[1] = 256; return 0; /* grad_W0up */
-    case 12: shape[0] = 1; shape[1] = 256; return 0; /* grad_c0up */
-    case 13: shape[0] = 256; shape[1] = 64; return 0; /* grad_W0down */
-    case 14: shape[0] = 1; shape[1] = 64; return 0; /* grad_c0down */
-    case 15: shape[0] = 1; shape[1] = 64; return 0; /* grad_g1a */
-    case 16: shape[0] = 1; shape[1] = 64; return 0; /* grad_b1a */
-    case 17: shape[0] = 64; shape[1] = 64; return 0; /* grad_Wq1 */
-    case 18: shape[0] = 64; shape[1] = 64; return 0; /* grad_Wk1 */
-    case 19: shape[0] = 64; shape[1] = 64; return 0; /* grad_Wv1 */
-    case 20: shape[0] = 64; shape[1] = 64; return 0; /* grad_Wo1 */
-    case 21: shape[0] = 1; shape[1] = 64; return 0; /* grad_g1m */
-    case 22: shape[0] = 1; shape[1] = 64; return 0; /* grad_b1m */
-    case 23: shape[0] = 64; shape[1] = 256; return 0; /* grad_W1up */
-    case 24: shape[0] = 1; shape[1] = 256; return 0; /* grad_c1up */
-    case 25: shape[0] = 256; shape[1] = 64; return 0; /* grad_W1down */
-    case 26: shape[0] = 1; shape[1] = 64; return 0; /* grad_c1down */
-    case 27: shape[0] = 1; shape[1] = 64; return 0; /* grad_gf */
-    case 28: shape[0] = 1; shape[1] = 64; return 0; /* grad_bf */
-    case 29: shape[0] = 64; shape[1] = 62; return 0; /* grad_Wout */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {62, 64}, /* grad_E */
+        {64, 64}, /* grad_P */
+        {1, 64}, /* grad_g0a */
+        {1, 64}, /* grad_b0a */
+        {64, 64}, /* grad_Wq0 */
+        {64, 64}, /* grad_Wk0 */
+        {64, 64}, /* grad_Wv0 */
+        {64, 64}, /* grad_Wo0 */
+        {1, 64}, /* grad_g0m */
+        {1, 64}, /* grad_b0m */
+        {64, 256}, /* grad_W0up */
+        {1, 256}, /* grad_c0up */
+        {256, 64}, /* grad_W0down */
+        {1, 64}, /* grad_c0down */
+        {1, 64}, /* grad_g1a */
+        {1, 64}, /* grad_b1a */
+        {64, 64}, /* grad_Wq1 */
+        {64, 64}, /* grad_Wk1 */
+        {64, 64}, /* grad_Wv1 */
+        {64, 64}, /* grad_Wo1 */
+        {1, 64}, /* grad_g1m */
+        {1, 64}, /* grad_b1m */
+        {64, 256}, /* grad_W1up */
+        {1, 256}, /* grad_c1up */
+        {256, 64}, /* grad_W1down */
+        {1, 64}, /* grad_c1down */
+        {1, 64}, /* grad_gf */
+        {1, 64}, /* grad_bf */
+        {64, 62}, /* grad_Wout */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t transformer_lm_value_and_grad_call_work_len(const int64_t *dims)
@@ -5173,40 +5879,70 @@ int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *i
         }
     }
     return transformer_lm_value_and_grad(
-        dims[0], (const int64_t *)in[0], (const int64_t *)in[1], (const int64_t *)in[2],
-        (const TRANSFORMER_LM_REAL *)in[3], (const TRANSFORMER_LM_REAL *)in[4],
-        (const TRANSFORMER_LM_REAL *)in[5], (const TRANSFORMER_LM_REAL *)in[6],
-        (const TRANSFORMER_LM_REAL *)in[7], (const TRANSFORMER_LM_REAL *)in[8],
-        (const TRANSFORMER_LM_REAL *)in[9], (const TRANSFORMER_LM_REAL *)in[10],
-        (const TRANSFORMER_LM_REAL *)in[11], (const TRANSFORMER_LM_REAL *)in[12],
-        (const TRANSFORMER_LM_REAL *)in[13], (const TRANSFORMER_LM_REAL *)in[14],
-        (const TRANSFORMER_LM_REAL *)in[15], (const TRANSFORMER_LM_REAL *)in[16],
-        (const TRANSFORMER_LM_REAL *)in[17], (const TRANSFORMER_LM_REAL *)in[18],
-        (const TRANSFORMER_LM_REAL *)in[19], (const TRANSFORMER_LM_REAL *)in[20],
-        (const TRANSFORMER_LM_REAL *)in[21], (const TRANSFORMER_LM_REAL *)in[22],
-        (const TRANSFORMER_LM_REAL *)in[23], (const TRANSFORMER_LM_REAL *)in[24],
-        (const TRANSFORMER_LM_REAL *)in[25], (const TRANSFORMER_LM_REAL *)in[26],
-        (const TRANSFORMER_LM_REAL *)in[27], (const TRANSFORMER_LM_REAL *)in[28],
-        (const TRANSFORMER_LM_REAL *)in[29], (const TRANSFORMER_LM_REAL *)in[30],
-        (const TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)out[0], (TRANSFORMER_LM_REAL
-                *)out[1],
-        (TRANSFORMER_LM_REAL *)out[2], (TRANSFORMER_LM_REAL *)out[3], (TRANSFORMER_LM_REAL *)out[4],
-        (TRANSFORMER_LM_REAL *)out[5], (TRANSFORMER_LM_REAL *)out[6], (TRANSFORMER_LM_REAL *)out[7],
-        (TRANSFORMER_LM_REAL *)out[8], (TRANSFORMER_LM_REAL *)out[9], (TRANSFORMER_LM_REAL
-                *)out[10],
-        (TRANSFORMER_LM_REAL *)out[11], (TRANSFORMER_LM_REAL *)out[12], (TRANSFORMER_LM_REAL
-                *)out[13],
-        (TRANSFORMER_LM_REAL *)out[14], (TRANSFORMER_LM_REAL *)out[15], (TRANSFORMER_LM_REAL
-                *)out[16],
-        (TRANSFORMER_LM_REAL *)out[17], (TRANSFORMER_LM_REAL *)out[18], (TRANSFORMER_LM_REAL
-                *)out[19],
-        (TRANSFORMER_LM_REAL *)out[20], (TRANSFORMER_LM_REAL *)out[21], (TRANSFORMER_LM_REAL
-                *)out[22],
-        (TRANSFORMER_LM_REAL *)out[23], (TRANSFORMER_LM_REAL *)out[24], (TRANSFORMER_LM_REAL
-                *)out[25],
-        (TRANSFORMER_LM_REAL *)out[26], (TRANSFORMER_LM_REAL *)out[27], (TRANSFORMER_LM_REAL
-                *)out[28],
-        (TRANSFORMER_LM_REAL *)out[29], work
+        dims[0],
+        (const int64_t *)in[0],
+        (const int64_t *)in[1],
+        (const int64_t *)in[2],
+        (const TRANSFORMER_LM_REAL *)in[3],
+        (const TRANSFORMER_LM_REAL *)in[4],
+        (const TRANSFORMER_LM_REAL *)in[5],
+        (const TRANSFORMER_LM_REAL *)in[6],
+        (const TRANSFORMER_LM_REAL *)in[7],
+        (const TRANSFORMER_LM_REAL *)in[8],
+        (const TRANSFORMER_LM_REAL *)in[9],
+        (const TRANSFORMER_LM_REAL *)in[10],
+        (const TRANSFORMER_LM_REAL *)in[11],
+        (const TRANSFORMER_LM_REAL *)in[12],
+        (const TRANSFORMER_LM_REAL *)in[13],
+        (const TRANSFORMER_LM_REAL *)in[14],
+        (const TRANSFORMER_LM_REAL *)in[15],
+        (const TRANSFORMER_LM_REAL *)in[16],
+        (const TRANSFORMER_LM_REAL *)in[17],
+        (const TRANSFORMER_LM_REAL *)in[18],
+        (const TRANSFORMER_LM_REAL *)in[19],
+        (const TRANSFORMER_LM_REAL *)in[20],
+        (const TRANSFORMER_LM_REAL *)in[21],
+        (const TRANSFORMER_LM_REAL *)in[22],
+        (const TRANSFORMER_LM_REAL *)in[23],
+        (const TRANSFORMER_LM_REAL *)in[24],
+        (const TRANSFORMER_LM_REAL *)in[25],
+        (const TRANSFORMER_LM_REAL *)in[26],
+        (const TRANSFORMER_LM_REAL *)in[27],
+        (const TRANSFORMER_LM_REAL *)in[28],
+        (const TRANSFORMER_LM_REAL *)in[29],
+        (const TRANSFORMER_LM_REAL *)in[30],
+        (const TRANSFORMER_LM_REAL *)in[31],
+        (TRANSFORMER_LM_REAL *)out[0],
+        (TRANSFORMER_LM_REAL *)out[1],
+        (TRANSFORMER_LM_REAL *)out[2],
+        (TRANSFORMER_LM_REAL *)out[3],
+        (TRANSFORMER_LM_REAL *)out[4],
+        (TRANSFORMER_LM_REAL *)out[5],
+        (TRANSFORMER_LM_REAL *)out[6],
+        (TRANSFORMER_LM_REAL *)out[7],
+        (TRANSFORMER_LM_REAL *)out[8],
+        (TRANSFORMER_LM_REAL *)out[9],
+        (TRANSFORMER_LM_REAL *)out[10],
+        (TRANSFORMER_LM_REAL *)out[11],
+        (TRANSFORMER_LM_REAL *)out[12],
+        (TRANSFORMER_LM_REAL *)out[13],
+        (TRANSFORMER_LM_REAL *)out[14],
+        (TRANSFORMER_LM_REAL *)out[15],
+        (TRANSFORMER_LM_REAL *)out[16],
+        (TRANSFORMER_LM_REAL *)out[17],
+        (TRANSFORMER_LM_REAL *)out[18],
+        (TRANSFORMER_LM_REAL *)out[19],
+        (TRANSFORMER_LM_REAL *)out[20],
+        (TRANSFORMER_LM_REAL *)out[21],
+        (TRANSFORMER_LM_REAL *)out[22],
+        (TRANSFORMER_LM_REAL *)out[23],
+        (TRANSFORMER_LM_REAL *)out[24],
+        (TRANSFORMER_LM_REAL *)out[25],
+        (TRANSFORMER_LM_REAL *)out[26],
+        (TRANSFORMER_LM_REAL *)out[27],
+        (TRANSFORMER_LM_REAL *)out[28],
+        (TRANSFORMER_LM_REAL *)out[29],
+        work
     );
 }
 
@@ -5330,22 +6066,116 @@ const char *transformer_lm_train_step_name_in(int64_t i)
         "m_Wout",
         "v_Wout",
     };
-    return i >= 0 && i < 96 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *transformer_lm_train_step_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int transformer_lm_train_step_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
-            2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
-            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
-            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
-    return i >= 0 && i < 96 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        1, /* ids */
+        1, /* positions */
+        1, /* targets */
+        2, /* E */
+        2, /* P */
+        2, /* g0a */
+        2, /* b0a */
+        2, /* Wq0 */
+        2, /* Wk0 */
+        2, /* Wv0 */
+        2, /* Wo0 */
+        2, /* g0m */
+        2, /* b0m */
+        2, /* W0up */
+        2, /* c0up */
+        2, /* W0down */
+        2, /* c0down */
+        2, /* g1a */
+        2, /* b1a */
+        2, /* Wq1 */
+        2, /* Wk1 */
+        2, /* Wv1 */
+        2, /* Wo1 */
+        2, /* g1m */
+        2, /* b1m */
+        2, /* W1up */
+        2, /* c1up */
+        2, /* W1down */
+        2, /* c1down */
+        2, /* gf */
+        2, /* bf */
+        2, /* Wout */
+        0, /* lr */
+        0, /* beta1 */
+        0, /* beta2 */
+        0, /* eps */
+        0, /* weight_decay */
+        2, /* step */
+        2, /* m_E */
+        2, /* v_E */
+        2, /* m_P */
+        2, /* v_P */
+        2, /* m_g0a */
+        2, /* v_g0a */
+        2, /* m_b0a */
+        2, /* v_b0a */
+        2, /* m_Wq0 */
+        2, /* v_Wq0 */
+        2, /* m_Wk0 */
+        2, /* v_Wk0 */
+        2, /* m_Wv0 */
+        2, /* v_Wv0 */
+        2, /* m_Wo0 */
+        2, /* v_Wo0 */
+        2, /* m_g0m */
+        2, /* v_g0m */
+        2, /* m_b0m */
+        2, /* v_b0m */
+        2, /* m_W0up */
+        2, /* v_W0up */
+        2, /* m_c0up */
+        2, /* v_c0up */
+        2, /* m_W0down */
+        2, /* v_W0down */
+        2, /* m_c0down */
+        2, /* v_c0down */
+        2, /* m_g1a */
+        2, /* v_g1a */
+        2, /* m_b1a */
+        2, /* v_b1a */
+        2, /* m_Wq1 */
+        2, /* v_Wq1 */
+        2, /* m_Wk1 */
+        2, /* v_Wk1 */
+        2, /* m_Wv1 */
+        2, /* v_Wv1 */
+        2, /* m_Wo1 */
+        2, /* v_Wo1 */
+        2, /* m_g1m */
+        2, /* v_g1m */
+        2, /* m_b1m */
+        2, /* v_b1m */
+        2, /* m_W1up */
+        2, /* v_W1up */
+        2, /* m_c1up */
+        2, /* v_c1up */
+        2, /* m_W1down */
+        2, /* v_W1down */
+        2, /* m_c1down */
+        2, /* v_c1down */
+        2, /* m_gf */
+        2, /* v_gf */
+        2, /* m_bf */
+        2, /* v_bf */
+        2, /* m_Wout */
+        2, /* v_Wout */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int transformer_lm_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -5357,106 +6187,110 @@ int transformer_lm_train_step_shape_in(int64_t i, const int64_t *dims, int64_t s
     if (transformer_lm_train_step_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = m; shape[1] = 1; return 0; /* ids */
-    case 1: shape[0] = m; shape[1] = 1; return 0; /* positions */
-    case 2: shape[0] = m; shape[1] = 1; return 0; /* targets */
-    case 3: shape[0] = 62; shape[1] = 64; return 0; /* E */
-    case 4: shape[0] = 64; shape[1] = 64; return 0; /* P */
-    case 5: shape[0] = 1; shape[1] = 64; return 0; /* g0a */
-    case 6: shape[0] = 1; shape[1] = 64; return 0; /* b0a */
-    case 7: shape[0] = 64; shape[1] = 64; return 0; /* Wq0 */
-    case 8: shape[0] = 64; shape[1] = 64; return 0; /* Wk0 */
-    case 9: shape[0] = 64; shape[1] = 64; return 0; /* Wv0 */
-    case 10: shape[0] = 64; shape[1] = 64; return 0; /* Wo0 */
-    case 11: shape[0] = 1; shape[1] = 64; return 0; /* g0m */
-    case 12: shape[0] = 1; shape[1] = 64; return 0; /* b0m */
-    case 13: shape[0] = 64; shape[1] = 256; return 0; /* W0up */
-    case 14: shape[0] = 1; shape[1] = 256; return 0; /* c0up */
-    case 15: shape[0] = 256; shape[1] = 64; return 0; /* W0down */
-    case 16: shape[0] = 1; shape[1] = 64; return 0; /* c0down */
-    case 17: shape[0] = 1; shape[1] = 64; return 0; /* g1a */
-    case 18: shape[0] = 1; shape[1] = 64; return 0; /* b1a */
-    case 19: shape[0] = 64; shape[1] = 64; return 0; /* Wq1 */
-    case 20: shape[0] = 64; shape[1] = 64; return 0; /* Wk1 */
-    case 21: shape[0] = 64; shape[1] = 64; return 0; /* Wv1 */
-    case 22: shape[0] = 64; shape[1] = 64; return 0; /* Wo1 */
-    case 23: shape[0] = 1; shape[1] = 64; return 0; /* g1m */
-    case 24: shape[0] = 1; shape[1] = 64; return 0; /* b1m */
-    case 25: shape[0] = 64; shape[1] = 256; return 0; /* W1up */
-    case 26: shape[0] = 1; shape[1] = 256; return 0; /* c1up */
-    case 27: shape[0] = 256; shape[1] = 64; return 0; /* W1down */
-    case 28: shape[0] = 1; shape[1] = 64; return 0; /* c1down */
-    case 29: shape[0] = 1; shape[1] = 64; return 0; /* gf */
-    case 30: shape[0] = 1; shape[1] = 64; return 0; /* bf */
-    case 31: shape[0] = 64; shape[1] = 62; return 0; /* Wout */
-    case 32: shape[0] = 1; shape[1] = 1; return 0; /* lr */
-    case 33: shape[0] = 1; shape[1] = 1; return 0; /* beta1 */
-    case 34: shape[0] = 1; shape[1] = 1; return 0; /* beta2 */
-    case 35: shape[0] = 1; shape[1] = 1; return 0; /* eps */
-    case 36: shape[0] = 1; shape[1] = 1; return 0; /* weight_decay */
-    case 37: shape[0] = 1; shape[1] = 1; return 0; /* step */
-    case 38: shape[0] = 62; shape[1] = 64; return 0; /* m_E */
-    case 39: shape[0] = 62; shape[1] = 64; return 0; /* v_E */
-    case 40: shape[0] = 64; shape[1] = 64; return 0; /* m_P */
-    case 41: shape[0] = 64; shape[1] = 64; return 0; /* v_P */
-    case 42: shape[0] = 1; shape[1] = 64; return 0; /* m_g0a */
-    case 43: shape[0] = 1; shape[1] = 64; return 0; /* v_g0a */
-    case 44: shape[0] = 1; shape[1] = 64; return 0; /* m_b0a */
-    case 45: shape[0] = 1; shape[1] = 64; return 0; /* v_b0a */
-    case 46: shape[0] = 64; shape[1] = 64; return 0; /* m_Wq0 */
-    case 47: shape[0] = 64; shape[1] = 64; return 0; /* v_Wq0 */
-    case 48: shape[0] = 64; shape[1] = 64; return 0; /* m_Wk0 */
-    case 49: shape[0] = 64; shape[1] = 64; return 0; /* v_Wk0 */
-    case 50: shape[0] = 64; shape[1] = 64; return 0; /* m_Wv0 */
-    case 51: shape[0] = 64; shape[1] = 64; return 0; /* v_Wv0 */
-    case 52: shape[0] = 64; shape[1] = 64; return 0; /* m_Wo0 */
-    case 53: shape[0] = 64; shape[1] = 64; return 0; /* v_Wo0 */
-    case 54: shape[0] = 1; shape[1] = 64; return 0; /* m_g0m */
-    case 55: shape[0] = 1; shape[1] = 64; return 0; /* v_g0m */
-    case 56: shape[0] = 1; shape[1] = 64; return 0; /* m_b0m */
-    case 57: shape[0] = 1; shape[1] = 64; return 0; /* v_b0m */
-    case 58: shape[0] = 64; shape[1] = 256; return 0; /* m_W0up */
-    case 59: shape[0] = 64; shape[1] = 256; return 0; /* v_W0up */
-    case 60: shape[0] = 1; shape[1] = 256; return 0; /* m_c0up */
-    case 61: shape[0] = 1; shape[1] = 256; return 0; /* v_c0up */
-    case 62: shape[0] = 256; shape[1] = 64; return 0; /* m_W0down */
-    case 63: shape[0] = 256; shape[1] = 64; return 0; /* v_W0down */
-    case 64: shape[0] = 1; shape[1] = 64; return 0; /* m_c0down */
-    case 65: shape[0] = 1; shape[1] = 64; return 0; /* v_c0down */
-    case 66: shape[0] = 1; shape[1] = 64; return 0; /* m_g1a */
-    case 67: shape[0] = 1; shape[1] = 64; return 0; /* v_g1a */
-    case 68: shape[0] = 1; shape[1] = 64; return 0; /* m_b1a */
-    case 69: shape[0] = 1; shape[1] = 64; return 0; /* v_b1a */
-    case 70: shape[0] = 64; shape[1] = 64; return 0; /* m_Wq1 */
-    case 71: shape[0] = 64; shape[1] = 64; return 0; /* v_Wq1 */
-    case 72: shape[0] = 64; shape[1] = 64; return 0; /* m_Wk1 */
-    case 73: shape[0] = 64; shape[1] = 64; return 0; /* v_Wk1 */
-    case 74: shape[0] = 64; shape[1] = 64; return 0; /* m_Wv1 */
-    case 75: shape[0] = 64; shape[1] = 64; return 0; /* v_Wv1 */
-    case 76: shape[0] = 64; shape[1] = 64; return 0; /* m_Wo1 */
-    case 77: shape[0] = 64; shape[1] = 64; return 0; /* v_Wo1 */
-    case 78: shape[0] = 1; shape[1] = 64; return 0; /* m_g1m */
-    case 79: shape[0] = 1; shape[1] = 64; return 0; /* v_g1m */
-    case 80: shape[0] = 1; shape[1] = 64; return 0; /* m_b1m */
-    case 81: shape[0] = 1; shape[1] = 64; return 0; /* v_b1m */
-    case 82: shape[0] = 64; shape[1] = 256; return 0; /* m_W1up */
-    case 83: shape[0] = 64; shape[1] = 256; return 0; /* v_W1up */
-    case 84: shape[0] = 1; shape[1] = 256; return 0; /* m_c1up */
-    case 85: shape[0] = 1; shape[1] = 256; return 0; /* v_c1up */
-    case 86: shape[0] = 256; shape[1] = 64; return 0; /* m_W1down */
-    case 87: shape[0] = 256; shape[1] = 64; return 0; /* v_W1down */
-    case 88: shape[0] = 1; shape[1] = 64; return 0; /* m_c1down */
-    case 89: shape[0] = 1; shape[1] = 64; return 0; /* v_c1down */
-    case 90: shape[0] = 1; shape[1] = 64; return 0; /* m_gf */
-    case 91: shape[0] = 1; shape[1] = 64; return 0; /* v_gf */
-    case 92: shape[0] = 1; shape[1] = 64; return 0; /* m_bf */
-    case 93: shape[0] = 1; shape[1] = 64; return 0; /* v_bf */
-    case 94: shape[0] = 64; shape[1] = 62; return 0; /* m_Wout */
-    case 95: shape[0] = 64; shape[1] = 62; return 0; /* v_Wout */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {m, 1}, /* ids */
+        {m, 1}, /* positions */
+        {m, 1}, /* targets */
+        {62, 64}, /* E */
+        {64, 64}, /* P */
+        {1, 64}, /* g0a */
+        {1, 64}, /* b0a */
+        {64, 64}, /* Wq0 */
+        {64, 64}, /* Wk0 */
+        {64, 64}, /* Wv0 */
+        {64, 64}, /* Wo0 */
+        {1, 64}, /* g0m */
+        {1, 64}, /* b0m */
+        {64, 256}, /* W0up */
+        {1, 256}, /* c0up */
+        {256, 64}, /* W0down */
+        {1, 64}, /* c0down */
+        {1, 64}, /* g1a */
+        {1, 64}, /* b1a */
+        {64, 64}, /* Wq1 */
+        {64, 64}, /* Wk1 */
+        {64, 64}, /* Wv1 */
+        {64, 64}, /* Wo1 */
+        {1, 64}, /* g1m */
+        {1, 64}, /* b1m */
+        {64, 256}, /* W1up */
+        {1, 256}, /* c1up */
+        {256, 64}, /* W1down */
+        {1, 64}, /* c1down */
+        {1, 64}, /* gf */
+        {1, 64}, /* bf */
+        {64, 62}, /* Wout */
+        {1, 1}, /* lr */
+        {1, 1}, /* beta1 */
+        {1, 1}, /* beta2 */
+        {1, 1}, /* eps */
+        {1, 1}, /* weight_decay */
+        {1, 1}, /* step */
+        {62, 64}, /* m_E */
+        {62, 64}, /* v_E */
+        {64, 64}, /* m_P */
+        {64, 64}, /* v_P */
+        {1, 64}, /* m_g0a */
+        {1, 64}, /* v_g0a */
+        {1, 64}, /* m_b0a */
+        {1, 64}, /* v_b0a */
+        {64, 64}, /* m_Wq0 */
+        {64, 64}, /* v_Wq0 */
+        {64, 64}, /* m_Wk0 */
+        {64, 64}, /* v_Wk0 */
+        {64, 64}, /* m_Wv0 */
+        {64, 64}, /* v_Wv0 */
+        {64, 64}, /* m_Wo0 */
+        {64, 64}, /* v_Wo0 */
+        {1, 64}, /* m_g0m */
+        {1, 64}, /* v_g0m */
+        {1, 64}, /* m_b0m */
+        {1, 64}, /* v_b0m */
+        {64, 256}, /* m_W0up */
+        {64, 256}, /* v_W0up */
+        {1, 256}, /* m_c0up */
+        {1, 256}, /* v_c0up */
+        {256, 64}, /* m_W0down */
+        {256, 64}, /* v_W0down */
+        {1, 64}, /* m_c0down */
+        {1, 64}, /* v_c0down */
+        {1, 64}, /* m_g1a */
+        {1, 64}, /* v_g1a */
+        {1, 64}, /* m_b1a */
+        {1, 64}, /* v_b1a */
+        {64, 64}, /* m_Wq1 */
+        {64, 64}, /* v_Wq1 */
+        {64, 64}, /* m_Wk1 */
+        {64, 64}, /* v_Wk1 */
+        {64, 64}, /* m_Wv1 */
+        {64, 64}, /* v_Wv1 */
+        {64, 64}, /* m_Wo1 */
+        {64, 64}, /* v_Wo1 */
+        {1, 64}, /* m_g1m */
+        {1, 64}, /* v_g1m */
+        {1, 64}, /* m_b1m */
+        {1, 64}, /* v_b1m */
+        {64, 256}, /* m_W1up */
+        {64, 256}, /* v_W1up */
+        {1, 256}, /* m_c1up */
+        {1, 256}, /* v_c1up */
+        {256, 64}, /* m_W1down */
+        {256, 64}, /* v_W1down */
+        {1, 64}, /* m_c1down */
+        {1, 64}, /* v_c1down */
+        {1, 64}, /* m_gf */
+        {1, 64}, /* v_gf */
+        {1, 64}, /* m_bf */
+        {1, 64}, /* v_bf */
+        {64, 62}, /* m_Wout */
+        {64, 62}, /* v_Wout */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int transformer_lm_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -5468,11 +6302,15 @@ int transformer_lm_train_step_shape_out(int64_t i, const int64_t *dims, int64_t 
     if (transformer_lm_train_step_size(m) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t transformer_lm_train_step_call_work_len(const int64_t *dims)
@@ -5499,41 +6337,105 @@ int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, v
         }
     }
     return transformer_lm_train_step(
-        dims[0], (const int64_t *)in[0], (const int64_t *)in[1], (const int64_t *)in[2],
-        (TRANSFORMER_LM_REAL *)in[3], (TRANSFORMER_LM_REAL *)in[4], (TRANSFORMER_LM_REAL *)in[5],
-        (TRANSFORMER_LM_REAL *)in[6], (TRANSFORMER_LM_REAL *)in[7], (TRANSFORMER_LM_REAL *)in[8],
-        (TRANSFORMER_LM_REAL *)in[9], (TRANSFORMER_LM_REAL *)in[10], (TRANSFORMER_LM_REAL *)in[11],
-        (TRANSFORMER_LM_REAL *)in[12], (TRANSFORMER_LM_REAL *)in[13], (TRANSFORMER_LM_REAL *)in[14],
-        (TRANSFORMER_LM_REAL *)in[15], (TRANSFORMER_LM_REAL *)in[16], (TRANSFORMER_LM_REAL *)in[17],
-        (TRANSFORMER_LM_REAL *)in[18], (TRANSFORMER_LM_REAL *)in[19], (TRANSFORMER_LM_REAL *)in[20],
-        (TRANSFORMER_LM_REAL *)in[21], (TRANSFORMER_LM_REAL *)in[22], (TRANSFORMER_LM_REAL *)in[23],
-        (TRANSFORMER_LM_REAL *)in[24], (TRANSFORMER_LM_REAL *)in[25], (TRANSFORMER_LM_REAL *)in[26],
-        (TRANSFORMER_LM_REAL *)in[27], (TRANSFORMER_LM_REAL *)in[28], (TRANSFORMER_LM_REAL *)in[29],
-        (TRANSFORMER_LM_REAL *)in[30], (TRANSFORMER_LM_REAL *)in[31], (const TRANSFORMER_LM_REAL
-                *)in[32],
-        (const TRANSFORMER_LM_REAL *)in[33], (const TRANSFORMER_LM_REAL *)in[34],
-        (const TRANSFORMER_LM_REAL *)in[35], (const TRANSFORMER_LM_REAL *)in[36],
-        (TRANSFORMER_LM_REAL *)in[37], (TRANSFORMER_LM_REAL *)in[38], (TRANSFORMER_LM_REAL *)in[39],
-        (TRANSFORMER_LM_REAL *)in[40], (TRANSFORMER_LM_REAL *)in[41], (TRANSFORMER_LM_REAL *)in[42],
-        (TRANSFORMER_LM_REAL *)in[43], (TRANSFORMER_LM_REAL *)in[44], (TRANSFORMER_LM_REAL *)in[45],
-        (TRANSFORMER_LM_REAL *)in[46], (TRANSFORMER_LM_REAL *)in[47], (TRANSFORMER_LM_REAL *)in[48],
-        (TRANSFORMER_LM_REAL *)in[49], (TRANSFORMER_LM_REAL *)in[50], (TRANSFORMER_LM_REAL *)in[51],
-        (TRANSFORMER_LM_REAL *)in[52], (TRANSFORMER_LM_REAL *)in[53], (TRANSFORMER_LM_REAL *)in[54],
-        (TRANSFORMER_LM_REAL *)in[55], (TRANSFORMER_LM_REAL *)in[56], (TRANSFORMER_LM_REAL *)in[57],
-        (TRANSFORMER_LM_REAL *)in[58], (TRANSFORMER_LM_REAL *)in[59], (TRANSFORMER_LM_REAL *)in[60],
-        (TRANSFORMER_LM_REAL *)in[61], (TRANSFORMER_LM_REAL *)in[62], (TRANSFORMER_LM_REAL *)in[63],
-        (TRANSFORMER_LM_REAL *)in[64], (TRANSFORMER_LM_REAL *)in[65], (TRANSFORMER_LM_REAL *)in[66],
-        (TRANSFORMER_LM_REAL *)in[67], (TRANSFORMER_LM_REAL *)in[68], (TRANSFORMER_LM_REAL *)in[69],
-        (TRANSFORMER_LM_REAL *)in[70], (TRANSFORMER_LM_REAL *)in[71], (TRANSFORMER_LM_REAL *)in[72],
-        (TRANSFORMER_LM_REAL *)in[73], (TRANSFORMER_LM_REAL *)in[74], (TRANSFORMER_LM_REAL *)in[75],
-        (TRANSFORMER_LM_REAL *)in[76], (TRANSFORMER_LM_REAL *)in[77], (TRANSFORMER_LM_REAL *)in[78],
-        (TRANSFORMER_LM_REAL *)in[79], (TRANSFORMER_LM_REAL *)in[80], (TRANSFORMER_LM_REAL *)in[81],
-        (TRANSFORMER_LM_REAL *)in[82], (TRANSFORMER_LM_REAL *)in[83], (TRANSFORMER_LM_REAL *)in[84],
-        (TRANSFORMER_LM_REAL *)in[85], (TRANSFORMER_LM_REAL *)in[86], (TRANSFORMER_LM_REAL *)in[87],
-        (TRANSFORMER_LM_REAL *)in[88], (TRANSFORMER_LM_REAL *)in[89], (TRANSFORMER_LM_REAL *)in[90],
-        (TRANSFORMER_LM_REAL *)in[91], (TRANSFORMER_LM_REAL *)in[92], (TRANSFORMER_LM_REAL *)in[93],
-        (TRANSFORMER_LM_REAL *)in[94], (TRANSFORMER_LM_REAL *)in[95], (TRANSFORMER_LM_REAL *)out[0],
-                work
+        dims[0],
+        (const int64_t *)in[0],
+        (const int64_t *)in[1],
+        (const int64_t *)in[2],
+        (TRANSFORMER_LM_REAL *)in[3],
+        (TRANSFORMER_LM_REAL *)in[4],
+        (TRANSFORMER_LM_REAL *)in[5],
+        (TRANSFORMER_LM_REAL *)in[6],
+        (TRANSFORMER_LM_REAL *)in[7],
+        (TRANSFORMER_LM_REAL *)in[8],
+        (TRANSFORMER_LM_REAL *)in[9],
+        (TRANSFORMER_LM_REAL *)in[10],
+        (TRANSFORMER_LM_REAL *)in[11],
+        (TRANSFORMER_LM_REAL *)in[12],
+        (TRANSFORMER_LM_REAL *)in[13],
+        (TRANSFORMER_LM_REAL *)in[14],
+        (TRANSFORMER_LM_REAL *)in[15],
+        (TRANSFORMER_LM_REAL *)in[16],
+        (TRANSFORMER_LM_REAL *)in[17],
+        (TRANSFORMER_LM_REAL *)in[18],
+        (TRANSFORMER_LM_REAL *)in[19],
+        (TRANSFORMER_LM_REAL *)in[20],
+        (TRANSFORMER_LM_REAL *)in[21],
+        (TRANSFORMER_LM_REAL *)in[22],
+        (TRANSFORMER_LM_REAL *)in[23],
+        (TRANSFORMER_LM_REAL *)in[24],
+        (TRANSFORMER_LM_REAL *)in[25],
+        (TRANSFORMER_LM_REAL *)in[26],
+        (TRANSFORMER_LM_REAL *)in[27],
+        (TRANSFORMER_LM_REAL *)in[28],
+        (TRANSFORMER_LM_REAL *)in[29],
+        (TRANSFORMER_LM_REAL *)in[30],
+        (TRANSFORMER_LM_REAL *)in[31],
+        (const TRANSFORMER_LM_REAL *)in[32],
+        (const TRANSFORMER_LM_REAL *)in[33],
+        (const TRANSFORMER_LM_REAL *)in[34],
+        (const TRANSFORMER_LM_REAL *)in[35],
+        (const TRANSFORMER_LM_REAL *)in[36],
+        (TRANSFORMER_LM_REAL *)in[37],
+        (TRANSFORMER_LM_REAL *)in[38],
+        (TRANSFORMER_LM_REAL *)in[39],
+        (TRANSFORMER_LM_REAL *)in[40],
+        (TRANSFORMER_LM_REAL *)in[41],
+        (TRANSFORMER_LM_REAL *)in[42],
+        (TRANSFORMER_LM_REAL *)in[43],
+        (TRANSFORMER_LM_REAL *)in[44],
+        (TRANSFORMER_LM_REAL *)in[45],
+        (TRANSFORMER_LM_REAL *)in[46],
+        (TRANSFORMER_LM_REAL *)in[47],
+        (TRANSFORMER_LM_REAL *)in[48],
+        (TRANSFORMER_LM_REAL *)in[49],
+        (TRANSFORMER_LM_REAL *)in[50],
+        (TRANSFORMER_LM_REAL *)in[51],
+        (TRANSFORMER_LM_REAL *)in[52],
+        (TRANSFORMER_LM_REAL *)in[53],
+        (TRANSFORMER_LM_REAL *)in[54],
+        (TRANSFORMER_LM_REAL *)in[55],
+        (TRANSFORMER_LM_REAL *)in[56],
+        (TRANSFORMER_LM_REAL *)in[57],
+        (TRANSFORMER_LM_REAL *)in[58],
+        (TRANSFORMER_LM_REAL *)in[59],
+        (TRANSFORMER_LM_REAL *)in[60],
+        (TRANSFORMER_LM_REAL *)in[61],
+        (TRANSFORMER_LM_REAL *)in[62],
+        (TRANSFORMER_LM_REAL *)in[63],
+        (TRANSFORMER_LM_REAL *)in[64],
+        (TRANSFORMER_LM_REAL *)in[65],
+        (TRANSFORMER_LM_REAL *)in[66],
+        (TRANSFORMER_LM_REAL *)in[67],
+        (TRANSFORMER_LM_REAL *)in[68],
+        (TRANSFORMER_LM_REAL *)in[69],
+        (TRANSFORMER_LM_REAL *)in[70],
+        (TRANSFORMER_LM_REAL *)in[71],
+        (TRANSFORMER_LM_REAL *)in[72],
+        (TRANSFORMER_LM_REAL *)in[73],
+        (TRANSFORMER_LM_REAL *)in[74],
+        (TRANSFORMER_LM_REAL *)in[75],
+        (TRANSFORMER_LM_REAL *)in[76],
+        (TRANSFORMER_LM_REAL *)in[77],
+        (TRANSFORMER_LM_REAL *)in[78],
+        (TRANSFORMER_LM_REAL *)in[79],
+        (TRANSFORMER_LM_REAL *)in[80],
+        (TRANSFORMER_LM_REAL *)in[81],
+        (TRANSFORMER_LM_REAL *)in[82],
+        (TRANSFORMER_LM_REAL *)in[83],
+        (TRANSFORMER_LM_REAL *)in[84],
+        (TRANSFORMER_LM_REAL *)in[85],
+        (TRANSFORMER_LM_REAL *)in[86],
+        (TRANSFORMER_LM_REAL *)in[87],
+        (TRANSFORMER_LM_REAL *)in[88],
+        (TRANSFORMER_LM_REAL *)in[89],
+        (TRANSFORMER_LM_REAL *)in[90],
+        (TRANSFORMER_LM_REAL *)in[91],
+        (TRANSFORMER_LM_REAL *)in[92],
+        (TRANSFORMER_LM_REAL *)in[93],
+        (TRANSFORMER_LM_REAL *)in[94],
+        (TRANSFORMER_LM_REAL *)in[95],
+        (TRANSFORMER_LM_REAL *)out[0],
+        work
     );
 }
 
@@ -5545,7 +6447,7 @@ int transformer_lm_train_epoch_n_dims(void)
 const char *transformer_lm_train_epoch_name_dim(int64_t i)
 {
     static const char *const names[] = {"rows", "batch"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int transformer_lm_train_epoch_n_in(void)
@@ -5659,22 +6561,117 @@ const char *transformer_lm_train_epoch_name_in(int64_t i)
         "m_Wout",
         "v_Wout",
     };
-    return i >= 0 && i < 97 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *transformer_lm_train_epoch_name_out(int64_t i)
 {
     static const char *const names[] = {"losses"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int transformer_lm_train_epoch_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
-            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
-            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
-            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
-    return i >= 0 && i < 97 ? kinds[i] : -1;
+    static const int kinds[] = { /* one a line: a new one is one line of a diff */
+        1, /* order */
+        1, /* ids */
+        1, /* positions */
+        1, /* targets */
+        2, /* E */
+        2, /* P */
+        2, /* g0a */
+        2, /* b0a */
+        2, /* Wq0 */
+        2, /* Wk0 */
+        2, /* Wv0 */
+        2, /* Wo0 */
+        2, /* g0m */
+        2, /* b0m */
+        2, /* W0up */
+        2, /* c0up */
+        2, /* W0down */
+        2, /* c0down */
+        2, /* g1a */
+        2, /* b1a */
+        2, /* Wq1 */
+        2, /* Wk1 */
+        2, /* Wv1 */
+        2, /* Wo1 */
+        2, /* g1m */
+        2, /* b1m */
+        2, /* W1up */
+        2, /* c1up */
+        2, /* W1down */
+        2, /* c1down */
+        2, /* gf */
+        2, /* bf */
+        2, /* Wout */
+        0, /* lr */
+        0, /* beta1 */
+        0, /* beta2 */
+        0, /* eps */
+        0, /* weight_decay */
+        2, /* step */
+        2, /* m_E */
+        2, /* v_E */
+        2, /* m_P */
+        2, /* v_P */
+        2, /* m_g0a */
+        2, /* v_g0a */
+        2, /* m_b0a */
+        2, /* v_b0a */
+        2, /* m_Wq0 */
+        2, /* v_Wq0 */
+        2, /* m_Wk0 */
+        2, /* v_Wk0 */
+        2, /* m_Wv0 */
+        2, /* v_Wv0 */
+        2, /* m_Wo0 */
+        2, /* v_Wo0 */
+        2, /* m_g0m */
+        2, /* v_g0m */
+        2, /* m_b0m */
+        2, /* v_b0m */
+        2, /* m_W0up */
+        2, /* v_W0up */
+        2, /* m_c0up */
+        2, /* v_c0up */
+        2, /* m_W0down */
+        2, /* v_W0down */
+        2, /* m_c0down */
+        2, /* v_c0down */
+        2, /* m_g1a */
+        2, /* v_g1a */
+        2, /* m_b1a */
+        2, /* v_b1a */
+        2, /* m_Wq1 */
+        2, /* v_Wq1 */
+        2, /* m_Wk1 */
+        2, /* v_Wk1 */
+        2, /* m_Wv1 */
+        2, /* v_Wv1 */
+        2, /* m_Wo1 */
+        2, /* v_Wo1 */
+        2, /* m_g1m */
+        2, /* v_g1m */
+        2, /* m_b1m */
+        2, /* v_b1m */
+        2, /* m_W1up */
+        2, /* v_W1up */
+        2, /* m_c1up */
+        2, /* v_c1up */
+        2, /* m_W1down */
+        2, /* v_W1down */
+        2, /* m_c1down */
+        2, /* v_c1down */
+        2, /* m_gf */
+        2, /* v_gf */
+        2, /* m_bf */
+        2, /* v_bf */
+        2, /* m_Wout */
+        2, /* v_Wout */
+    };
+    return i >= 0 && i < (int64_t)(sizeof kinds / sizeof kinds[0]) ? kinds[i] : -1;
 }
 
 int transformer_lm_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -5687,107 +6684,111 @@ int transformer_lm_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t 
     if (transformer_lm_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
-    case 1: shape[0] = rows; shape[1] = 1; return 0; /* ids */
-    case 2: shape[0] = rows; shape[1] = 1; return 0; /* positions */
-    case 3: shape[0] = rows; shape[1] = 1; return 0; /* targets */
-    case 4: shape[0] = 62; shape[1] = 64; return 0; /* E */
-    case 5: shape[0] = 64; shape[1] = 64; return 0; /* P */
-    case 6: shape[0] = 1; shape[1] = 64; return 0; /* g0a */
-    case 7: shape[0] = 1; shape[1] = 64; return 0; /* b0a */
-    case 8: shape[0] = 64; shape[1] = 64; return 0; /* Wq0 */
-    case 9: shape[0] = 64; shape[1] = 64; return 0; /* Wk0 */
-    case 10: shape[0] = 64; shape[1] = 64; return 0; /* Wv0 */
-    case 11: shape[0] = 64; shape[1] = 64; return 0; /* Wo0 */
-    case 12: shape[0] = 1; shape[1] = 64; return 0; /* g0m */
-    case 13: shape[0] = 1; shape[1] = 64; return 0; /* b0m */
-    case 14: shape[0] = 64; shape[1] = 256; return 0; /* W0up */
-    case 15: shape[0] = 1; shape[1] = 256; return 0; /* c0up */
-    case 16: shape[0] = 256; shape[1] = 64; return 0; /* W0down */
-    case 17: shape[0] = 1; shape[1] = 64; return 0; /* c0down */
-    case 18: shape[0] = 1; shape[1] = 64; return 0; /* g1a */
-    case 19: shape[0] = 1; shape[1] = 64; return 0; /* b1a */
-    case 20: shape[0] = 64; shape[1] = 64; return 0; /* Wq1 */
-    case 21: shape[0] = 64; shape[1] = 64; return 0; /* Wk1 */
-    case 22: shape[0] = 64; shape[1] = 64; return 0; /* Wv1 */
-    case 23: shape[0] = 64; shape[1] = 64; return 0; /* Wo1 */
-    case 24: shape[0] = 1; shape[1] = 64; return 0; /* g1m */
-    case 25: shape[0] = 1; shape[1] = 64; return 0; /* b1m */
-    case 26: shape[0] = 64; shape[1] = 256; return 0; /* W1up */
-    case 27: shape[0] = 1; shape[1] = 256; return 0; /* c1up */
-    case 28: shape[0] = 256; shape[1] = 64; return 0; /* W1down */
-    case 29: shape[0] = 1; shape[1] = 64; return 0; /* c1down */
-    case 30: shape[0] = 1; shape[1] = 64; return 0; /* gf */
-    case 31: shape[0] = 1; shape[1] = 64; return 0; /* bf */
-    case 32: shape[0] = 64; shape[1] = 62; return 0; /* Wout */
-    case 33: shape[0] = 1; shape[1] = 1; return 0; /* lr */
-    case 34: shape[0] = 1; shape[1] = 1; return 0; /* beta1 */
-    case 35: shape[0] = 1; shape[1] = 1; return 0; /* beta2 */
-    case 36: shape[0] = 1; shape[1] = 1; return 0; /* eps */
-    case 37: shape[0] = 1; shape[1] = 1; return 0; /* weight_decay */
-    case 38: shape[0] = 1; shape[1] = 1; return 0; /* step */
-    case 39: shape[0] = 62; shape[1] = 64; return 0; /* m_E */
-    case 40: shape[0] = 62; shape[1] = 64; return 0; /* v_E */
-    case 41: shape[0] = 64; shape[1] = 64; return 0; /* m_P */
-    case 42: shape[0] = 64; shape[1] = 64; return 0; /* v_P */
-    case 43: shape[0] = 1; shape[1] = 64; return 0; /* m_g0a */
-    case 44: shape[0] = 1; shape[1] = 64; return 0; /* v_g0a */
-    case 45: shape[0] = 1; shape[1] = 64; return 0; /* m_b0a */
-    case 46: shape[0] = 1; shape[1] = 64; return 0; /* v_b0a */
-    case 47: shape[0] = 64; shape[1] = 64; return 0; /* m_Wq0 */
-    case 48: shape[0] = 64; shape[1] = 64; return 0; /* v_Wq0 */
-    case 49: shape[0] = 64; shape[1] = 64; return 0; /* m_Wk0 */
-    case 50: shape[0] = 64; shape[1] = 64; return 0; /* v_Wk0 */
-    case 51: shape[0] = 64; shape[1] = 64; return 0; /* m_Wv0 */
-    case 52: shape[0] = 64; shape[1] = 64; return 0; /* v_Wv0 */
-    case 53: shape[0] = 64; shape[1] = 64; return 0; /* m_Wo0 */
-    case 54: shape[0] = 64; shape[1] = 64; return 0; /* v_Wo0 */
-    case 55: shape[0] = 1; shape[1] = 64; return 0; /* m_g0m */
-    case 56: shape[0] = 1; shape[1] = 64; return 0; /* v_g0m */
-    case 57: shape[0] = 1; shape[1] = 64; return 0; /* m_b0m */
-    case 58: shape[0] = 1; shape[1] = 64; return 0; /* v_b0m */
-    case 59: shape[0] = 64; shape[1] = 256; return 0; /* m_W0up */
-    case 60: shape[0] = 64; shape[1] = 256; return 0; /* v_W0up */
-    case 61: shape[0] = 1; shape[1] = 256; return 0; /* m_c0up */
-    case 62: shape[0] = 1; shape[1] = 256; return 0; /* v_c0up */
-    case 63: shape[0] = 256; shape[1] = 64; return 0; /* m_W0down */
-    case 64: shape[0] = 256; shape[1] = 64; return 0; /* v_W0down */
-    case 65: shape[0] = 1; shape[1] = 64; return 0; /* m_c0down */
-    case 66: shape[0] = 1; shape[1] = 64; return 0; /* v_c0down */
-    case 67: shape[0] = 1; shape[1] = 64; return 0; /* m_g1a */
-    case 68: shape[0] = 1; shape[1] = 64; return 0; /* v_g1a */
-    case 69: shape[0] = 1; shape[1] = 64; return 0; /* m_b1a */
-    case 70: shape[0] = 1; shape[1] = 64; return 0; /* v_b1a */
-    case 71: shape[0] = 64; shape[1] = 64; return 0; /* m_Wq1 */
-    case 72: shape[0] = 64; shape[1] = 64; return 0; /* v_Wq1 */
-    case 73: shape[0] = 64; shape[1] = 64; return 0; /* m_Wk1 */
-    case 74: shape[0] = 64; shape[1] = 64; return 0; /* v_Wk1 */
-    case 75: shape[0] = 64; shape[1] = 64; return 0; /* m_Wv1 */
-    case 76: shape[0] = 64; shape[1] = 64; return 0; /* v_Wv1 */
-    case 77: shape[0] = 64; shape[1] = 64; return 0; /* m_Wo1 */
-    case 78: shape[0] = 64; shape[1] = 64; return 0; /* v_Wo1 */
-    case 79: shape[0] = 1; shape[1] = 64; return 0; /* m_g1m */
-    case 80: shape[0] = 1; shape[1] = 64; return 0; /* v_g1m */
-    case 81: shape[0] = 1; shape[1] = 64; return 0; /* m_b1m */
-    case 82: shape[0] = 1; shape[1] = 64; return 0; /* v_b1m */
-    case 83: shape[0] = 64; shape[1] = 256; return 0; /* m_W1up */
-    case 84: shape[0] = 64; shape[1] = 256; return 0; /* v_W1up */
-    case 85: shape[0] = 1; shape[1] = 256; return 0; /* m_c1up */
-    case 86: shape[0] = 1; shape[1] = 256; return 0; /* v_c1up */
-    case 87: shape[0] = 256; shape[1] = 64; return 0; /* m_W1down */
-    case 88: shape[0] = 256; shape[1] = 64; return 0; /* v_W1down */
-    case 89: shape[0] = 1; shape[1] = 64; return 0; /* m_c1down */
-    case 90: shape[0] = 1; shape[1] = 64; return 0; /* v_c1down */
-    case 91: shape[0] = 1; shape[1] = 64; return 0; /* m_gf */
-    case 92: shape[0] = 1; shape[1] = 64; return 0; /* v_gf */
-    case 93: shape[0] = 1; shape[1] = 64; return 0; /* m_bf */
-    case 94: shape[0] = 1; shape[1] = 64; return 0; /* v_bf */
-    case 95: shape[0] = 64; shape[1] = 62; return 0; /* m_Wout */
-    case 96: shape[0] = 64; shape[1] = 62; return 0; /* v_Wout */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {rows, 1}, /* order */
+        {rows, 1}, /* ids */
+        {rows, 1}, /* positions */
+        {rows, 1}, /* targets */
+        {62, 64}, /* E */
+        {64, 64}, /* P */
+        {1, 64}, /* g0a */
+        {1, 64}, /* b0a */
+        {64, 64}, /* Wq0 */
+        {64, 64}, /* Wk0 */
+        {64, 64}, /* Wv0 */
+        {64, 64}, /* Wo0 */
+        {1, 64}, /* g0m */
+        {1, 64}, /* b0m */
+        {64, 256}, /* W0up */
+        {1, 256}, /* c0up */
+        {256, 64}, /* W0down */
+        {1, 64}, /* c0down */
+        {1, 64}, /* g1a */
+        {1, 64}, /* b1a */
+        {64, 64}, /* Wq1 */
+        {64, 64}, /* Wk1 */
+        {64, 64}, /* Wv1 */
+        {64, 64}, /* Wo1 */
+        {1, 64}, /* g1m */
+        {1, 64}, /* b1m */
+        {64, 256}, /* W1up */
+        {1, 256}, /* c1up */
+        {256, 64}, /* W1down */
+        {1, 64}, /* c1down */
+        {1, 64}, /* gf */
+        {1, 64}, /* bf */
+        {64, 62}, /* Wout */
+        {1, 1}, /* lr */
+        {1, 1}, /* beta1 */
+        {1, 1}, /* beta2 */
+        {1, 1}, /* eps */
+        {1, 1}, /* weight_decay */
+        {1, 1}, /* step */
+        {62, 64}, /* m_E */
+        {62, 64}, /* v_E */
+        {64, 64}, /* m_P */
+        {64, 64}, /* v_P */
+        {1, 64}, /* m_g0a */
+        {1, 64}, /* v_g0a */
+        {1, 64}, /* m_b0a */
+        {1, 64}, /* v_b0a */
+        {64, 64}, /* m_Wq0 */
+        {64, 64}, /* v_Wq0 */
+        {64, 64}, /* m_Wk0 */
+        {64, 64}, /* v_Wk0 */
+        {64, 64}, /* m_Wv0 */
+        {64, 64}, /* v_Wv0 */
+        {64, 64}, /* m_Wo0 */
+        {64, 64}, /* v_Wo0 */
+        {1, 64}, /* m_g0m */
+        {1, 64}, /* v_g0m */
+        {1, 64}, /* m_b0m */
+        {1, 64}, /* v_b0m */
+        {64, 256}, /* m_W0up */
+        {64, 256}, /* v_W0up */
+        {1, 256}, /* m_c0up */
+        {1, 256}, /* v_c0up */
+        {256, 64}, /* m_W0down */
+        {256, 64}, /* v_W0down */
+        {1, 64}, /* m_c0down */
+        {1, 64}, /* v_c0down */
+        {1, 64}, /* m_g1a */
+        {1, 64}, /* v_g1a */
+        {1, 64}, /* m_b1a */
+        {1, 64}, /* v_b1a */
+        {64, 64}, /* m_Wq1 */
+        {64, 64}, /* v_Wq1 */
+        {64, 64}, /* m_Wk1 */
+        {64, 64}, /* v_Wk1 */
+        {64, 64}, /* m_Wv1 */
+        {64, 64}, /* v_Wv1 */
+        {64, 64}, /* m_Wo1 */
+        {64, 64}, /* v_Wo1 */
+        {1, 64}, /* m_g1m */
+        {1, 64}, /* v_g1m */
+        {1, 64}, /* m_b1m */
+        {1, 64}, /* v_b1m */
+        {64, 256}, /* m_W1up */
+        {64, 256}, /* v_W1up */
+        {1, 256}, /* m_c1up */
+        {1, 256}, /* v_c1up */
+        {256, 64}, /* m_W1down */
+        {256, 64}, /* v_W1down */
+        {1, 64}, /* m_c1down */
+        {1, 64}, /* v_c1down */
+        {1, 64}, /* m_gf */
+        {1, 64}, /* v_gf */
+        {1, 64}, /* m_bf */
+        {1, 64}, /* v_bf */
+        {64, 62}, /* m_Wout */
+        {64, 62}, /* v_Wout */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int transformer_lm_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -5800,11 +6801,15 @@ int transformer_lm_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t
     if (transformer_lm_train_step_size(rows) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = (rows - 1)/batch + 1; shape[1] = 1; return 0; /* losses */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {(rows - 1)/batch + 1, 1}, /* losses */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t transformer_lm_train_epoch_call_work_len(const int64_t *dims)
@@ -5831,41 +6836,107 @@ int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, 
         }
     }
     return transformer_lm_train_epoch(
-        dims[0], dims[1], (const int64_t *)in[0], (const int64_t *)in[1], (const int64_t *)in[2],
-        (const int64_t *)in[3], (TRANSFORMER_LM_REAL *)in[4], (TRANSFORMER_LM_REAL *)in[5],
-        (TRANSFORMER_LM_REAL *)in[6], (TRANSFORMER_LM_REAL *)in[7], (TRANSFORMER_LM_REAL *)in[8],
-        (TRANSFORMER_LM_REAL *)in[9], (TRANSFORMER_LM_REAL *)in[10], (TRANSFORMER_LM_REAL *)in[11],
-        (TRANSFORMER_LM_REAL *)in[12], (TRANSFORMER_LM_REAL *)in[13], (TRANSFORMER_LM_REAL *)in[14],
-        (TRANSFORMER_LM_REAL *)in[15], (TRANSFORMER_LM_REAL *)in[16], (TRANSFORMER_LM_REAL *)in[17],
-        (TRANSFORMER_LM_REAL *)in[18], (TRANSFORMER_LM_REAL *)in[19], (TRANSFORMER_LM_REAL *)in[20],
-        (TRANSFORMER_LM_REAL *)in[21], (TRANSFORMER_LM_REAL *)in[22], (TRANSFORMER_LM_REAL *)in[23],
-        (TRANSFORMER_LM_REAL *)in[24], (TRANSFORMER_LM_REAL *)in[25], (TRANSFORMER_LM_REAL *)in[26],
-        (TRANSFORMER_LM_REAL *)in[27], (TRANSFORMER_LM_REAL *)in[28], (TRANSFORMER_LM_REAL *)in[29],
-        (TRANSFORMER_LM_REAL *)in[30], (TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)in[32],
-        (const TRANSFORMER_LM_REAL *)in[33], (const TRANSFORMER_LM_REAL *)in[34],
-        (const TRANSFORMER_LM_REAL *)in[35], (const TRANSFORMER_LM_REAL *)in[36],
-        (const TRANSFORMER_LM_REAL *)in[37], (TRANSFORMER_LM_REAL *)in[38], (TRANSFORMER_LM_REAL
-                *)in[39],
-        (TRANSFORMER_LM_REAL *)in[40], (TRANSFORMER_LM_REAL *)in[41], (TRANSFORMER_LM_REAL *)in[42],
-        (TRANSFORMER_LM_REAL *)in[43], (TRANSFORMER_LM_REAL *)in[44], (TRANSFORMER_LM_REAL *)in[45],
-        (TRANSFORMER_LM_REAL *)in[46], (TRANSFORMER_LM_REAL *)in[47], (TRANSFORMER_LM_REAL *)in[48],
-        (TRANSFORMER_LM_REAL *)in[49], (TRANSFORMER_LM_REAL *)in[50], (TRANSFORMER_LM_REAL *)in[51],
-        (TRANSFORMER_LM_REAL *)in[52], (TRANSFORMER_LM_REAL *)in[53], (TRANSFORMER_LM_REAL *)in[54],
-        (TRANSFORMER_LM_REAL *)in[55], (TRANSFORMER_LM_REAL *)in[56], (TRANSFORMER_LM_REAL *)in[57],
-        (TRANSFORMER_LM_REAL *)in[58], (TRANSFORMER_LM_REAL *)in[59], (TRANSFORMER_LM_REAL *)in[60],
-        (TRANSFORMER_LM_REAL *)in[61], (TRANSFORMER_LM_REAL *)in[62], (TRANSFORMER_LM_REAL *)in[63],
-        (TRANSFORMER_LM_REAL *)in[64], (TRANSFORMER_LM_REAL *)in[65], (TRANSFORMER_LM_REAL *)in[66],
-        (TRANSFORMER_LM_REAL *)in[67], (TRANSFORMER_LM_REAL *)in[68], (TRANSFORMER_LM_REAL *)in[69],
-        (TRANSFORMER_LM_REAL *)in[70], (TRANSFORMER_LM_REAL *)in[71], (TRANSFORMER_LM_REAL *)in[72],
-        (TRANSFORMER_LM_REAL *)in[73], (TRANSFORMER_LM_REAL *)in[74], (TRANSFORMER_LM_REAL *)in[75],
-        (TRANSFORMER_LM_REAL *)in[76], (TRANSFORMER_LM_REAL *)in[77], (TRANSFORMER_LM_REAL *)in[78],
-        (TRANSFORMER_LM_REAL *)in[79], (TRANSFORMER_LM_REAL *)in[80], (TRANSFORMER_LM_REAL *)in[81],
-        (TRANSFORMER_LM_REAL *)in[82], (TRANSFORMER_LM_REAL *)in[83], (TRANSFORMER_LM_REAL *)in[84],
-        (TRANSFORMER_LM_REAL *)in[85], (TRANSFORMER_LM_REAL *)in[86], (TRANSFORMER_LM_REAL *)in[87],
-        (TRANSFORMER_LM_REAL *)in[88], (TRANSFORMER_LM_REAL *)in[89], (TRANSFORMER_LM_REAL *)in[90],
-        (TRANSFORMER_LM_REAL *)in[91], (TRANSFORMER_LM_REAL *)in[92], (TRANSFORMER_LM_REAL *)in[93],
-        (TRANSFORMER_LM_REAL *)in[94], (TRANSFORMER_LM_REAL *)in[95], (TRANSFORMER_LM_REAL *)in[96],
-        (TRANSFORMER_LM_REAL *)out[0], work
+        dims[0],
+        dims[1],
+        (const int64_t *)in[0],
+        (const int64_t *)in[1],
+        (const int64_t *)in[2],
+        (const int64_t *)in[3],
+        (TRANSFORMER_LM_REAL *)in[4],
+        (TRANSFORMER_LM_REAL *)in[5],
+        (TRANSFORMER_LM_REAL *)in[6],
+        (TRANSFORMER_LM_REAL *)in[7],
+        (TRANSFORMER_LM_REAL *)in[8],
+        (TRANSFORMER_LM_REAL *)in[9],
+        (TRANSFORMER_LM_REAL *)in[10],
+        (TRANSFORMER_LM_REAL *)in[11],
+        (TRANSFORMER_LM_REAL *)in[12],
+        (TRANSFORMER_LM_REAL *)in[13],
+        (TRANSFORMER_LM_REAL *)in[14],
+        (TRANSFORMER_LM_REAL *)in[15],
+        (TRANSFORMER_LM_REAL *)in[16],
+        (TRANSFORMER_LM_REAL *)in[17],
+        (TRANSFORMER_LM_REAL *)in[18],
+        (TRANSFORMER_LM_REAL *)in[19],
+        (TRANSFORMER_LM_REAL *)in[20],
+        (TRANSFORMER_LM_REAL *)in[21],
+        (TRANSFORMER_LM_REAL *)in[22],
+        (TRANSFORMER_LM_REAL *)in[23],
+        (TRANSFORMER_LM_REAL *)in[24],
+        (TRANSFORMER_LM_REAL *)in[25],
+        (TRANSFORMER_LM_REAL *)in[26],
+        (TRANSFORMER_LM_REAL *)in[27],
+        (TRANSFORMER_LM_REAL *)in[28],
+        (TRANSFORMER_LM_REAL *)in[29],
+        (TRANSFORMER_LM_REAL *)in[30],
+        (TRANSFORMER_LM_REAL *)in[31],
+        (TRANSFORMER_LM_REAL *)in[32],
+        (const TRANSFORMER_LM_REAL *)in[33],
+        (const TRANSFORMER_LM_REAL *)in[34],
+        (const TRANSFORMER_LM_REAL *)in[35],
+        (const TRANSFORMER_LM_REAL *)in[36],
+        (const TRANSFORMER_LM_REAL *)in[37],
+        (TRANSFORMER_LM_REAL *)in[38],
+        (TRANSFORMER_LM_REAL *)in[39],
+        (TRANSFORMER_LM_REAL *)in[40],
+        (TRANSFORMER_LM_REAL *)in[41],
+        (TRANSFORMER_LM_REAL *)in[42],
+        (TRANSFORMER_LM_REAL *)in[43],
+        (TRANSFORMER_LM_REAL *)in[44],
+        (TRANSFORMER_LM_REAL *)in[45],
+        (TRANSFORMER_LM_REAL *)in[46],
+        (TRANSFORMER_LM_REAL *)in[47],
+        (TRANSFORMER_LM_REAL *)in[48],
+        (TRANSFORMER_LM_REAL *)in[49],
+        (TRANSFORMER_LM_REAL *)in[50],
+        (TRANSFORMER_LM_REAL *)in[51],
+        (TRANSFORMER_LM_REAL *)in[52],
+        (TRANSFORMER_LM_REAL *)in[53],
+        (TRANSFORMER_LM_REAL *)in[54],
+        (TRANSFORMER_LM_REAL *)in[55],
+        (TRANSFORMER_LM_REAL *)in[56],
+        (TRANSFORMER_LM_REAL *)in[57],
+        (TRANSFORMER_LM_REAL *)in[58],
+        (TRANSFORMER_LM_REAL *)in[59],
+        (TRANSFORMER_LM_REAL *)in[60],
+        (TRANSFORMER_LM_REAL *)in[61],
+        (TRANSFORMER_LM_REAL *)in[62],
+        (TRANSFORMER_LM_REAL *)in[63],
+        (TRANSFORMER_LM_REAL *)in[64],
+        (TRANSFORMER_LM_REAL *)in[65],
+        (TRANSFORMER_LM_REAL *)in[66],
+        (TRANSFORMER_LM_REAL *)in[67],
+        (TRANSFORMER_LM_REAL *)in[68],
+        (TRANSFORMER_LM_REAL *)in[69],
+        (TRANSFORMER_LM_REAL *)in[70],
+        (TRANSFORMER_LM_REAL *)in[71],
+        (TRANSFORMER_LM_REAL *)in[72],
+        (TRANSFORMER_LM_REAL *)in[73],
+        (TRANSFORMER_LM_REAL *)in[74],
+        (TRANSFORMER_LM_REAL *)in[75],
+        (TRANSFORMER_LM_REAL *)in[76],
+        (TRANSFORMER_LM_REAL *)in[77],
+        (TRANSFORMER_LM_REAL *)in[78],
+        (TRANSFORMER_LM_REAL *)in[79],
+        (TRANSFORMER_LM_REAL *)in[80],
+        (TRANSFORMER_LM_REAL *)in[81],
+        (TRANSFORMER_LM_REAL *)in[82],
+        (TRANSFORMER_LM_REAL *)in[83],
+        (TRANSFORMER_LM_REAL *)in[84],
+        (TRANSFORMER_LM_REAL *)in[85],
+        (TRANSFORMER_LM_REAL *)in[86],
+        (TRANSFORMER_LM_REAL *)in[87],
+        (TRANSFORMER_LM_REAL *)in[88],
+        (TRANSFORMER_LM_REAL *)in[89],
+        (TRANSFORMER_LM_REAL *)in[90],
+        (TRANSFORMER_LM_REAL *)in[91],
+        (TRANSFORMER_LM_REAL *)in[92],
+        (TRANSFORMER_LM_REAL *)in[93],
+        (TRANSFORMER_LM_REAL *)in[94],
+        (TRANSFORMER_LM_REAL *)in[95],
+        (TRANSFORMER_LM_REAL *)in[96],
+        (TRANSFORMER_LM_REAL *)out[0],
+        work
     );
 }
 #endif

@@ -18,7 +18,8 @@ worth (UNIT_CHARS) stays one unit, with the C it always had. Otherwise a
 kernel of ALONE_CHARS or more becomes a part of its own (cparts), and the
 parts and functions are put into at most MAX_UNITS units, largest first
 into the lightest unit (LPT), the rest of the module (its self-description,
-wrappers, an epoch) in unit 0.
+wrappers, an epoch) in unit 0; the kinds of element-wise loop go together,
+as one piece.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ REST_CHARS = 2000
 # A kind of matrix product's function (emit/products.py) is one call, but GCC
 # compiles the helper's loops into it: about 20 ms, as a kernel of this length.
 PRODUCT_CHARS = 600
+
+# The kinds of element-wise loop (emit/maps.py) are placed as one piece, under
+# this name (not a C name): in one unit, in the order first run, so that an
+# edit of one layer adds or removes its kinds there and moves no other kind.
+_MAPS = "<maps>"
 
 _GUARD = re.compile(r"^#if !defined\(SYMBACKPROP_UNIT\) \|\| SYMBACKPROP_UNIT == (\d+)$", re.M)
 
@@ -91,7 +97,9 @@ def split_units(module: CModule) -> CModule:
         elif fn.kernels:
             pieces.append((sum(lengths), fn.name, -1))
     kernel = _kernel_macro(module)
-    pieces += [(len(str(kernel(kind.kernel, module.real_c, module.helper_prefix))), kind.name, -1) for kind in module.maps]
+    if module.maps:  # one piece: a kind's unit does not move when another kind comes or goes
+        pieces.append((sum(len(str(kernel(kind.kernel, module.real_c, module.helper_prefix))) for kind in module.maps),
+                       _MAPS, -1))
     pieces += [(PRODUCT_CHARS, kind.name, -1) for kind in module.products]
     total = REST_CHARS + sum(size for size, _, _ in pieces)
     big = sum(size >= ALONE_CHARS for size, _, _ in pieces)  # a unit each at most (the rest goes with them)
@@ -115,7 +123,7 @@ def split_units(module: CModule) -> CModule:
         return replace(fn, parts=parts, unit=0, part_units=tuple(placed[fn.name, i] for i in range(len(parts))))
 
     return replace(module, internal=tuple(map(assign, module.internal)), functions=tuple(map(assign, module.functions)),
-                   maps=tuple(replace(kind, unit=placed[kind.name, -1]) for kind in module.maps),
+                   maps=tuple(replace(kind, unit=placed[_MAPS, -1]) for kind in module.maps),
                    products=tuple(replace(kind, unit=placed[kind.name, -1]) for kind in module.products), units=count)
 
 

@@ -96,14 +96,13 @@ class CDescription:
 
     @property
     def argument_lines(self) -> tuple[str, ...]:
-        """F_call's arguments to F, a few to a line."""
-        lines = [""]
-        for arg in self.arguments:
-            if lines[-1] and len(lines[-1]) + len(arg) > LINE:
-                lines.append("")
-            lines[-1] += arg + ", "
-        lines[-1] = lines[-1][:-2]
-        return tuple(line.rstrip() for line in lines)
+        """F_call's arguments to F: on one line where they fit, else one a
+        line, so that an array added or removed is a line of a diff, not
+        the lines after it moved along."""
+        joined = ", ".join(self.arguments)
+        if len(joined) <= LINE - 8:  # after its indent
+            return (joined,)
+        return tuple(arg + ("," if number < len(self.arguments) - 1 else "") for number, arg in enumerate(self.arguments))
 
     @property
     def work_len(self) -> str:

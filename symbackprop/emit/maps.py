@@ -1,20 +1,25 @@
-"""Element-wise loops that repeat are one function per kind, called with their arrays.
+"""Element-wise loops are one function per kind, called with their arrays.
 
 An unrolled recurrent network runs the same few element-wise loops at
 every step, on other arrays: a GRU of 30 steps has 92 loops, 85 of them
 of 3 kinds. GCC compiled (and vectorized) each copy again, and a copy
 that reads 11 or 15 arrays was not vectorized at all: with no proof that
 the arrays are disjoint, GCC checks each pair at run time, and gives up
-past 10 checks (--param vect-max-version-for-alias-checks). Where a kind
-of loop (the same C text once its arrays are named a0, a1, ... in order
-of first use) occurs more than once in a module, in one function or
-several, it becomes one function of the module; each copy is a call
-passing the dimensions the loop reads and its arrays. Its parameters are
+past 10 checks (--param vect-max-version-for-alias-checks). Each kind of
+loop (the same C text once its arrays are named a0, a1, ... in order of
+first use) is one function of the module; each loop is a call passing
+the dimensions the loop reads and its arrays. Its parameters are
 restrict (SYMBACKPROP_RESTRICT, the runtime header): a loop's output
 never overlaps another of its arrays (the workspace gives a buffer the
 memory of one whose last reader ran before the loop, and the module's
 outputs must not overlap its inputs), so GCC vectorizes each kind once,
-with no alias checks. A loop that occurs once keeps its C.
+with no alias checks.
+
+A loop that occurs once is a function too: whether a loop is a call, and
+the name it calls, depend on its own text only, so that a model edit in
+one layer (sigmoid -> relu) changes that layer's C and not another
+layer's (whose loop was a call while two layers shared it, and inline
+once it was alone; checked in tests/compiled/test_diff_stays_local.py).
 
 Only plain loops over a dimension are shared: those whose text names
 nothing but their loop indices and temporaries, the module's dimensions
@@ -26,6 +31,7 @@ name keeps the loop where it is.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -66,25 +72,27 @@ class _Shape:
 
 
 def share_maps(module: CModule, claim: Callable[[str], str]) -> CModule:
-    """The module with each kind of element-wise loop that occurs more
-    than once a function of its own (CModule.maps), <prefix>_<word>_loop
-    (see _word); unchanged where none repeats. `claim` gives a new C name."""
+    """The module with each kind of plain element-wise loop a function of
+    its own (CModule.maps), named from its own text (see _names); unchanged
+    where it has none. `claim` gives a new C name."""
     functions = module.internal + module.functions
     shapes = {id(kernel): shape for fn in functions for kernel, shape in _shapes(fn, module)}
-    counts = Counter(shape.key for shape in shapes.values())
-    repeated = {key for key, n in counts.items() if n > 1}
-    if not repeated:
+    if not shapes:
         return module
-    kinds: dict[str, MapKind] = {}
-    ties: Counter[str] = Counter()
-    for fn in functions:  # numbered in the order first run
+    counts = Counter(shape.key for shape in shapes.values())
+    firsts: dict[str, tuple[_Shape, CKernel]] = {}  # each kind's first loop, in the order first run
+    anchors = frozenset(name for fn in functions for p in fn.params for name in (p.name, p.cname))
+    words: dict[str, Counter[str]] = {}  # each kind's words, one a loop
+    for fn in functions:
         for kernel in fn.kernels:
             shape = shapes.get(id(kernel))
-            if shape is not None and shape.key in repeated and shape.key not in kinds:
-                base = f"{module.prefix}_{_word(shape)}_loop"
-                ties[base] += 1  # a tie: <base>_2, ... in the order first run
-                name = claim(base if ties[base] == 1 else f"{base}_{ties[base]}")
-                kinds[shape.key] = _kind(name, shape, kernel, module.real_c, counts[shape.key])
+            if shape is not None:
+                firsts.setdefault(shape.key, (shape, kernel))
+                words.setdefault(shape.key, Counter())[_word(shape, anchors)] += 1
+    names = _names(module.prefix, {key: _most(words[key]) for key in firsts},
+                   {key: shape for key, (shape, _) in firsts.items()})
+    kinds = {key: _kind(claim(names[key]), shape, kernel, module.real_c, counts[key])
+             for key, (shape, kernel) in firsts.items()}
 
     def calling(fn: CFunction) -> CFunction:
         def call(kernel: CKernel) -> CKernel:
@@ -114,15 +122,43 @@ def _shapes(fn: CFunction, module: CModule) -> Iterable[tuple[CKernel, _Shape]]:
                 yield kernel, shape
 
 
-def _word(shape: _Shape) -> str:
-    """What a kind of loop computes, from the name of the first array it
-    writes in its first call, less its anchor (schedule.naming): sigmoid
-    for sigmoid_W1, grad_add for grad_add_W2; so a kind keeps its name when
+def _names(prefix: str, words: dict[str, str], shapes: dict[str, _Shape]) -> dict[str, str]:
+    """Each kind's name, from its own loops only, so that an edit of one
+    layer renames no kind that another layer calls:
+    <prefix>_<word>_<bounds>_loop (net_sigmoid_nx6_loop: what its loops
+    compute, over n x 6), and where kinds of another text have the same
+    word and bounds (several `mul` loops), each with a short hash of its
+    text after it (net_mul_nx16_loop_3fa9), not numbered by order."""
+    bases = {key: f"{prefix}_{words[key]}_{_bounds(shape)}_loop" for key, shape in shapes.items()}
+    tied = Counter(bases.values())
+    return {key: base if tied[base] == 1 else f"{base}_{hashlib.sha1(key.encode()).hexdigest()[:4]}"
+            for key, base in bases.items()}
+
+
+def _most(words: Counter[str]) -> str:
+    """The word most of a kind's loops have (the first in sorted order among
+    as many): not the first loop's, which is the edited layer's as often as
+    not (the backward pass runs the last layer first)."""
+    return min(words.items(), key=lambda item: (-item[1], item[0]))[0]
+
+
+def _bounds(shape: _Shape) -> str:
+    """The sizes it loops over, joined by x: nx6, n, NxK."""
+    return "x".join(re.sub(r"\W", "", str(bound)) for _, bound in shape.fields["loops"])
+
+
+def _word(shape: _Shape, anchors: frozenset[str] = frozenset()) -> str:
+    """What a loop computes, from the name of the first array it
+    writes, less its anchor (schedule.naming: one of the
+    module's arrays, `anchors`, else the last word): sigmoid for
+    sigmoid_W1, grad_add for grad_add_U_z; so a kind keeps its name when
     other kinds come or go."""
     first = next((a for a, written in zip(shape.arrays, shape.written) if written), "")
+    first = re.sub(r"_\d+$", "", first)  # a tie's number
+    for anchor in sorted(anchors, key=len, reverse=True):
+        if first.endswith(f"_{anchor}") and len(first) > len(anchor) + 1:
+            return first[:-len(anchor) - 1]
     parts = [p for p in first.split("_") if p]
-    if parts and parts[-1].isdigit():  # a tie's number
-        parts.pop()
     return "_".join(parts[:-1] if len(parts) > 1 else parts) or "map"
 
 

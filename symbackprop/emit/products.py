@@ -15,6 +15,8 @@ were (an MLP's few products: its C is unchanged).
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -58,8 +60,8 @@ def share_products(module: CModule, claim: Callable[[str], str]) -> CModule:
     _with_calls([fn.kernels for fn in module.internal + module.functions], count)
     if calls.total() <= MAX_INLINED_PRODUCTS:
         return module
-    kinds = {key: _kind(claim(f"{module.prefix}_product{number}"), key, n, module.real_c)
-             for number, (key, n) in enumerate(calls.items())}
+    names = _names(module.prefix, list(calls))
+    kinds = {key: _kind(claim(names[key]), key, n, module.real_c) for key, n in calls.items()}
 
     def function(fn: CFunction) -> CFunction:
         return replace(fn, kernels=_with_calls(fn.kernels, lambda kernel: _calling(kernel, kinds[_kind_key(kernel)])))
@@ -88,6 +90,23 @@ def _is_call(kernel: CKernel) -> bool:
 def _kind_key(kernel: CKernel) -> tuple:
     args = kernel.fields["args"]
     return (bool(kernel.fields["add"]), *(args[k] for k in _SHAPE))
+
+
+def _names(prefix: str, keys: list[tuple]) -> dict[tuple, str]:
+    """Each kind's name from its own sizes and strides, not numbered in the
+    order first called (a product of another shape in one layer renumbered
+    the kinds of every later layer): <prefix>_product_<rows>_<inner>_<cols>,
+    then _at / _bt where a or b is read transposed and _add; kinds that
+    still tie (other strides) each with 4 hex digits of their key."""
+    bases = {}
+    for key in keys:
+        add, shape = key[0], dict(zip(_SHAPE, key[1:]))
+        sizes = "_".join(re.sub(r"\W", "", str(shape[k])) for k in (0, 2, 1))
+        flags = ("_at" if shape[5] != "1" else "") + ("_bt" if shape[8] != "1" else "") + ("_add" if add else "")
+        bases[key] = f"{prefix}_product_{sizes}{flags}"
+    tied = Counter(bases.values())
+    return {key: base if tied[base] == 1 else f"{base}_{hashlib.sha1(repr(key).encode()).hexdigest()[:4]}"
+            for key, base in bases.items()}
 
 
 def _constant(text: str) -> bool:

@@ -108,12 +108,16 @@ def wrap_markdown_equations(text: str, width: int = WIDTH) -> str:
 
 
 def wrap_c_code(source: str, width: int = WIDTH) -> str:
-    """Every line of C code longer than `width` columns (a long call or
-    expression), continued on lines indented 8 columns deeper, cut at
-    spaces outside an index; C reads whitespace alike, so the code means
-    the same. Preprocessor lines, comments of their own and lines with a
-    string stay whole (the generated C has no character literals)."""
-    out = []
+    """Every line of C code longer than `width` columns: a call of three or
+    more arguments (a statement `f(...);`, `return f(...);` or `x = f(...);`)
+    one argument a line, like a function's head of many parameters, so that
+    an argument added or renamed changes its own line and not the lines
+    after it; another long line (an expression) continued on lines indented
+    8 columns deeper, cut at spaces outside an index. C reads whitespace
+    alike, so the code means the same. Preprocessor lines, comments of
+    their own and lines with a string stay whole (the generated C has no
+    character literals)."""
+    out: list[str] = []
     for line in source.split("\n"):
         text = line.lstrip(" ")
         if len(line) <= width or text.startswith(("#", "/*", "*", "//")) or line.endswith("\\") \
@@ -121,7 +125,48 @@ def wrap_c_code(source: str, width: int = WIDTH) -> str:
             out.append(line)
             continue
         indent = line[:len(line) - len(text)]
-        lines = wrap(text, width - len(indent), width - len(indent) - 8)
-        out.append(indent + lines[0])
-        out.extend(f"{indent}        {rest}" for rest in lines[1:])
+        call = _call(text)
+        if call is not None:
+            head, args = call
+            out.append(f"{indent}{head}(")
+            for number, arg in enumerate(args):
+                out.extend(_flowed(f"{indent}    {arg}{',' if number < len(args) - 1 else ''}", width))
+            out.append(f"{indent});")
+            continue
+        out.extend(_flowed(line, width))
     return "\n".join(out)
+
+
+def _flowed(line: str, width: int) -> list[str]:
+    """The line, if longer than `width`, continued on lines 8 columns deeper."""
+    if len(line) <= width:
+        return [line]
+    text = line.lstrip(" ")
+    indent = line[:len(line) - len(text)]
+    lines = wrap(text, width - len(indent), width - len(indent) - 8)
+    return [indent + lines[0], *(f"{indent}        {rest}" for rest in lines[1:])]
+
+
+_CALLEE = re.compile(r"(?:return |[\w *]+ = )?[A-Za-z_]\w*")
+
+
+def _call(text: str) -> tuple[str, list[str]] | None:
+    """(what comes before its `(`, its arguments) where `text` is one call
+    statement of three or more arguments, else None."""
+    start = text.find("(")
+    if start < 0 or not text.endswith(");") or _CALLEE.fullmatch(text[:start]) is None:
+        return None
+    args, depth, begin = [], 0, start + 1
+    for at in range(start, len(text) - 1):
+        ch = text[at]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0 and at != len(text) - 2:
+                return None  # its `(` closes before the end: not one call
+        elif ch == "," and depth == 1:
+            args.append(text[begin:at].strip())
+            begin = at + 1
+    args.append(text[begin:len(text) - 2].strip())
+    return (text[:start], args) if depth == 0 and len(args) >= 3 else None

@@ -1,5 +1,9 @@
 """The workspace plan of a function: a slot for each intermediate buffer,
-reusing the memory of a buffer of the same size whose last reader has run."""
+reusing the memory of a buffer of the same size whose last reader has run,
+the one freed last (a buffer more in one layer then moves which memory the
+buffers of the next layer or two take, not of every later layer as taking
+the one freed first did; the size is the same either way: buffers of one
+size are interchangeable)."""
 
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ def plan_workspace(kernels: Sequence[Any], buffers: Mapping[str, Shape],
         start = first.get(buffer, 0)
         for index in sorted(k for k in releases if k < start):
             free += releases.pop(index)
-        reuse = next((gone for gone in free if sizes[gone] == sizes[buffer]), None)
+        reuse = next((gone for gone in reversed(free) if sizes[gone] == sizes[buffer]), None)
         if reuse is not None:
             free.remove(reuse)
             offset_of[buffer] = offset_of[reuse]

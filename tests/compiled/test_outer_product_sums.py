@@ -68,8 +68,11 @@ def test_the_sums_are_one_product_after_the_loop(whitened, shared):
         source = mod.emitted.source
         assert "left_factors" in source and "right_factors" in source
         assert "_outer_product_sums(" in source.split("right_factors", 1)[1]
-    assert "_outer_product_sums(9, 9, N," in whitened.emitted.source  # x's by z's
-    assert "_outer_product_sums(81, 1, N," in shared.emitted.source  # the forward's products by z
+    def flat(source: str) -> str:  # a long call is one argument a line (emit/wrap.py): as one line
+        return re.sub(r",\n\s+", ", ", re.sub(r"\(\n\s+", "(", source))
+
+    assert "_outer_product_sums(9, 9, N," in flat(whitened.emitted.source)  # x's by z's
+    assert "_outer_product_sums(81, 1, N," in flat(shared.emitted.source)  # the forward's products by z
     # the product's 81 sums add into W's row in one loop (ADD_LOOP_MIN), and
     # X's 18 columns are copied in one
     for mod in (whitened, shared):

@@ -17,7 +17,7 @@ from conftest import example_names
 import symbackprop as sbp
 from symbackprop.declare import nn
 from symbackprop.emit.codegen import RUNTIME_HEADER
-from symbackprop.emit.wrap import WIDTH, wrap, wrap_c_comments, wrap_markdown_equations
+from symbackprop.emit.wrap import WIDTH, wrap, wrap_c_code, wrap_c_comments, wrap_markdown_equations
 from symbackprop.errors import ModelError
 from symbackprop.pipeline import generate
 
@@ -135,6 +135,21 @@ def test_wrapping_keeps_every_word_in_order():
     lines = wrap_markdown_equations(equation).split("\n")
     assert len(lines) > 1 and all(line.startswith("   ") for line in lines[1:])
     assert re.sub(r"\s+", " ", " ".join(lines)) == re.sub(r"\s+", " ", equation)
+
+
+def test_a_long_call_is_one_argument_a_line():
+    """A call too long for a line lists one argument a line (an argument
+    added in the middle is one line of a diff, not the lines after it
+    moved along); a long expression that is not one call flows on."""
+    args = [f"grad_tanh_W{k}" for k in range(12)] + ["work + 8*n", "(const double *)in[3]", "f(a, b)"]
+    for head in ("net_run_part1", "return net_run", "const int status = net_value_and_grad"):
+        lines = wrap_c_code(f"    {head}(n, {', '.join(args)});").split("\n")
+        assert lines[0] == f"    {head}(" and lines[-1] == "    );", lines
+        assert [line.strip().rstrip(",") for line in lines[1:-1]] == ["n", *args]
+    expression = "    x = " + " + ".join(f"f(a{k}, b{k})" for k in range(20)) + ";"
+    flowed = wrap_c_code(expression).split("\n")
+    assert len(flowed) > 1 and all(line.startswith("            ") for line in flowed[1:])
+    assert re.sub(r"\s+", " ", " ".join(flowed)).strip() == expression.strip()
 
 
 def test_every_kernel_has_its_operations_counted():

@@ -20,6 +20,38 @@ SYMBACKPROP_HELPER int64_t logistic_run_size(int64_t n)
     return symbackprop_size_add(7, symbackprop_size_mul(11, n));
 }
 
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void logistic_add_n_loop_fb90(int64_t n, LOGISTIC_REAL *SYMBACKPROP_RESTRICT a0, const LOGISTIC_REAL
+        *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        a0[i] = 1 - a1[i];
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void logistic_add_n_loop_78ae(
+    int64_t n,
+    LOGISTIC_REAL *SYMBACKPROP_RESTRICT a0,
+    const LOGISTIC_REAL *SYMBACKPROP_RESTRICT a1,
+    const LOGISTIC_REAL *SYMBACKPROP_RESTRICT a2,
+    const LOGISTIC_REAL *SYMBACKPROP_RESTRICT a3,
+    LOGISTIC_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        const LOGISTIC_REAL x0 = 1.0/((LOGISTIC_REAL)n);
+        a0[i] = a1[i]*(((a2[i]) > 0 ? (a2[i]) : 0.0) + log1p(exp(-fabs(a2[i])))) + a3[i]*(((-a2[i])
+                > 0 ? (-a2[i]) : 0.0) + log1p(exp(-fabs(a2[i]))));
+        a4[i] = a1[i]*x0*(((a2[i]) >= 0 ? 1.0 : exp(-fabs(a2[i]))) / (1.0 + exp(-fabs(a2[i])))) -
+                a3[i]*x0*(((-a2[i]) >= 0 ? 1.0 : exp(-fabs(a2[i]))) / (1.0 + exp(-fabs(a2[i]))));
+    }
+}
+
 static size_t logistic_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
@@ -59,25 +91,14 @@ static int logistic_run(
     LOGISTIC_REAL *colsum_t = grad_mm_w + n; /* 1 x 1 */
 
     /* add_t = 1 - t */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        add_t[i] = 1 - t[i];
-    }
+    logistic_add_n_loop_fb90(n, add_t, t);
 
     /* mm_w = X @ w */
     symbackprop_f64_matmul(n, 1, 2, X, 2, 1, w, 1, 0, mm_w);
 
     /* add_t_2 = add_t*softplus(mm_w) + t*softplus(-mm_w) */
     /* grad_mm_w = add_t*sigmoid(mm_w)/n - t*sigmoid(-mm_w)/n */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        const LOGISTIC_REAL x0 = 1.0/((LOGISTIC_REAL)n);
-        add_t_2[i] = add_t[i]*(((mm_w[i]) > 0 ? (mm_w[i]) : 0.0) + log1p(exp(-fabs(mm_w[i])))) +
-                t[i]*(((-mm_w[i]) > 0 ? (-mm_w[i]) : 0.0) + log1p(exp(-fabs(mm_w[i]))));
-        grad_mm_w[i] = add_t[i]*x0*(((mm_w[i]) >= 0 ? 1.0 : exp(-fabs(mm_w[i]))) / (1.0 +
-                exp(-fabs(mm_w[i])))) - t[i]*x0*(((-mm_w[i]) >= 0 ? 1.0 : exp(-fabs(mm_w[i]))) /
-                (1.0 + exp(-fabs(mm_w[i]))));
-    }
+    logistic_add_n_loop_78ae(n, add_t_2, add_t, mm_w, t, grad_mm_w);
 
     /* colsum_t = sum of add_t_2 down each column */
     colsum_t[0] = symbackprop_f64_sum(add_t_2, n, 1);
@@ -167,7 +188,7 @@ int logistic_n_dims(void)
 const char *logistic_name_dim(int64_t i)
 {
     static const char *const names[] = {"n"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -194,13 +215,13 @@ int logistic_forward_n_out(void)
 const char *logistic_forward_name_in(int64_t i)
 {
     static const char *const names[] = {"X", "t", "w"};
-    return i >= 0 && i < 3 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *logistic_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int logistic_forward_kind_in(int64_t i)
@@ -217,13 +238,17 @@ int logistic_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 2; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 1; return 0; /* t */
-    case 2: shape[0] = 2; shape[1] = 1; return 0; /* w */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 2}, /* X */
+        {n, 1}, /* t */
+        {2, 1}, /* w */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int logistic_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -235,11 +260,15 @@ int logistic_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t logistic_forward_call_work_len(const int64_t *dims)
@@ -266,9 +295,12 @@ int logistic_forward_call(const int64_t *dims, const void *const *in, void *cons
         }
     }
     return logistic_forward(
-        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL
-                *)in[2],
-        (LOGISTIC_REAL *)out[0], work
+        dims[0],
+        (const LOGISTIC_REAL *)in[0],
+        (const LOGISTIC_REAL *)in[1],
+        (const LOGISTIC_REAL *)in[2],
+        (LOGISTIC_REAL *)out[0],
+        work
     );
 }
 
@@ -295,13 +327,13 @@ int logistic_value_and_grad_n_out(void)
 const char *logistic_value_and_grad_name_in(int64_t i)
 {
     static const char *const names[] = {"X", "t", "w"};
-    return i >= 0 && i < 3 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *logistic_value_and_grad_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "grad_w"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int logistic_value_and_grad_kind_in(int64_t i)
@@ -318,13 +350,17 @@ int logistic_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t sha
     if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = n; shape[1] = 2; return 0; /* X */
-    case 1: shape[0] = n; shape[1] = 1; return 0; /* t */
-    case 2: shape[0] = 2; shape[1] = 1; return 0; /* w */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {n, 2}, /* X */
+        {n, 1}, /* t */
+        {2, 1}, /* w */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int logistic_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -336,12 +372,16 @@ int logistic_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 2; shape[1] = 1; return 0; /* grad_w */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {2, 1}, /* grad_w */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t logistic_value_and_grad_call_work_len(const int64_t *dims)
@@ -368,8 +408,12 @@ int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, voi
         }
     }
     return logistic_value_and_grad(
-        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL
-                *)in[2],
-        (LOGISTIC_REAL *)out[0], (LOGISTIC_REAL *)out[1], work
+        dims[0],
+        (const LOGISTIC_REAL *)in[0],
+        (const LOGISTIC_REAL *)in[1],
+        (const LOGISTIC_REAL *)in[2],
+        (LOGISTIC_REAL *)out[0],
+        (LOGISTIC_REAL *)out[1],
+        work
     );
 }

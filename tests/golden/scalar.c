@@ -62,8 +62,15 @@ int scalar_forward(
     SCALAR_REAL *work
 )
 {
-    return scalar_run(x, y, loss, work + scalar_run_work_len(0), work + scalar_run_work_len(0) +
-            1*1, work, 0);
+    return scalar_run(
+        x,
+        y,
+        loss,
+        work + scalar_run_work_len(0),
+        work + scalar_run_work_len(0) + 1*1,
+        work,
+        0
+    );
 }
 
 size_t scalar_value_and_grad_work_len(void)
@@ -121,13 +128,13 @@ int scalar_forward_n_out(void)
 const char *scalar_forward_name_in(int64_t i)
 {
     static const char *const names[] = {"x", "y"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *scalar_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int scalar_forward_kind_in(int64_t i)
@@ -138,22 +145,30 @@ int scalar_forward_kind_in(int64_t i)
 int scalar_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* x */
-    case 1: shape[0] = 1; shape[1] = 1; return 0; /* y */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* x */
+        {1, 1}, /* y */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int scalar_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t scalar_forward_call_work_len(const int64_t *dims)
@@ -207,13 +222,13 @@ int scalar_value_and_grad_n_out(void)
 const char *scalar_value_and_grad_name_in(int64_t i)
 {
     static const char *const names[] = {"x", "y"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *scalar_value_and_grad_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "grad_x", "grad_y"};
-    return i >= 0 && i < 3 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int scalar_value_and_grad_kind_in(int64_t i)
@@ -224,24 +239,32 @@ int scalar_value_and_grad_kind_in(int64_t i)
 int scalar_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* x */
-    case 1: shape[0] = 1; shape[1] = 1; return 0; /* y */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* x */
+        {1, 1}, /* y */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int scalar_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 1; shape[1] = 1; return 0; /* grad_x */
-    case 2: shape[0] = 1; shape[1] = 1; return 0; /* grad_y */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {1, 1}, /* grad_x */
+        {1, 1}, /* grad_y */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t scalar_value_and_grad_call_work_len(const int64_t *dims)
@@ -269,8 +292,11 @@ int scalar_value_and_grad_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return scalar_value_and_grad(
-        (const SCALAR_REAL *)in[0], (const SCALAR_REAL *)in[1], (SCALAR_REAL *)out[0], (SCALAR_REAL
-                *)out[1],
-        (SCALAR_REAL *)out[2], work
+        (const SCALAR_REAL *)in[0],
+        (const SCALAR_REAL *)in[1],
+        (SCALAR_REAL *)out[0],
+        (SCALAR_REAL *)out[1],
+        (SCALAR_REAL *)out[2],
+        work
     );
 }

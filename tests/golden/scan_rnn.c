@@ -38,6 +38,47 @@ SYMBACKPROP_HELPER int64_t scan_rnn_value_and_grad_size(int64_t T)
             symbackprop_size_mul(26, symbackprop_size_min(2, T)));
 }
 
+/* Its element-wise loops over a dimension, a function for each kind of
+ * loop (the same text on other arrays), called with its arrays: each kind
+ * is compiled once, its arrays restrict. */
+SCAN_RNN_SHARED SYMBACKPROP_CALLED
+void scan_rnn_sq_T_loop_7765(int64_t T, SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a0, const SCAN_RNN_REAL
+        *SYMBACKPROP_RESTRICT a1, const SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a2);
+SCAN_RNN_SHARED SYMBACKPROP_CALLED
+void scan_rnn_sq_T_loop_e53e(
+    int64_t T,
+    SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a0,
+    const SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a1,
+    const SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a2,
+    SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a3
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+SCAN_RNN_SHARED SYMBACKPROP_CALLED
+void scan_rnn_sq_T_loop_7765(int64_t T, SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a0, const SCAN_RNN_REAL
+        *SYMBACKPROP_RESTRICT a1, const SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        a0[i] = pow(-a1[i] + a2[i], 2);
+    }
+}
+SCAN_RNN_SHARED SYMBACKPROP_CALLED
+void scan_rnn_sq_T_loop_e53e(
+    int64_t T,
+    SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a0,
+    const SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a1,
+    const SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a2,
+    SCAN_RNN_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        a0[i] = pow(-a1[i] + a2[i], 2);
+        a3[i] = -2*a1[i] + 2*a2[i];
+    }
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t scan_rnn_forward_work_len(int64_t T)
 {
@@ -248,10 +289,7 @@ SCAN_RNN_SHARED void scan_rnn_forward_part3(
     /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
 
     /* sq_Z = (-Z + scan_part_h0)**2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        sq_Z[i] = pow(-Z[i] + scan_part_h0[i], 2);
-    }
+    scan_rnn_sq_T_loop_7765(T, sq_Z, Z, scan_part_h0);
 
     /* colsum_Z = sum of sq_Z down each column */
     colsum_Z[0] = symbackprop_f64_sum(sq_Z, T, 1);
@@ -312,10 +350,34 @@ int scan_rnn_forward(
     SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
 
     scan_rnn_forward_part1(M, mul_M);
-    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0, scan_part_h0_2,
-            scan_part_h0_3);
-    scan_rnn_forward_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z, colsum_Z,
-            rowsum_h0, colsum_h0, rowsum_h0_2);
+    scan_rnn_forward_part2(
+        T,
+        XT_,
+        W,
+        Ux,
+        b,
+        V,
+        h0,
+        M,
+        mul_M,
+        scan_h0,
+        scan_part_h0,
+        scan_part_h0_2,
+        scan_part_h0_3
+    );
+    scan_rnn_forward_part3(
+        T,
+        Z,
+        loss,
+        scan_part_h0,
+        scan_part_h0_2,
+        scan_part_h0_3,
+        sq_Z,
+        colsum_Z,
+        rowsum_h0,
+        colsum_h0,
+        rowsum_h0_2
+    );
     return 0;
 }
 #endif
@@ -541,11 +603,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
 
     /* sq_Z = (-Z + scan_part_h0)**2 */
     /* grad_add_Z = -2*Z + 2*scan_part_h0 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        sq_Z[i] = pow(-Z[i] + scan_part_h0[i], 2);
-        grad_add_Z[i] = -2*Z[i] + 2*scan_part_h0[i];
-    }
+    scan_rnn_sq_T_loop_e53e(T, sq_Z, Z, scan_part_h0, grad_add_Z);
 
     /* colsum_Z = sum of sq_Z down each column */
     colsum_Z[0] = symbackprop_f64_sum(sq_Z, T, 1);
@@ -960,17 +1018,60 @@ int scan_rnn_value_and_grad(
     SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
     SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
     SCAN_RNN_REAL *scan_vjp_W = rowsum_h0_2 + 1; /* (13*((2) < (T) ? (2) : (T)) + 82) x 1 */
-    SCAN_RNN_REAL *grad_M_part = mul_M; /* 2 x 2, in mul_M's memory */
-    SCAN_RNN_REAL *grad_mul_M = scan_part_h0_3; /* 2 x 2, in scan_part_h0_3's memory */
+    SCAN_RNN_REAL *grad_M_part = scan_part_h0_3; /* 2 x 2, in scan_part_h0_3's memory */
+    SCAN_RNN_REAL *grad_mul_M = mul_M; /* 2 x 2, in mul_M's memory */
     SCAN_RNN_REAL *grad_transpose_M = scan_vjp_W + 13*((2) < (T) ? (2) : (T)) + 82; /* 2 x 2 */
 
     scan_rnn_value_and_grad_part1(M, mul_M);
-    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0,
-            scan_part_h0_4, scan_part_h0_2, scan_part_h0_3);
-    scan_rnn_value_and_grad_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z,
-            grad_add_Z, colsum_Z, rowsum_h0, colsum_h0, rowsum_h0_2);
-    scan_rnn_value_and_grad_part4(T, XT_, W, Ux, b, V, M, grad_W, grad_Ux, grad_b, grad_V, grad_h0,
-            scan_part_h0_4, grad_add_Z, scan_vjp_W, grad_M_part, grad_mul_M);
+    scan_rnn_value_and_grad_part2(
+        T,
+        XT_,
+        W,
+        Ux,
+        b,
+        V,
+        h0,
+        M,
+        mul_M,
+        scan_h0,
+        scan_part_h0,
+        scan_part_h0_4,
+        scan_part_h0_2,
+        scan_part_h0_3
+    );
+    scan_rnn_value_and_grad_part3(
+        T,
+        Z,
+        loss,
+        scan_part_h0,
+        scan_part_h0_2,
+        scan_part_h0_3,
+        sq_Z,
+        grad_add_Z,
+        colsum_Z,
+        rowsum_h0,
+        colsum_h0,
+        rowsum_h0_2
+    );
+    scan_rnn_value_and_grad_part4(
+        T,
+        XT_,
+        W,
+        Ux,
+        b,
+        V,
+        M,
+        grad_W,
+        grad_Ux,
+        grad_b,
+        grad_V,
+        grad_h0,
+        scan_part_h0_4,
+        grad_add_Z,
+        scan_vjp_W,
+        grad_M_part,
+        grad_mul_M
+    );
     scan_rnn_value_and_grad_part5(grad_M, grad_M_part, grad_mul_M, grad_transpose_M);
     return 0;
 }
@@ -987,7 +1088,7 @@ int scan_rnn_n_dims(void)
 const char *scan_rnn_name_dim(int64_t i)
 {
     static const char *const names[] = {"T"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 
@@ -1023,13 +1124,13 @@ const char *scan_rnn_forward_name_in(int64_t i)
         "h0",
         "M",
     };
-    return i >= 0 && i < 8 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *scan_rnn_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int scan_rnn_forward_kind_in(int64_t i)
@@ -1046,18 +1147,22 @@ int scan_rnn_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
     if (scan_rnn_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 2; shape[1] = T; return 0; /* XT_ */
-    case 1: shape[0] = T; shape[1] = 1; return 0; /* Z */
-    case 2: shape[0] = 3; shape[1] = 3; return 0; /* W */
-    case 3: shape[0] = 2; shape[1] = 3; return 0; /* Ux */
-    case 4: shape[0] = 1; shape[1] = 3; return 0; /* b */
-    case 5: shape[0] = 3; shape[1] = 1; return 0; /* V */
-    case 6: shape[0] = 1; shape[1] = 3; return 0; /* h0 */
-    case 7: shape[0] = 2; shape[1] = 2; return 0; /* M */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {2, T}, /* XT_ */
+        {T, 1}, /* Z */
+        {3, 3}, /* W */
+        {2, 3}, /* Ux */
+        {1, 3}, /* b */
+        {3, 1}, /* V */
+        {1, 3}, /* h0 */
+        {2, 2}, /* M */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int scan_rnn_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1069,11 +1174,15 @@ int scan_rnn_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     if (scan_rnn_forward_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t scan_rnn_forward_call_work_len(const int64_t *dims)
@@ -1100,10 +1209,17 @@ int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *cons
         }
     }
     return scan_rnn_forward(
-        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL
-                *)in[2],
-        (const SCAN_RNN_REAL *)in[3], (const SCAN_RNN_REAL *)in[4], (const SCAN_RNN_REAL *)in[5],
-        (const SCAN_RNN_REAL *)in[6], (const SCAN_RNN_REAL *)in[7], (SCAN_RNN_REAL *)out[0], work
+        dims[0],
+        (const SCAN_RNN_REAL *)in[0],
+        (const SCAN_RNN_REAL *)in[1],
+        (const SCAN_RNN_REAL *)in[2],
+        (const SCAN_RNN_REAL *)in[3],
+        (const SCAN_RNN_REAL *)in[4],
+        (const SCAN_RNN_REAL *)in[5],
+        (const SCAN_RNN_REAL *)in[6],
+        (const SCAN_RNN_REAL *)in[7],
+        (SCAN_RNN_REAL *)out[0],
+        work
     );
 }
 
@@ -1139,7 +1255,7 @@ const char *scan_rnn_value_and_grad_name_in(int64_t i)
         "h0",
         "M",
     };
-    return i >= 0 && i < 8 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *scan_rnn_value_and_grad_name_out(int64_t i)
@@ -1153,7 +1269,7 @@ const char *scan_rnn_value_and_grad_name_out(int64_t i)
         "grad_h0",
         "grad_M",
     };
-    return i >= 0 && i < 7 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int scan_rnn_value_and_grad_kind_in(int64_t i)
@@ -1170,18 +1286,22 @@ int scan_rnn_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t sha
     if (scan_rnn_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 2; shape[1] = T; return 0; /* XT_ */
-    case 1: shape[0] = T; shape[1] = 1; return 0; /* Z */
-    case 2: shape[0] = 3; shape[1] = 3; return 0; /* W */
-    case 3: shape[0] = 2; shape[1] = 3; return 0; /* Ux */
-    case 4: shape[0] = 1; shape[1] = 3; return 0; /* b */
-    case 5: shape[0] = 3; shape[1] = 1; return 0; /* V */
-    case 6: shape[0] = 1; shape[1] = 3; return 0; /* h0 */
-    case 7: shape[0] = 2; shape[1] = 2; return 0; /* M */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {2, T}, /* XT_ */
+        {T, 1}, /* Z */
+        {3, 3}, /* W */
+        {2, 3}, /* Ux */
+        {1, 3}, /* b */
+        {3, 1}, /* V */
+        {1, 3}, /* h0 */
+        {2, 2}, /* M */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int scan_rnn_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
@@ -1193,17 +1313,21 @@ int scan_rnn_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     if (scan_rnn_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) { /* as the function does */
         return 6;
     }
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 3; shape[1] = 3; return 0; /* grad_W */
-    case 2: shape[0] = 2; shape[1] = 3; return 0; /* grad_Ux */
-    case 3: shape[0] = 1; shape[1] = 3; return 0; /* grad_b */
-    case 4: shape[0] = 3; shape[1] = 1; return 0; /* grad_V */
-    case 5: shape[0] = 1; shape[1] = 3; return 0; /* grad_h0 */
-    case 6: shape[0] = 2; shape[1] = 2; return 0; /* grad_M */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {3, 3}, /* grad_W */
+        {2, 3}, /* grad_Ux */
+        {1, 3}, /* grad_b */
+        {3, 1}, /* grad_V */
+        {1, 3}, /* grad_h0 */
+        {2, 2}, /* grad_M */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t scan_rnn_value_and_grad_call_work_len(const int64_t *dims)
@@ -1230,13 +1354,23 @@ int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, voi
         }
     }
     return scan_rnn_value_and_grad(
-        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL
-                *)in[2],
-        (const SCAN_RNN_REAL *)in[3], (const SCAN_RNN_REAL *)in[4], (const SCAN_RNN_REAL *)in[5],
-        (const SCAN_RNN_REAL *)in[6], (const SCAN_RNN_REAL *)in[7], (SCAN_RNN_REAL *)out[0],
-        (SCAN_RNN_REAL *)out[1], (SCAN_RNN_REAL *)out[2], (SCAN_RNN_REAL *)out[3], (SCAN_RNN_REAL
-                *)out[4],
-        (SCAN_RNN_REAL *)out[5], (SCAN_RNN_REAL *)out[6], work
+        dims[0],
+        (const SCAN_RNN_REAL *)in[0],
+        (const SCAN_RNN_REAL *)in[1],
+        (const SCAN_RNN_REAL *)in[2],
+        (const SCAN_RNN_REAL *)in[3],
+        (const SCAN_RNN_REAL *)in[4],
+        (const SCAN_RNN_REAL *)in[5],
+        (const SCAN_RNN_REAL *)in[6],
+        (const SCAN_RNN_REAL *)in[7],
+        (SCAN_RNN_REAL *)out[0],
+        (SCAN_RNN_REAL *)out[1],
+        (SCAN_RNN_REAL *)out[2],
+        (SCAN_RNN_REAL *)out[3],
+        (SCAN_RNN_REAL *)out[4],
+        (SCAN_RNN_REAL *)out[5],
+        (SCAN_RNN_REAL *)out[6],
+        work
     );
 }
 #endif

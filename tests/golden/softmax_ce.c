@@ -46,8 +46,15 @@ static int softmax_ce_run(
     /* log_softmax_axis_Z = log_softmax of Z along each row: (its entries - their max) -
      * log(sum(exp(that))) */
     for (int64_t i = 0; i < 4; ++i) {
-        symbackprop_f64_log_softmax_axis(Z + 3*i, 3, 1, softmax_axis_Z + 3*i, 1, log_softmax_axis_Z
-                + 3*i, 1);
+        symbackprop_f64_log_softmax_axis(
+            Z + 3*i,
+            3,
+            1,
+            softmax_axis_Z + 3*i,
+            1,
+            log_softmax_axis_Z + 3*i,
+            1
+        );
     }
 
     /* mul_T = T*log_softmax_axis_Z */
@@ -162,13 +169,13 @@ int softmax_ce_forward_n_out(void)
 const char *softmax_ce_forward_name_in(int64_t i)
 {
     static const char *const names[] = {"T", "Z"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *softmax_ce_forward_name_out(int64_t i)
 {
     static const char *const names[] = {"loss"};
-    return i >= 0 && i < 1 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int softmax_ce_forward_kind_in(int64_t i)
@@ -179,22 +186,30 @@ int softmax_ce_forward_kind_in(int64_t i)
 int softmax_ce_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 4; shape[1] = 3; return 0; /* T */
-    case 1: shape[0] = 4; shape[1] = 3; return 0; /* Z */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {4, 3}, /* T */
+        {4, 3}, /* Z */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int softmax_ce_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t softmax_ce_forward_call_work_len(const int64_t *dims)
@@ -221,8 +236,10 @@ int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *co
         }
     }
     return softmax_ce_forward(
-        (const SOFTMAX_CE_REAL *)in[0], (const SOFTMAX_CE_REAL *)in[1], (SOFTMAX_CE_REAL *)out[0],
-                work
+        (const SOFTMAX_CE_REAL *)in[0],
+        (const SOFTMAX_CE_REAL *)in[1],
+        (SOFTMAX_CE_REAL *)out[0],
+        work
     );
 }
 
@@ -249,13 +266,13 @@ int softmax_ce_value_and_grad_n_out(void)
 const char *softmax_ce_value_and_grad_name_in(int64_t i)
 {
     static const char *const names[] = {"T", "Z"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 const char *softmax_ce_value_and_grad_name_out(int64_t i)
 {
     static const char *const names[] = {"loss", "grad_Z"};
-    return i >= 0 && i < 2 ? names[i] : NULL;
+    return i >= 0 && i < (int64_t)(sizeof names / sizeof names[0]) ? names[i] : NULL;
 }
 
 int softmax_ce_value_and_grad_kind_in(int64_t i)
@@ -266,23 +283,31 @@ int softmax_ce_value_and_grad_kind_in(int64_t i)
 int softmax_ce_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 4; shape[1] = 3; return 0; /* T */
-    case 1: shape[0] = 4; shape[1] = 3; return 0; /* Z */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {4, 3}, /* T */
+        {4, 3}, /* Z */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 int softmax_ce_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
 {
     (void)dims;
-    switch (i) {
-    case 0: shape[0] = 1; shape[1] = 1; return 0; /* loss */
-    case 1: shape[0] = 4; shape[1] = 3; return 0; /* grad_Z */
-    default:
+    const int64_t shapes[][2] = { /* one a line, not numbered: a new one is one line of a diff */
+        {1, 1}, /* loss */
+        {4, 3}, /* grad_Z */
+    };
+    if (i < 0 || i >= (int64_t)(sizeof shapes / sizeof shapes[0])) {
         return 3;
     }
+    shape[0] = shapes[i][0];
+    shape[1] = shapes[i][1];
+    return 0;
 }
 
 size_t softmax_ce_value_and_grad_call_work_len(const int64_t *dims)
@@ -310,7 +335,10 @@ int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, v
         }
     }
     return softmax_ce_value_and_grad(
-        (const SOFTMAX_CE_REAL *)in[0], (const SOFTMAX_CE_REAL *)in[1], (SOFTMAX_CE_REAL *)out[0],
-        (SOFTMAX_CE_REAL *)out[1], work
+        (const SOFTMAX_CE_REAL *)in[0],
+        (const SOFTMAX_CE_REAL *)in[1],
+        (SOFTMAX_CE_REAL *)out[0],
+        (SOFTMAX_CE_REAL *)out[1],
+        work
     );
 }
