@@ -1,12 +1,19 @@
-"""LeNet-5 on 28x28 images at batch 64: a training step and inference,
-symbackprop beside PyTorch eager (and torch.compile), one thread.
+"""Real sizes: LeNet-5 on 28x28 images at batch 64, a GPT-style decoder
+(4 blocks, d=256, 4 heads, sequence 128, batch 8) and the MNIST MLP
+(784-256-10, batch 128): a training step and inference, symbackprop beside
+PyTorch eager, torch.compile and JAX (the decoder and the MLP), one thread.
 
-    python benchmarks/real_sizes.py                        # float32 and float64, 15 rounds
-    python benchmarks/real_sizes.py --dtype float32 --rounds 9 --peers symbackprop,torch_eager
+    python benchmarks/real_sizes.py                        # every model, float32 and float64, 15 rounds
+    python benchmarks/real_sizes.py --models lenet5 --dtype float32 --rounds 9 --peers symbackprop,torch_eager
+    python benchmarks/real_sizes.py --models gpt,mlp --clock cpu --rounds 5 --calls 3 --save NAME
     python benchmarks/real_sizes.py --layers               # each convolution's kernels alone
     python benchmarks/real_sizes.py --save real-sizes-2026-12-06
 
-The model (padding 2 on the first convolution, as LeNet-5 on MNIST):
+`--clock cpu` times the process's CPU time (every thread's) instead of
+the wall clock: on a machine shared with other work, the wall clock
+measures the share of the CPU a process got as much as its own work.
+
+LeNet-5 (padding 2 on the first convolution, as LeNet-5 on MNIST):
 
     1 x 28 x 28 -> conv 5x5 (6, padding 2) -> relu -> max pool 2 -> 6 x 14 x 14
                 -> conv 5x5 (16) -> relu -> max pool 2 -> 16 x 5 x 5
@@ -23,7 +30,18 @@ of each peer in turn, and each peer's round median is kept. Printed and
 saved: the median of the round medians, and each peer's ratio to
 symbackprop's, round by round (its median and range). Before timing, the
 loss and every gradient are checked once against PyTorch float64 autograd
-from the same parameters.
+from the same parameters (LeNet-5), or every peer's float64 loss and
+gradients against symbackprop's (the decoder and the MLP, relative error
+at most 1e-10).
+
+The decoder is examples/transformer_lm.py's pre-norm block at these sizes
+(symbackprop's nn.self_attention and nn.layer_norm; a 64-token vocabulary
+of random ids); its PyTorch loss is written with torch.nn.functional
+(scaled_dot_product_attention), its JAX loss with jax.numpy. JAX's
+training step is one jax.jit of value_and_grad and Adam's update; its
+inference, one jax.jit of the loss and the logits. torch.compile compiles
+the loss function (Adam's step stays eager); the seconds its first step
+and inference took are printed and saved in the table's note.
 
 `--layers` times each convolution's three kernels (forward, the gradient
 by the images, the gradient by the weights) as small models of their own:
@@ -190,8 +208,14 @@ def check(mod64, inputs: dict, params: dict) -> float:
     return max(errors)
 
 
-def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3) -> dict:
-    """{label: (median of round medians, (ratio median, low, high) to the first label)}."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3, clock: str = "wall") -> dict:
+    """{label: (median of round medians, (ratio median, low, high) to the first label)}.
+    clock "cpu": the process's CPU time (every thread's), which a CPU shared
+    with other processes inflates far less than the wall clock."""
+    now = CLOCKS[clock]
     for call in calls.values():
         for _ in range(warmup):
             call()
@@ -200,9 +224,9 @@ def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3) -> dic
         for label, call in calls.items():
             times = []
             for _ in range(per_round):
-                t0 = time.perf_counter()
+                t0 = now()
                 call()
-                times.append(time.perf_counter() - t0)
+                times.append(now() - t0)
             medians[label].append(statistics.median(times))
     base = medians[next(iter(calls))]
     out = {}
@@ -213,6 +237,7 @@ def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3) -> dic
 
 
 def pin_one_thread() -> None:
+    """This process on its first CPU (JAX's thread pool included: it ignores thread flags), one thread each."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -224,7 +249,7 @@ def pin_one_thread() -> None:
         pass
 
 
-def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int) -> list[dict]:
+def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: str = "wall") -> list[dict]:
     """The rows of one dtype: the training step, then inference."""
     inputs, params = make_data(dtype)
     model = lenet5()
@@ -239,7 +264,7 @@ def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int) -> list
                 step_calls[peer], infer_calls[peer] = step, infer
     rows = []
     for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
-        result = interleave(calls, rounds, per_round)
+        result = interleave(calls, rounds, per_round, clock=clock)
         row = {"label": f"LeNet-5 {dtype}, {what}", "seconds": {k: v[0] for k, v in result.items()},
                "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
         rows.append(row)
@@ -506,7 +531,7 @@ def check_peer(mod64, inputs: dict, params: dict, grads) -> float:
 
 
 def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per_round: int,
-                   notes: dict) -> list[dict]:
+                   notes: dict, clock: str = "wall") -> list[dict]:
     """The rows of the decoder or the MLP in one dtype: the training step, then inference."""
     title, model, data, _, _ = WORKLOADS[workload]
     inputs, params = data(dtype)
@@ -533,7 +558,7 @@ def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per
         step_calls[peer], infer_calls[peer] = step, infer
     rows = []
     for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
-        result = interleave(calls, rounds, per_round, warmup=2)
+        result = interleave(calls, rounds, per_round, warmup=2, clock=clock)
         row = {"label": f"{title} {dtype}, {what}", "seconds": {k: v[0] for k, v in result.items()},
                "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
         rows.append(row)
@@ -601,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default="symbackprop,torch_eager,torch_compile,jax_jit")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=10, help="calls of each peer per round")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall: elapsed time; cpu: the process's CPU time (on a shared, loaded machine)")
     p.add_argument("--layers", action="store_true", help="time each convolution's kernels alone")
     p.add_argument("--note", action="append", default=[], help="a note shown under the saved table")
     p.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
@@ -628,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                 if error > 1e-10:
                     print("they disagree: not timing", file=sys.stderr)
                     return 1
-            rows += [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls)]
+            rows += [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls, args.clock)]
             continue
         errors = check_functional(name, peers)
         print(f"{name}: float64 loss and gradients of each peer against symbackprop's, largest relative error: "
@@ -636,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
         if any(e > 1e-10 for e in errors.values()):
             print("they disagree: not timing", file=sys.stderr)
             return 1
-        rows += [row for dtype in dtypes for row in run_functional(name, dtype, peers, args.rounds, args.calls, notes)]
+        rows += [row for dtype in dtypes for row in run_functional(name, dtype, peers, args.rounds, args.calls, notes,
+                                                                               args.clock)]
     if args.save:
         from benchmarks import tables
 
@@ -654,7 +682,9 @@ def main(argv: list[str] | None = None) -> int:
                 "LeNet-5 on 28x28 images, batch 64" if m == "lenet5" else WORKLOADS[m][0] for m in models),
             **tables.provenance(),
             "command": "python benchmarks/real_sizes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "conditions": "every peer in one process pinned to one CPU, one thread; rounds of calls of each "
+            "conditions": "every peer in one process pinned to one CPU, one thread; "
+                          + ("the process's CPU time (all its threads); " if args.clock == "cpu" else "")
+                          + "rounds of calls of each "
                           "peer in turn; median of the round medians; the ratio is the median of the per-round "
                           "ratios (peer over symbackprop) and their range; float64 losses and gradients of every "
                           "peer checked against symbackprop's (relative error under 1e-10) before timing",
