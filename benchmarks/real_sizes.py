@@ -1,12 +1,19 @@
-"""LeNet-5 on 28x28 images at batch 64: a training step and inference,
-symbackprop beside PyTorch eager (and torch.compile), one thread.
+"""Real sizes: LeNet-5 on 28x28 images at batch 64, a GPT-style decoder
+(4 blocks, d=256, 4 heads, sequence 128, batch 8) and the MNIST MLP
+(784-256-10, batch 128): a training step and inference, symbackprop beside
+PyTorch eager, torch.compile and JAX (the decoder and the MLP), one thread.
 
-    python benchmarks/real_sizes.py                        # float32 and float64, 15 rounds
-    python benchmarks/real_sizes.py --dtype float32 --rounds 9 --peers symbackprop,torch_eager
+    python benchmarks/real_sizes.py                        # every model, float32 and float64, 15 rounds
+    python benchmarks/real_sizes.py --models lenet5 --dtype float32 --rounds 9 --peers symbackprop,torch_eager
+    python benchmarks/real_sizes.py --models gpt,mlp --clock cpu --rounds 5 --calls 3 --save NAME
     python benchmarks/real_sizes.py --layers               # each convolution's kernels alone
     python benchmarks/real_sizes.py --save real-sizes-2026-12-06
 
-The model (padding 2 on the first convolution, as LeNet-5 on MNIST):
+`--clock cpu` times the process's CPU time (every thread's) instead of
+the wall clock: on a machine shared with other work, the wall clock
+measures the share of the CPU a process got as much as its own work.
+
+LeNet-5 (padding 2 on the first convolution, as LeNet-5 on MNIST):
 
     1 x 28 x 28 -> conv 5x5 (6, padding 2) -> relu -> max pool 2 -> 6 x 14 x 14
                 -> conv 5x5 (16) -> relu -> max pool 2 -> 16 x 5 x 5
@@ -23,7 +30,18 @@ of each peer in turn, and each peer's round median is kept. Printed and
 saved: the median of the round medians, and each peer's ratio to
 symbackprop's, round by round (its median and range). Before timing, the
 loss and every gradient are checked once against PyTorch float64 autograd
-from the same parameters.
+from the same parameters (LeNet-5), or every peer's float64 loss and
+gradients against symbackprop's (the decoder and the MLP, relative error
+at most 1e-10).
+
+The decoder is examples/transformer_lm.py's pre-norm block at these sizes
+(symbackprop's nn.self_attention and nn.layer_norm; a 64-token vocabulary
+of random ids); its PyTorch loss is written with torch.nn.functional
+(scaled_dot_product_attention), its JAX loss with jax.numpy. JAX's
+training step is one jax.jit of value_and_grad and Adam's update; its
+inference, one jax.jit of the loss and the logits. torch.compile compiles
+the loss function (Adam's step stays eager); the seconds its first step
+and inference took are printed and saved in the table's note.
 
 `--layers` times each convolution's three kernels (forward, the gradient
 by the images, the gradient by the weights) as small models of their own:
@@ -190,8 +208,14 @@ def check(mod64, inputs: dict, params: dict) -> float:
     return max(errors)
 
 
-def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3) -> dict:
-    """{label: (median of round medians, (ratio median, low, high) to the first label)}."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3, clock: str = "wall") -> dict:
+    """{label: (median of round medians, (ratio median, low, high) to the first label)}.
+    clock "cpu": the process's CPU time (every thread's), which a CPU shared
+    with other processes inflates far less than the wall clock."""
+    now = CLOCKS[clock]
     for call in calls.values():
         for _ in range(warmup):
             call()
@@ -200,9 +224,9 @@ def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3) -> dic
         for label, call in calls.items():
             times = []
             for _ in range(per_round):
-                t0 = time.perf_counter()
+                t0 = now()
                 call()
-                times.append(time.perf_counter() - t0)
+                times.append(now() - t0)
             medians[label].append(statistics.median(times))
     base = medians[next(iter(calls))]
     out = {}
@@ -213,6 +237,7 @@ def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3) -> dic
 
 
 def pin_one_thread() -> None:
+    """This process on its first CPU (JAX's thread pool included: it ignores thread flags), one thread each."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -224,7 +249,7 @@ def pin_one_thread() -> None:
         pass
 
 
-def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int) -> list[dict]:
+def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: str = "wall") -> list[dict]:
     """The rows of one dtype: the training step, then inference."""
     inputs, params = make_data(dtype)
     model = lenet5()
@@ -239,7 +264,7 @@ def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int) -> list
                 step_calls[peer], infer_calls[peer] = step, infer
     rows = []
     for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
-        result = interleave(calls, rounds, per_round)
+        result = interleave(calls, rounds, per_round, clock=clock)
         row = {"label": f"LeNet-5 {dtype}, {what}", "seconds": {k: v[0] for k, v in result.items()},
                "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
         rows.append(row)
@@ -247,6 +272,315 @@ def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int) -> list
         for label, (seconds, (ratio, low, high)) in result.items():
             print(f"  {label:14} {seconds * 1e3:8.3f} ms   ratio to symbackprop {ratio:5.2f} ({low:.2f}-{high:.2f})")
     return rows
+
+
+# --- the GPT-style decoder and the MNIST MLP -----------------------------------------
+
+GPT_D, GPT_HEADS, GPT_LEN, GPT_BLOCKS, GPT_BATCH, GPT_VOCAB = 256, 4, 128, 4, 8, 64
+MLP_BATCH, MLP_SIZES = 128, (784, 256, 10)  # examples/mnist_mlp.py (W3 of benchmarks/workloads.py)
+
+
+def gpt_shapes() -> list[tuple[str, tuple[int, int]]]:
+    """(name, shape) of the decoder's parameters, as examples/transformer_lm.py names them."""
+    d = GPT_D
+    blocks = [s for b in range(GPT_BLOCKS) for s in (
+        (f"g{b}a", (1, d)), (f"b{b}a", (1, d)), *((f"W{q}{b}", (d, d)) for q in "qkvo"),
+        (f"g{b}m", (1, d)), (f"b{b}m", (1, d)), (f"W{b}up", (d, 4 * d)), (f"c{b}up", (1, 4 * d)),
+        (f"W{b}down", (4 * d, d)), (f"c{b}down", (1, d)))]
+    return [("E", (GPT_VOCAB, d)), ("P", (GPT_LEN, d)), *blocks, ("gf", (1, d)), ("bf", (1, d)),
+            ("Wout", (d, GPT_VOCAB))]
+
+
+def gpt() -> sbp.Model:
+    """The 4-block pre-norm decoder of examples/transformer_lm.py at d=256, 4 heads, context 128:
+    token and learned position embeddings, x + attn(ln(x)), x + mlp(ln(x)) (4d, exact gelu),
+    ln, linear(vocabulary) without bias, softmax cross-entropy against the next token."""
+    m = sp.Symbol("m", integer=True, positive=True)
+    ids, positions, targets = sbp.Index("ids", m), sbp.Index("positions", m), sbp.Index("targets", m)
+    p = {name: sp.MatrixSymbol(name, *shape) for name, shape in gpt_shapes()}
+    x = nn.add_positions(nn.embedding(p["E"], ids, GPT_LEN), p["P"], positions)
+    for b in range(GPT_BLOCKS):
+        h = nn.layer_norm(x, p[f"g{b}a"], p[f"b{b}a"])
+        x = x + nn.self_attention(h, *(p[f"W{q}{b}"] for q in "qkvo"), GPT_HEADS)
+        up = nn.layer_norm(x, p[f"g{b}m"], p[f"b{b}m"]).map(
+            lambda h, b=b: nn.gelu(nn.linear(h, p[f"W{b}up"], p[f"c{b}up"])))
+        x = x + up.map(lambda h, b=b: nn.linear(h, p[f"W{b}down"], p[f"c{b}down"]))
+    logits = nn.layer_norm(x, p["gf"], p["bf"]).matrix * p["Wout"]
+    return sbp.Model("gpt_decoder", inputs=[ids, positions, targets], params=list(p.values()),
+                     loss=nn.softmax_cross_entropy(logits, nn.one_hot(targets, GPT_VOCAB)),
+                     outputs={"logits": logits})
+
+
+def gpt_data(dtype: str, seed: int = 0) -> tuple[dict, dict]:
+    """Random tokens (the targets the next ones), GPT-2's N(0, 0.02^2) embeddings, PyTorch's
+    U(+-1/sqrt(fan_in)) linear layers, norms 1 and 0; float32 is float64 rounded."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, GPT_VOCAB, size=(GPT_BATCH, GPT_LEN + 1))
+    inputs = {"ids": tokens[:, :-1].ravel().astype(np.int64), "targets": tokens[:, 1:].ravel().astype(np.int64),
+              "positions": sbp.position_ids(GPT_BATCH, GPT_LEN)}
+    shapes = dict(gpt_shapes())
+    params = {}
+    for name, shape in gpt_shapes():
+        if name in ("E", "P"):
+            value = 0.02 * rng.standard_normal(shape)
+        elif name[0] in "gb":  # norms: near 1 and 0, so that their gradients are checked
+            value = (name[0] == "g") + 0.1 * rng.standard_normal(shape)
+        else:  # weights (in x out), their biases c (1 x out)
+            fan_in = shapes["W" + name[1:]][0] if name[0] == "c" else shape[0]
+            value = rng.uniform(-1, 1, size=shape) / np.sqrt(fan_in)
+        params[name] = np.ascontiguousarray(value, dtype=dtype)
+    return inputs, params
+
+
+def mlp() -> sbp.Model:
+    """examples/mnist_mlp.py: X (n x 784) -> linear(256) -> tanh -> linear(10) -> softmax cross-entropy."""
+    n = sp.Symbol("n", integer=True, positive=True)
+    pixels, hidden, classes = MLP_SIZES
+    x, t = sp.MatrixSymbol("X", n, pixels), sp.MatrixSymbol("T", n, classes)
+    w1, b1 = sp.MatrixSymbol("W1", pixels, hidden), sp.MatrixSymbol("b1", 1, hidden)
+    w2, b2 = sp.MatrixSymbol("W2", hidden, classes), sp.MatrixSymbol("b2", 1, classes)
+    z = nn.linear(nn.tanh(nn.linear(x, w1, b1)), w2, b2)
+    return sbp.Model("mnist_mlp_real", inputs=[x, t], params=[w1, b1, w2, b2],
+                     loss=nn.softmax_cross_entropy(z, t), outputs={"logits": z})
+
+
+def mlp_data(dtype: str, seed: int = 0) -> tuple[dict, dict]:
+    """Pixels U(0, 1), one-hot labels, PyTorch's default initialization."""
+    rng = np.random.default_rng(seed)
+    pixels, _, classes = MLP_SIZES
+    inputs = {"X": rng.random((MLP_BATCH, pixels)), "T": np.eye(classes)[rng.integers(0, classes, size=MLP_BATCH)]}
+    params = {}
+    for layer, (fan_in, fan_out) in enumerate(pairwise(MLP_SIZES), 1):
+        params[f"W{layer}"] = rng.uniform(-1, 1, size=(fan_in, fan_out)) / np.sqrt(fan_in)
+        params[f"b{layer}"] = rng.uniform(-1, 1, size=(1, fan_out)) / np.sqrt(fan_in)
+    cast = lambda d: {k: np.ascontiguousarray(v, dtype=dtype) for k, v in d.items()}  # noqa: E731
+    return cast(inputs), cast(params)
+
+
+def gpt_loss(F, lib: str):
+    """The decoder's loss(params, ids, positions, targets) -> (loss, logits), written apart from
+    symbackprop's with PyTorch's functional API (lib "torch") or jax.numpy (lib "jax")."""
+    d, heads, length = GPT_D, GPT_HEADS, GPT_LEN
+    dh = d // heads
+
+    if lib == "torch":
+        import torch
+
+        def norm(x, w, g, b):
+            return F.layer_norm(x, (d,), w[g][0], w[b][0])
+
+        def attention(h, w, b):
+            q, k, v = (h @ w[f"W{c}{b}"] for c in "qkv")
+            q, k, v = (z.reshape(-1, length, heads, dh).transpose(1, 2) for z in (q, k, v))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return out.transpose(1, 2).reshape(-1, d) @ w[f"Wo{b}"]
+
+        def cross_entropy(logits, targets):
+            return F.cross_entropy(logits, targets)
+
+        gelu = F.gelu
+        take = lambda table, rows: table[rows]  # noqa: E731
+        _ = torch
+    else:
+        import jax
+        import jax.numpy as jnp
+
+        def norm(x, w, g, b):
+            mean = x.mean(axis=1, keepdims=True)
+            var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
+            return (x - mean) / jnp.sqrt(var + 1e-5) * w[g] + w[b]
+
+        def attention(h, w, b):
+            q, k, v = (h @ w[f"W{c}{b}"] for c in "qkv")
+            q, k, v = (z.reshape(-1, length, heads, dh) for z in (q, k, v))
+            # by hand: jax.nn.dot_product_attention takes the softmax in float32, also of float64 scores
+            scores = jnp.einsum("nthk,nshk->nhts", q, k) / np.sqrt(dh)
+            causal = np.tril(np.ones((length, length), dtype=bool))
+            weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+            return jnp.einsum("nhts,nshk->nthk", weights, v).reshape(-1, d) @ w[f"Wo{b}"]
+
+        def cross_entropy(logits, targets):
+            picked = jnp.take_along_axis(logits, targets[:, None], axis=1)[:, 0]
+            return (jax.nn.logsumexp(logits, axis=1) - picked).mean()
+
+        gelu = lambda z: jax.nn.gelu(z, approximate=False)  # noqa: E731
+        take = lambda table, rows: table[rows]  # noqa: E731
+
+    def loss(w, ids, positions, targets):
+        x = take(w["E"], ids) + take(w["P"], positions)
+        for b in range(GPT_BLOCKS):
+            x = x + attention(norm(x, w, f"g{b}a", f"b{b}a"), w, b)
+            h = gelu(norm(x, w, f"g{b}m", f"b{b}m") @ w[f"W{b}up"] + w[f"c{b}up"])
+            x = x + h @ w[f"W{b}down"] + w[f"c{b}down"]
+        logits = norm(x, w, "gf", "bf") @ w["Wout"]
+        return cross_entropy(logits, targets), logits
+
+    return loss
+
+
+def mlp_loss(F, lib: str):
+    """The MLP's loss(params, X, T) -> (loss, logits), in PyTorch or jax.numpy."""
+    if lib == "torch":
+        import torch
+
+        def loss(w, x, t):
+            z = torch.tanh(x @ w["W1"] + w["b1"]) @ w["W2"] + w["b2"]
+            return F.cross_entropy(z, t.argmax(dim=1)), z
+    else:
+        import jax
+        import jax.numpy as jnp
+
+        def loss(w, x, t):
+            z = jnp.tanh(x @ w["W1"] + w["b1"]) @ w["W2"] + w["b2"]
+            return (jax.nn.logsumexp(z, axis=1) - (z * t).sum(axis=1)).mean(), z
+    return loss
+
+
+WORKLOADS = {  # name: (title, model, data, the peers' loss, the inputs' order)
+    "gpt": (f"GPT-style decoder ({GPT_BLOCKS} blocks, d={GPT_D}, {GPT_HEADS} heads, sequence {GPT_LEN}, "
+            f"batch {GPT_BATCH})", gpt, gpt_data, gpt_loss, ("ids", "positions", "targets")),
+    "mlp": (f"MNIST MLP (784-256-10 tanh, batch {MLP_BATCH})", mlp, mlp_data, mlp_loss, ("X", "T")),
+}
+
+
+def torch_functional(workload: str, inputs: dict, params: dict, compiled: bool):
+    """(weights, step, infer, grads) of PyTorch: a dict of leaf tensors (symbackprop's names and
+    shapes), a training step with torch.optim.Adam, inference under no_grad, and
+    grads() -> (loss, {name: gradient}) at the weights as they are."""
+    import torch
+
+    loss_of = WORKLOADS[workload][3](torch.nn.functional, "torch")
+    weights = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    args = [torch.from_numpy(inputs[k]) for k in WORKLOADS[workload][4]]
+    forward = torch.compile(loss_of) if compiled else loss_of
+    adam = torch.optim.Adam(weights.values(), lr=LR)
+
+    def step():
+        adam.zero_grad()
+        loss = forward(weights, *args)[0]
+        loss.backward()
+        adam.step()
+        return loss
+
+    def infer():
+        with torch.no_grad():
+            return forward(weights, *args)
+
+    def grads():
+        for w in weights.values():
+            w.grad = None
+        loss = forward(weights, *args)[0]
+        loss.backward()
+        return float(loss.detach()), {k: w.grad.numpy().copy() for k, w in weights.items()}
+
+    return weights, step, infer, grads
+
+
+def jax_functional(workload: str, inputs: dict, params: dict):
+    """(step, infer, grads) of JAX: one jax.jit of value_and_grad and Adam's update (the
+    state carried from call to call, its buffers donated), jax.jit of the loss and
+    logits, and grads() -> (loss, {name: gradient}) from the first parameters."""
+    import jax
+    import jax.numpy as jnp
+
+    loss_of = WORKLOADS[workload][3](None, "jax")
+    args = [jnp.asarray(inputs[k]) for k in WORKLOADS[workload][4]]
+    value_and_grad = jax.jit(jax.value_and_grad(lambda w, *a: loss_of(w, *a)[0]))
+    b1, b2, eps = 0.9, 0.999, 1e-8
+
+    def update(state, *a):
+        w, m, v, t = state
+        loss, g = jax.value_and_grad(lambda w: loss_of(w, *a)[0])(w)
+        t = t + 1
+        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+        scale_m, scale_v = 1 / (1 - b1 ** t), 1 / (1 - b2 ** t)
+        w = jax.tree.map(lambda w, m, v: w - LR * (m * scale_m) / (jnp.sqrt(v * scale_v) + eps), w, m, v)
+        return (w, m, v, t), loss
+
+    update = jax.jit(update, donate_argnums=0)
+    start = {k: jnp.asarray(v) for k, v in params.items()}
+    dtype = next(iter(params.values())).dtype
+    zeros = lambda: jax.tree.map(jnp.zeros_like, start)  # noqa: E731
+    state = [({k: jnp.asarray(v) for k, v in params.items()}, zeros(), zeros(), jnp.zeros((), dtype))]
+    forward = jax.jit(loss_of)
+
+    def step():
+        state[0], loss = update(state[0], *args)
+        return loss.block_until_ready()
+
+    def infer():
+        return jax.block_until_ready(forward(start, *args))
+
+    def grads():
+        loss, g = value_and_grad(start, *args)
+        return float(loss), {k: np.asarray(v) for k, v in g.items()}
+
+    return step, infer, grads
+
+
+def check_peer(mod64, inputs: dict, params: dict, grads) -> float:
+    """The largest relative error (2-norm) of a peer's float64 loss and gradients
+    (grads() -> (loss, {name: gradient})) against symbackprop's."""
+    loss, ours = mod64.value_and_grad(**inputs, **params)
+    ref_loss, ref = grads()
+    errors = [abs(loss - ref_loss) / abs(ref_loss)]
+    errors += [float(np.linalg.norm(ours[k] - np.reshape(ref[k], ours[k].shape)) / np.linalg.norm(ours[k]))
+               for k in ours]
+    return max(errors)
+
+
+def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per_round: int,
+                   notes: dict, clock: str = "wall") -> list[dict]:
+    """The rows of the decoder or the MLP in one dtype: the training step, then inference."""
+    title, model, data, _, _ = WORKLOADS[workload]
+    inputs, params = data(dtype)
+    start = time.perf_counter()
+    mod = sbp.compile(model(), dtype=dtype, optimizer=sbp.Adam(lr=LR))
+    sbp_params = {k: v.copy() for k, v in params.items()}
+    mod.train_step(**inputs, **sbp_params)  # builds train_step now
+    print(f"{title} {dtype}: symbackprop's compile and first step {time.perf_counter() - start:.1f} s")
+    step_calls = {"symbackprop": lambda: mod.train_step(**inputs, **sbp_params)}
+    infer_calls = {"symbackprop": lambda: mod.forward(**inputs, **params)}
+    for peer in peers:
+        if peer in ("torch_eager", "torch_compile"):
+            start = time.perf_counter()
+            _, step, infer, _ = torch_functional(workload, inputs, params, peer == "torch_compile")
+            step(), infer()
+            if peer == "torch_compile":
+                seconds = time.perf_counter() - start
+                notes.setdefault("torch_compile", []).append(f"{workload} {dtype} {seconds:.0f} s")
+                print(f"  torch.compile's first step and inference {seconds:.1f} s")
+        elif peer == "jax_jit":
+            step, infer, _ = jax_functional(workload, inputs, params)
+        else:
+            continue
+        step_calls[peer], infer_calls[peer] = step, infer
+    rows = []
+    for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
+        result = interleave(calls, rounds, per_round, warmup=2, clock=clock)
+        row = {"label": f"{title} {dtype}, {what}", "seconds": {k: v[0] for k, v in result.items()},
+               "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
+        rows.append(row)
+        print(f"{row['label']}:")
+        for label, (seconds, (ratio, low, high)) in result.items():
+            print(f"  {label:14} {seconds * 1e3:8.3f} ms   ratio to symbackprop {ratio:5.2f} ({low:.2f}-{high:.2f})")
+    return rows
+
+
+def check_functional(workload: str, peers: list[str]) -> dict:
+    """{peer: largest relative error} of each peer's float64 loss and gradients against symbackprop's."""
+    _, model, data, _, _ = WORKLOADS[workload]
+    inputs, params = data("float64")
+    mod64 = sbp.compile(model())
+    errors = {}
+    for peer in peers:
+        if peer in ("torch_eager", "torch_compile"):
+            errors[peer] = check_peer(mod64, inputs, params,
+                                      torch_functional(workload, inputs, params, peer == "torch_compile")[3])
+        elif peer == "jax_jit":
+            errors[peer] = check_peer(mod64, inputs, params, jax_functional(workload, inputs, params)[2])
+    return errors
 
 
 # --- one convolution's kernels alone (--layers) ------------------------------------------
@@ -287,11 +621,15 @@ def time_layers(dtype: str, rounds: int, per_round: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="lenet5,gpt,mlp", help="comma list of lenet5, gpt, mlp")
     p.add_argument("--dtype", default="float32,float64")
-    p.add_argument("--peers", default="symbackprop,torch_eager,torch_compile")
+    p.add_argument("--peers", default="symbackprop,torch_eager,torch_compile,jax_jit")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=10, help="calls of each peer per round")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall: elapsed time; cpu: the process's CPU time (on a shared, loaded machine)")
     p.add_argument("--layers", action="store_true", help="time each convolution's kernels alone")
+    p.add_argument("--note", action="append", default=[], help="a note shown under the saved table")
     p.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
     args = p.parse_args(argv)
     pin_one_thread()
@@ -300,27 +638,56 @@ def main(argv: list[str] | None = None) -> int:
         for dtype in dtypes:
             time_layers(dtype, args.rounds, args.calls)
         return 0
-    peers = args.peers.split(",")
-    if any(p.startswith("torch") for p in peers):
-        inputs, params = make_data("float64")
-        error = check(sbp.compile(lenet5()), inputs, params)
-        print(f"float64 loss and gradients against PyTorch float64 autograd: largest relative error {error:.2e}")
-        if error > 1e-10:
+    peers, models = args.peers.split(","), args.models.split(",")
+    if "jax_jit" in peers:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)  # float64 arrays stay float64
+    rows: list[dict] = []
+    notes: dict[str, list[str]] = {}
+    for name in models:
+        if name == "lenet5":
+            if any(p.startswith("torch") for p in peers):
+                inputs, params = make_data("float64")
+                error = check(sbp.compile(lenet5()), inputs, params)
+                print(f"LeNet-5 float64 loss and gradients against PyTorch float64 autograd: largest relative "
+                      f"error {error:.2e}")
+                if error > 1e-10:
+                    print("they disagree: not timing", file=sys.stderr)
+                    return 1
+            rows += [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls, args.clock)]
+            continue
+        errors = check_functional(name, peers)
+        print(f"{name}: float64 loss and gradients of each peer against symbackprop's, largest relative error: "
+              + ", ".join(f"{peer} {e:.1e}" for peer, e in errors.items()))
+        if any(e > 1e-10 for e in errors.values()):
             print("they disagree: not timing", file=sys.stderr)
             return 1
-    rows = [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls)]
+        rows += [row for dtype in dtypes for row in run_functional(name, dtype, peers, args.rounds, args.calls, notes,
+                                                                               args.clock)]
     if args.save:
         from benchmarks import tables
 
-        labels = {"symbackprop": "symbackprop", "torch_eager": "PyTorch eager", "torch_compile": "torch.compile"}
+        labels = {"symbackprop": "symbackprop", "torch_eager": "PyTorch eager", "torch_compile": "torch.compile",
+                  "jax_jit": "JAX jit"}
         shown = [p for p in labels if p in peers]
+        note = " ".join(args.note)
+        if notes.get("torch_compile"):
+            note += " torch.compile's first training step and inference took " + ", ".join(notes["torch_compile"]) + "."
+        if note:
+            for row in rows:
+                row["note"] = note.strip()
         data = {
-            "title": "LeNet-5 on 28x28 images, batch 64: a training step with Adam, and inference",
+            "title": "Real sizes, a training step with Adam and inference: " + ", ".join(
+                "LeNet-5 on 28x28 images, batch 64" if m == "lenet5" else WORKLOADS[m][0] for m in models),
             **tables.provenance(),
             "command": "python benchmarks/real_sizes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "conditions": "every peer in one process pinned to one CPU, one thread; rounds of calls of each "
+            "conditions": "every peer in one process pinned to one CPU, one thread; "
+                          + ("the process's CPU time (all its threads); " if args.clock == "cpu" else "")
+                          + "rounds of calls of each "
                           "peer in turn; median of the round medians; the ratio is the median of the per-round "
-                          "ratios (peer over symbackprop) and their range",
+                          "ratios (peer over symbackprop) and their range; float64 losses and gradients of every "
+                          "peer checked against symbackprop's (relative error under 1e-10) before timing",
             "source": "benchmarks/real_sizes.py",
             "row_header": "workload",
             "baseline": "symbackprop",

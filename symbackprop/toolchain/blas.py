@@ -4,14 +4,19 @@ Two are known, both from wheels, found without importing them:
 - Intel's oneMKL (the `mkl` wheel, `pip install symbackprop[mkl]`), the
   library PyTorch's CPU wheel multiplies with: on the transformer's
   product shapes, one thread, OpenBLAS took 0.88-1.69 of its time (median
-  1.35; docs/performance.md). It runs on its GNU OpenMP threading layer,
+  1.35; docs/performance.md, 2026-12-01). It runs on its GNU OpenMP threading layer,
   so its threads are libgomp's, the pool of a module's own parallel loops.
 - OpenBLAS from `scipy-openblas32` (a dependency: always there), symbols
   prefixed `scipy_`.
 
 $SYMBACKPROP_BLAS ("mkl" or "openblas") chooses one; by default the first
-installed of mkl and openblas is used. The cache key holds the link
-command, so a module built against one is never loaded for the other.
+installed of preference()'s order: mkl, then openblas, but openblas first
+on AMD CPUs, where oneMKL runs its generic code path (libmkl_def; a
+Zen 4 VM with AVX-512, one thread, interleaved in one process: OpenBLAS
+0.3.34's training steps took 0.90-0.95 of oneMKL 2026.2's time on the
+GPT-style decoder, 0.93-0.94 on the MNIST MLP, 0.78-0.85 on LeNet-5;
+benchmarks/real_sizes.py). The cache key holds the link command, so a
+module built against one is never loaded for the other.
 """
 
 from __future__ import annotations
@@ -104,17 +109,35 @@ def _openblas() -> Blas | None:
     )
 
 
-FINDERS = {"mkl": _mkl, "openblas": _openblas}  # in the order of preference
+FINDERS = {"mkl": _mkl, "openblas": _openblas}
 INSTALL = {"mkl": "pip install mkl", "openblas": "pip install scipy-openblas32"}
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it ("GenuineIntel", "AuthenticAMD"; "" where unknown)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("vendor_id"):
+            return line.partition(":")[2].strip()
+    return ""
+
+
+def preference() -> tuple[str, ...]:
+    """The order find_blas tries the BLASes in: oneMKL first, but on AMD
+    CPUs, where it runs its generic code path, OpenBLAS first."""
+    return ("openblas", "mkl") if cpu_vendor() == "AuthenticAMD" else ("mkl", "openblas")
 
 
 @cache
 def find_blas() -> Blas | None:
     """The BLAS modules link: $SYMBACKPROP_BLAS's choice, else the first
-    installed of mkl and openblas; None if none is."""
+    installed in preference()'s order; None if none is."""
     wanted = os.environ.get(BLAS_ENV, "").strip().lower()
     if not wanted:
-        return next((blas for blas in (finder() for finder in FINDERS.values()) if blas is not None), None)
+        return next((blas for blas in (FINDERS[name]() for name in preference()) if blas is not None), None)
     if wanted not in FINDERS:
         raise BuildError(f"{BLAS_ENV}={wanted!r}: expected one of {', '.join(FINDERS)}")
     blas = FINDERS[wanted]()

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,29 @@ def test_a_choice_that_is_not_installed_says_how_to_install_it(monkeypatch):
     finally:
         monkeypatch.delenv(BLAS_ENV)
         find_blas.cache_clear()
+
+
+@pytest.mark.parametrize(("vendor", "installed", "chosen"), [
+    ("GenuineIntel", ("mkl", "openblas"), "mkl"),
+    ("", ("mkl", "openblas"), "mkl"),
+    ("AuthenticAMD", ("mkl", "openblas"), "openblas"),  # oneMKL's generic code path there
+    ("AuthenticAMD", ("mkl",), "mkl"),
+    ("GenuineIntel", ("openblas",), "openblas"),
+])
+def test_the_default_choice_follows_the_cpu(monkeypatch, vendor, installed, chosen):
+    monkeypatch.delenv(BLAS_ENV, raising=False)
+    monkeypatch.setattr(blas, "cpu_vendor", lambda: vendor)
+    for name in FINDERS:
+        monkeypatch.setitem(FINDERS, name, (lambda name=name: name) if name in installed else (lambda: None))
+    find_blas.cache_clear()
+    try:
+        assert find_blas() == chosen
+    finally:
+        find_blas.cache_clear()
+
+
+def test_the_cpu_vendor_is_read_from_linux():
+    if not (sys.platform.startswith("linux") and os.uname().machine == "x86_64"):
+        pytest.skip("an x86-64 Linux's /proc/cpuinfo names the vendor")
+    vendor = blas.cpu_vendor()
+    assert vendor and f"vendor_id\t: {vendor}\n" in Path("/proc/cpuinfo").read_text()
