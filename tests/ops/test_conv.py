@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
+from c_driver import unwrapped
 
 import symbackprop as sbp
 from symbackprop import nn
@@ -201,7 +202,9 @@ def test_generated_c_is_loops_with_math():
 
     small, large = source(6), source(30)
     assert "for (int64_t ky = 0; ky < 3; ++ky)" in small and "sum_{ic,ky,kx}" in small
-    assert abs(len(small.splitlines()) - len(large.splitlines())) <= 2
+    # statements, not lines: a call too long for a line lists one argument a line, and a
+    # larger image's constants make more calls too long
+    assert abs(len(unwrapped(small).splitlines()) - len(unwrapped(large).splitlines())) <= 2
 
 
 def test_bad_geometry_is_a_model_error():
