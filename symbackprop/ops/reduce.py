@@ -22,7 +22,7 @@ from symbackprop.emit.codegen import FunctionEmitter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import broadcast, const, is_const, log_softmax, logsumexp, map_, reduce_extreme, reduce_sum, softmax
 from symbackprop.ir.node import Node, Shape, op_node, placeholder
-from symbackprop.ops.cumulative import axis_op
+from symbackprop.ops.cumulative import axis_op, axis_walk, contiguous
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
 A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
@@ -286,23 +286,10 @@ def _log_softmax_kernel(sched, node: Node, out: str) -> LogSoftmaxKernel:
 
 def _emit_log_softmax(em: FunctionEmitter, kernel: LogSoftmaxKernel) -> dict:
     """One helper call per row (column): the entries, their softmax and the output, each a first entry and a stride."""
-    rows, cols = kernel.shape
-    out = View(kernel.out, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0),
-               sp.Integer(1) if cols != 1 else sp.Integer(0))
-    outer_len, inner_len = (cols, rows) if kernel.axis == 0 else (rows, cols)
-    outer = LOOP_J if kernel.axis == 0 else LOOP_I
-    looped = em.dim(outer_len) != "1"
-
-    def walk(view: View) -> tuple[str, str]:
-        strides = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
-        outer_stride, inner_stride = strides
-        start = sp.expand(view.offset + (outer * outer_stride if looped else 0))
-        pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
-        return pointer, em.index.doprint(sp.sympify(inner_stride)) if inner_len != 1 else "1"
-
-    (x, x_step), (p, p_step), (y, y_step) = (walk(v) for v in (kernel.src, kernel.softmax, out))
-    return {"loop": (str(outer), em.dim(outer_len)) if looped else None,
-            "args": f"{x}, {em.dim(inner_len)}, {x_step}, {p}, {p_step}, {y}, {y_step}"}
+    walk, loop, count = axis_walk(em, kernel.shape, kernel.axis)
+    (x, x_step), (p, p_step), (y, y_step) = (walk(v) for v in (kernel.src, kernel.softmax,
+                                                               contiguous(kernel.out, kernel.shape)))
+    return {"loop": loop, "args": f"{x}, {count}, {x_step}, {p}, {p_step}, {y}, {y_step}"}
 
 
 def _lower_softmax(lowerer, expr: Softmax) -> Node:
