@@ -86,7 +86,7 @@ SYMBACKPROP_HELPER int64_t symbackprop_size_max(int64_t a, int64_t b)
  * one per loop, a third less (the body's values spill either way: gmm
  * d=20 4.6 -> 3.0 s with 512-bit vectors, calls within 2%).
  * SYMBACKPROP_WIDE_SUMS, for a wide body that adds into hundreds of sums
- * (ops/emap.py WIDE_SUMS_NARROW), also prefers 256-bit vectors on x86-64
+ * (ops/emap_c.py WIDE_SUMS_NARROW), also prefers 256-bit vectors on x86-64
  * (the command line asks for 512): GCC adds each sum lane by lane in order
  * and spills the sums and the body's invariants either way; with half the
  * lanes, gmm d=20's file took 2.1 -> 1.7 s of CPU and its gradient 4.44 ->
@@ -127,7 +127,7 @@ static volatile const int symbackprop_scalar_tail __attribute__((unused)) = 0;
 /* An OpenMP directive as a macro's expansion (its text may hold commas). */
 #define SYMBACKPROP_PRAGMA(...) _Pragma(#__VA_ARGS__)
 
-/* A wide loop's sums over the examples (ops/emap.py SIMD_SUMS_OPS): with
+/* A wide loop's sums over the examples (ops/emap_c.py SIMD_SUMS_OPS): with
  * OpenMP's simd directive (-fopenmp-simd -DSYMBACKPROP_OPENMP_SIMD, which
  * symbackprop's builder passes, or -fopenmp) each sum runs in the vector's
  * lanes, added together after the loop; without it GCC adds each sum lane
@@ -292,7 +292,7 @@ SYMBACKPROP_HELPER void symbackprop_f64_gemm(int64_t m, int64_t n, int64_t k,
         /* An OpenMP build runs a large product on its own threads, in at
          * most 8 fixed blocks of c's rows (a multiple of 16 each), one
          * single-threaded BLAS call a block: OpenBLAS's pool is kept at one
-         * thread (build/builder.py), as two pools on the same cores fight.
+         * thread (toolchain/threads.py), as two pools on the same cores fight.
          * The blocks do not depend on the thread count, so neither do the
          * results. Inside another parallel loop this one runs on one thread.
          * (m*n*k may not fit: m*n is compared with the quotient instead.) */
@@ -348,7 +348,7 @@ SYMBACKPROP_HELPER void symbackprop_f64_matmul_add(int64_t m, int64_t n, int64_t
 
 /* c (m x n) = sum over the k examples of u's columns times v's, each
  * column ld apart (ld >= k):
- * c[a*n + b] = sum_i u[a*ld + i] * v[b*ld + i] (OuterProductSums, ops/emap.py).
+ * c[a*n + b] = sum_i u[a*ld + i] * v[b*ld + i] (OuterProductSums, ops/emap_kernel.py).
  * Blocks of 4 x 4 sums, each eight running sums (example i in lane i % 8,
  * a vector of GCC's and clang's vector extension) added in lane order,
  * then the examples after the last whole eight: the same bits whatever
@@ -442,7 +442,7 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
 /* out[j] = the sum of lanes[8*j], ..., lanes[8*j + 7], in order, after
  * the first `last` of the eight lanes kept apart (lanes[8*(cols + j) + l],
  * the last eight examples', some past the last example) are added into
- * them: the sums of a wide loop over whole eights (ops/emap.py LANES). */
+ * them: the sums of a wide loop over whole eights (ops/emap_kernel.py LANES). */
 SYMBACKPROP_HELPER void symbackprop_f64_lane_sums(const double *lanes, int64_t cols, int64_t last, double *out)
 {
     for (int64_t j = 0; j < cols; ++j) {
@@ -1116,7 +1116,7 @@ SYMBACKPROP_HELPER void symbackprop_f64_causal_mix(int transpose, int64_t n, int
 /* --- float32 (float) helpers --- */
 
 
-/* exp(x), within 1 ulp (tests/test_exp.py checks it against mpmath over the
+/* exp(x), within 1 ulp (tests/ops/test_exp.py checks it against mpmath over the
  * whole range). x = k ln2 + r with |r| <= ln2/2 (ln2 in two parts, the first
  * with trailing zero bits, so that k*ln2_hi is exact); exp(r) by its Taylor
  * polynomial of degree 7 (truncation below 0.05 ulp); then times 2^k,
@@ -1175,7 +1175,7 @@ SYMBACKPROP_HELPER inline float symbackprop_f32_exp(float x)
  * of symbackprop_f32_exp, one scale, and results below exp(-86) (under 2^-124)
  * returned as 0, which moves a sum of n terms by under n 2^-124, far below
  * its last bit. No subnormal is computed, so no assist and no slow path,
- * in about two thirds of exp's instructions (tests/test_exp.py). */
+ * in about two thirds of exp's instructions (tests/ops/test_exp.py). */
 SYMBACKPROP_HELPER inline float symbackprop_f32_exp_term(float x)
 {
     const float shift = 0x1.8p23f; /* x/ln2 + shift: k in the low bits */
@@ -1252,7 +1252,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_gemm(int64_t m, int64_t n, int64_t k,
         /* An OpenMP build runs a large product on its own threads, in at
          * most 8 fixed blocks of c's rows (a multiple of 16 each), one
          * single-threaded BLAS call a block: OpenBLAS's pool is kept at one
-         * thread (build/builder.py), as two pools on the same cores fight.
+         * thread (toolchain/threads.py), as two pools on the same cores fight.
          * The blocks do not depend on the thread count, so neither do the
          * results. Inside another parallel loop this one runs on one thread.
          * (m*n*k may not fit: m*n is compared with the quotient instead.) */
@@ -1308,7 +1308,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_matmul_add(int64_t m, int64_t n, int64_t
 
 /* c (m x n) = sum over the k examples of u's columns times v's, each
  * column ld apart (ld >= k):
- * c[a*n + b] = sum_i u[a*ld + i] * v[b*ld + i] (OuterProductSums, ops/emap.py).
+ * c[a*n + b] = sum_i u[a*ld + i] * v[b*ld + i] (OuterProductSums, ops/emap_kernel.py).
  * Blocks of 4 x 4 sums, each eight running sums (example i in lane i % 8,
  * a vector of GCC's and clang's vector extension) added in lane order,
  * then the examples after the last whole eight: the same bits whatever
@@ -1402,7 +1402,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
 /* out[j] = the sum of lanes[8*j], ..., lanes[8*j + 7], in order, after
  * the first `last` of the eight lanes kept apart (lanes[8*(cols + j) + l],
  * the last eight examples', some past the last example) are added into
- * them: the sums of a wide loop over whole eights (ops/emap.py LANES). */
+ * them: the sums of a wide loop over whole eights (ops/emap_kernel.py LANES). */
 SYMBACKPROP_HELPER void symbackprop_f32_lane_sums(const float *lanes, int64_t cols, int64_t last, float *out)
 {
     for (int64_t j = 0; j < cols; ++j) {

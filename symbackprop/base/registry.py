@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from symbackprop.errors import ModelError
 
@@ -169,6 +169,21 @@ def record(op: str) -> OpRecord:
     found = _RECORDS.get(op)
     if found is None:
         raise MissingRule(f"op {op!r} is not registered (symbackprop.ops)")
+    return found
+
+
+_Attrs = TypeVar("_Attrs")
+
+
+def attrs_of(op: str, family: type[_Attrs]) -> _Attrs:
+    """The `attrs` of op's record, an instance of its family's `family`.
+
+    Raises:
+        MissingRule: the op is not registered, or its attrs are not a `family`.
+    """
+    found = record(op).attrs
+    if not isinstance(found, family):
+        raise MissingRule(f"op {op!r} has no {family.__name__} attrs in its record")
     return found
 
 

@@ -16,69 +16,72 @@ import sympy as sp
 from sympy.codegen.cfunctions import log1p
 
 
-class sigmoid(sp.Function):
-    """1 / (1 + exp(-z)); its derivative s*(1 - s), a function of its value."""
+class _ExpForm(sp.Function):
+    """A function of one argument written in exp (`_exp_form`, its value
+    at a number: exact for rationals, mpmath, without overflow, for
+    floats), 0 at -oo, `_at_infinity` at oo; real where its argument is."""
 
     nargs = 1
+    _at_infinity: sp.Expr
+
+    @staticmethod
+    def _exp_form(z: sp.Expr) -> sp.Expr:
+        raise NotImplementedError
 
     @classmethod
     def eval(cls, z):
         if z is sp.nan:
             return sp.nan
         if z is sp.oo:
-            return sp.S.One
+            return cls._at_infinity
         if z is sp.S.NegativeInfinity:
             return sp.S.Zero
-        if z.is_Number:  # exact for rationals, mpmath (no overflow) for floats
-            return 1 / (1 + sp.exp(-z))
+        if z.is_Number:
+            return cls._exp_form(z)
         return None
+
+    def _eval_is_extended_real(self):
+        return self.args[0].is_extended_real
+
+    def _eval_rewrite_as_exp(self, z, **kwargs):
+        return self._exp_form(z)
+
+    def _eval_evalf(self, prec):
+        return self.rewrite(sp.exp)._eval_evalf(prec)
+
+
+class sigmoid(_ExpForm):
+    """1 / (1 + exp(-z)); its derivative s*(1 - s), a function of its value."""
+
+    nargs = 1
+    _at_infinity = sp.S.One
+
+    @staticmethod
+    def _exp_form(z: sp.Expr) -> sp.Expr:
+        return 1 / (1 + sp.exp(-z))
 
     def fdiff(self, argindex=1):
         return self * (1 - self)
 
-    def _eval_is_extended_real(self):
-        return self.args[0].is_extended_real
-
     def _eval_is_positive(self):
         return True if self.args[0].is_finite and self.args[0].is_real else None
 
-    def _eval_rewrite_as_exp(self, z, **kwargs):
-        return 1 / (1 + sp.exp(-z))
 
-    def _eval_evalf(self, prec):
-        return self.rewrite(sp.exp)._eval_evalf(prec)
-
-
-class softplus(sp.Function):
+class softplus(_ExpForm):
     """log(1 + exp(z)); its derivative sigmoid(z)."""
 
     nargs = 1
+    _at_infinity = sp.oo
 
-    @classmethod
-    def eval(cls, z):
-        if z is sp.nan:
-            return sp.nan
-        if z is sp.oo:
-            return sp.oo
-        if z is sp.S.NegativeInfinity:
-            return sp.S.Zero
-        if z.is_Number:
-            return sp.log(1 + sp.exp(z))
-        return None
+    @staticmethod
+    def _exp_form(z: sp.Expr) -> sp.Expr:
+        return sp.log(1 + sp.exp(z))
 
     def fdiff(self, argindex=1):
         return sigmoid(self.args[0])
 
-    def _eval_is_extended_real(self):
-        return self.args[0].is_extended_real
-
-    def _eval_rewrite_as_exp(self, z, **kwargs):
-        return sp.log(1 + sp.exp(z))
-
-    _eval_rewrite_as_log = _eval_rewrite_as_exp
-
-    def _eval_evalf(self, prec):
-        return self.rewrite(sp.exp)._eval_evalf(prec)
+    def _eval_rewrite_as_log(self, z, **kwargs):
+        return self._exp_form(z)
 
 
 def _is_one(x: sp.Basic) -> bool:

@@ -377,7 +377,33 @@ def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:
     return Reduce(op, x, axis)
 
 
-class Cumsum(Standing, sp.MatrixExpr):
+class _SameShape(Standing, sp.MatrixExpr):
+    """An op on one matrix, args[0], whose result has its shape."""
+
+    @property
+    def arg(self) -> sp.MatrixExpr:
+        """The matrix the op reads."""
+        return self.args[0]
+
+    @property
+    def shape(self) -> tuple:
+        """The shape of the matrix the op reads."""
+        return self.arg.shape
+
+    def _entry(self, i, j, **kwargs):
+        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
+class _AlongAxis(_SameShape):
+    """An op on one matrix along the axis args[1], keeping its shape."""
+
+    @property
+    def axis(self) -> int:
+        """0: down each column; 1: along each row."""
+        return int(self.args[1])
+
+
+class Cumsum(_AlongAxis):
     """The running sum of a matrix along an axis, from the end when
     `reverse`. See `cumsum`.
     """
@@ -400,30 +426,12 @@ class Cumsum(Standing, sp.MatrixExpr):
         return super().__new__(cls, sp.sympify(x), sp.Integer(axis), sp.Integer(int(bool(reverse))))
 
     @property
-    def arg(self) -> sp.MatrixExpr:
-        """The matrix summed."""
-        return self.args[0]
-
-    @property
-    def axis(self) -> int:
-        """0: down each column; 1: along each row."""
-        return int(self.args[1])
-
-    @property
     def reverse(self) -> bool:
         """Whether the sums run from the last entry back."""
         return bool(self.args[2])
 
-    @property
-    def shape(self) -> tuple:
-        """The shape of the matrix summed."""
-        return self.arg.shape
 
-    def _entry(self, i, j, **kwargs):
-        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
-
-
-class Softmax(Standing, sp.MatrixExpr):
+class Softmax(_AlongAxis):
     """softmax (or log_softmax, `log`) of a matrix along an axis: each row
     (axis 1) or column (axis 0) with its maximum subtracted before exp, as
     PyTorch's. One op, not exp(z - logsumexp(z)): there the log of the sum
@@ -450,30 +458,12 @@ class Softmax(Standing, sp.MatrixExpr):
         return super().__new__(cls, sp.sympify(x), sp.Integer(axis), sp.Integer(int(bool(log))))
 
     @property
-    def arg(self) -> sp.MatrixExpr:
-        """The matrix normalized."""
-        return self.args[0]
-
-    @property
-    def axis(self) -> int:
-        """0: down each column; 1: along each row."""
-        return int(self.args[1])
-
-    @property
     def log(self) -> bool:
         """Whether it is the log_softmax."""
         return bool(self.args[2])
 
-    @property
-    def shape(self) -> tuple:
-        """The shape of the matrix normalized."""
-        return self.arg.shape
 
-    def _entry(self, i, j, **kwargs):
-        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
-
-
-class Shift(Standing, sp.MatrixExpr):
+class Shift(_SameShape):
     """A matrix moved `k` entries along an axis, `fill` where nothing moves
     in. See `shift`."""
 
@@ -502,11 +492,6 @@ class Shift(Standing, sp.MatrixExpr):
         return super().__new__(cls, sp.sympify(x), sp.Integer(k), sp.Integer(axis), value)
 
     @property
-    def arg(self) -> sp.MatrixExpr:
-        """The matrix moved."""
-        return self.args[0]
-
-    @property
     def k(self) -> int:
         """Entries moved: toward the end when positive, toward the start when negative."""
         return int(self.args[1])
@@ -520,14 +505,6 @@ class Shift(Standing, sp.MatrixExpr):
     def fill(self) -> sp.Expr:
         """The value of the |k| entries nothing moves into."""
         return self.args[3]
-
-    @property
-    def shape(self) -> tuple:
-        """The shape of the matrix moved."""
-        return self.arg.shape
-
-    def _entry(self, i, j, **kwargs):
-        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
 
 
 def shift(x: sp.MatrixExpr, k: int, axis: int = 0, fill: float | int = 0) -> sp.MatrixExpr:

@@ -5,11 +5,14 @@ products as plain numpy arrays of the arguments' shapes."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from symbackprop.errors import ArgumentError
+
+if TYPE_CHECKING:  # only for annotations
+    from symbackprop.run.module import CompiledModule
 
 
 def leaf_names(mod: Any) -> tuple[str, ...]:
@@ -23,6 +26,25 @@ def check_outputs(mod: Any, outputs: Sequence[str]) -> tuple[str, ...]:
     if unknown:
         raise ArgumentError(f"no output named {unknown}; the outputs are {list(mod.model.outputs)}")
     return outputs
+
+
+class Bridge:
+    """What a framework's function of a compiled module holds: the module,
+    its arguments' names in the C functions' order, and the named outputs
+    it returns beside the loss.
+
+    Args:
+        mod: the compiled module.
+        outputs: named outputs to return beside the loss.
+
+    Raises:
+        ArgumentError: an output name the model lacks.
+    """
+
+    def __init__(self, mod: CompiledModule, outputs: Sequence[str] = ()) -> None:
+        self.mod = mod
+        self.names = leaf_names(mod)
+        self.outputs = check_outputs(mod, outputs)
 
 
 def differentiable(mod: Any) -> tuple[str, ...]:

@@ -35,17 +35,17 @@ import numpy as np
 
 from symbackprop.base.abi import concrete
 from symbackprop.errors import ArgumentError
-from symbackprop.interop.common import check_outputs, differentiable, leaf_names, scaled_gradients, value_and_grad_or_zero
+from symbackprop.interop.common import Bridge, differentiable, scaled_gradients, value_and_grad_or_zero
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.module import CompiledModule
 
 
-class JaxFunction:
+class JaxFunction(Bridge):
     """The compiled module as a function of JAX arrays (see the module's docstring).
 
     Args:
-        mod: the compiled module.
+        mod: the compiled module, called on the host (jax.pure_callback).
         outputs: named outputs to return beside the loss.
 
     Raises:
@@ -53,9 +53,7 @@ class JaxFunction:
     """
 
     def __init__(self, mod: CompiledModule, outputs: Sequence[str] = ()) -> None:
-        self.mod = mod
-        self.names = leaf_names(mod)
-        self.outputs = check_outputs(mod, outputs)
+        super().__init__(mod, outputs)
         self.wrt = differentiable(mod)
         self.indices = frozenset(a.name for a in mod.function("forward").inputs if a.index)  # int64 row numbers
         self._core = self._make_core()

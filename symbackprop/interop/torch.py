@@ -26,6 +26,7 @@ so that a compiled model sits in an ordinary training loop::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from symbackprop.errors import ArgumentError
-from symbackprop.interop.common import check_outputs, differentiable, leaf_names, scaled_gradients, value_and_grad_or_zero
+from symbackprop.interop.common import Bridge, differentiable, scaled_gradients, value_and_grad_or_zero
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.module import CompiledModule
@@ -96,22 +97,13 @@ class _Function(torch.autograd.Function):
         return tuple(result)
 
 
-class TorchFunction:
-    """The compiled module as a function of tensors (see the module's docstring).
+class TorchFunction(Bridge):
+    """The compiled module as a function of tensors (see the module's
+    docstring), built as a Bridge: TorchFunction(mod, outputs=())."""
 
-    Args:
-        mod: the compiled module.
-        outputs: named outputs to return beside the loss.
-
-    Raises:
-        ArgumentError: an output name the model lacks.
-    """
-
-    def __init__(self, mod: CompiledModule, outputs: Sequence[str] = ()) -> None:
-        self.mod = mod
-        self.names = leaf_names(mod)
-        self.outputs = check_outputs(mod, outputs)
-        self._call = _Call(mod, self.names, self.outputs)
+    @functools.cached_property
+    def _call(self) -> _Call:
+        return _Call(self.mod, self.names, self.outputs)
 
     def __call__(self, **tensors: Any) -> Any:
         """The loss, differentiable by torch.autograd.

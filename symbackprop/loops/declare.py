@@ -1,9 +1,10 @@
 """The user-facing declaration of a scan: `scan`, `final_state` and the
-SymPy objects they return (ScanSpec, ScanOutput, ScanFinal)."""
+SymPy objects they return (ScanSpec, ScanOutput, ScanFinal); LoopSpec and
+LoopFinal, which the fixed point's share."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
@@ -12,8 +13,9 @@ from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
 
 
-class ceildiv(sp.Function):
-    """ceil(n / k) for positive integers; C integer arithmetic in the C."""
+class _Quotient(sp.Function):
+    """A quotient of positive integers n, k: n itself for k = 1, `_exact`
+    for two integers, else left as it stands."""
 
     is_integer = True
     is_positive = True
@@ -23,30 +25,35 @@ class ceildiv(sp.Function):
         if k == 1:
             return n
         if n.is_Integer and k.is_Integer:
-            return sp.Integer(-(-int(n) // int(k)))
+            return cls._exact(int(n), int(k))
         return None
+
+    @staticmethod
+    def _exact(n: int, k: int) -> sp.Expr:
+        raise NotImplementedError
+
+
+class ceildiv(_Quotient):
+    """ceil(n / k) for positive integers; C integer arithmetic in the C."""
+
+    @staticmethod
+    def _exact(n: int, k: int) -> sp.Expr:
+        return sp.Integer(-(-n // k))
 
     def _ccode(self, printer: Any, **kwargs: Any) -> str:
         n, k = self.args
         return f"(({printer._print(n)} - 1)/{int(k)} + 1)"  # n >= 1; n + k - 1 could overflow
 
 
-class blocks(sp.Function):
+class blocks(_Quotient):
     """n / k for positive integers, k dividing n: the steps of a batched
     scan (n rows, k a step); C integer division in the C."""
 
-    is_integer = True
-    is_positive = True
-
-    @classmethod
-    def eval(cls, n: sp.Expr, k: sp.Expr) -> sp.Expr | None:
-        if k == 1:
-            return n
-        if n.is_Integer and k.is_Integer:
-            if int(n) % int(k):
-                raise ModelError(f"scan: {n} rows do not make whole steps of {k} rows (batch={k})")
-            return sp.Integer(int(n) // int(k))
-        return None
+    @staticmethod
+    def _exact(n: int, k: int) -> sp.Expr:
+        if n % k:
+            raise ModelError(f"scan: {n} rows do not make whole steps of {k} rows (batch={k})")
+        return sp.Integer(n // k)
 
     def _ccode(self, printer: Any, **kwargs: Any) -> str:
         n, k = self.args
@@ -151,10 +158,13 @@ class ScanOutput(Standing, sp.MatrixExpr):
         return f"{printer._print(self.spec)}.outputs[{self.index}]"
 
 
-class ScanFinal(Standing, sp.MatrixExpr):
-    """The state after the last step of a scan (shaped like the state)."""
+_Final = TypeVar("_Final", bound="LoopFinal")
 
-    def __new__(cls, spec: ScanSpec, index: int) -> ScanFinal:
+
+class LoopFinal(Standing, sp.MatrixExpr):
+    """The state `index` where a loop (`spec`) stopped, shaped like the state."""
+
+    def __new__(cls: type[_Final], spec: LoopSpec, index: int) -> _Final:
         return sp.Basic.__new__(cls, spec, sp.Integer(index))
 
     spec = property(lambda self: self.args[0])
@@ -169,6 +179,10 @@ class ScanFinal(Standing, sp.MatrixExpr):
 
     def _sympystr(self, printer: Any) -> str:
         return f"{printer._print(self.spec)}.final[{self.index}]"
+
+
+class ScanFinal(LoopFinal):
+    """The state after the last step of a scan (shaped like the state)."""
 
 
 def scan(step_state: Any, step_output: Any, state: Any, inp: Any, init: Any, sequence: Any,

@@ -21,7 +21,7 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
-from symbackprop.loops.declare import LoopSpec, as_tuple, expr_shape, same_layout, symbol_name
+from symbackprop.loops.declare import LoopFinal, LoopSpec, as_tuple, expr_shape, same_layout, symbol_name
 
 MODES = ("implicit", "unrolled")  # how a fixed point is differentiated (the one list of them)
 
@@ -47,24 +47,8 @@ class FixedPointSpec(LoopSpec):
         return f"fixed_point[{states}](tol={self.tol!r}, max_iter={self.max_iter}, diff={self.mode})"
 
 
-class FixedPointFinal(Standing, sp.MatrixExpr):
+class FixedPointFinal(LoopFinal):
     """The state where a fixed-point loop stopped (shaped like the state)."""
-
-    def __new__(cls, spec: FixedPointSpec, index: int) -> FixedPointFinal:
-        return sp.Basic.__new__(cls, spec, sp.Integer(index))
-
-    spec = property(lambda self: self.args[0])
-    index = property(lambda self: int(self.args[1]))
-
-    @property
-    def shape(self) -> tuple:
-        return expr_shape(self.spec.states[self.index])
-
-    def _entry(self, i: Any, j: Any, **kwargs: Any) -> sp.Expr:
-        return MatrixElement(self, i, j)
-
-    def _sympystr(self, printer: Any) -> str:
-        return f"{printer._print(self.spec)}.final[{self.index}]"
 
 
 class FixedPointCount(Standing, sp.MatrixExpr):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from symbackprop.base.registry import MissingRule, OpRecord, plain_grad_fn, record, register
+from symbackprop.base.registry import OpRecord, attrs_of, plain_grad_fn, register
 from symbackprop.declare import attention as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, min_rows_for_threads, worth_threads
 from symbackprop.ir.construct import map_
@@ -224,13 +224,6 @@ class AttentionAttrs:
     row_work: tuple[int, int] = (0, 0)
 
 
-def _attrs(op: str) -> AttentionAttrs:
-    found = record(op).attrs
-    if not isinstance(found, AttentionAttrs):
-        raise MissingRule(f"op {op!r} has no attention attrs in its record")
-    return found
-
-
 @dataclass(frozen=True)
 class AttentionKernel:
     """One attention op (`kind`) of `args` (buffers, or constants) into `out`."""
@@ -256,7 +249,7 @@ class AttentionKernel:
 
     @property
     def attrs(self) -> AttentionAttrs:
-        return _attrs(self.kind)
+        return attrs_of(self.kind, AttentionAttrs)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): the causal triangle, (L+1)/2 keys a query."""
@@ -283,7 +276,7 @@ _MATH = {
 def _kernel(sched, node: Node, out: str) -> AttentionKernel:
     args, labels = kernel_operands(sched, node)
     length, heads = node.attrs
-    attrs = _attrs(node.op)
+    attrs = attrs_of(node.op, AttentionAttrs)
     dh = 0 if attrs.product is None else node.args[-1].shape[1] // heads  # a row pass: scores in, scores out
     entry, value = (part.format(*labels) for part in _MATH[node.op])
     value += f" (rows (e,t) = e*{length}+t, {heads} heads" + (f" of {dh} columns)" if dh else ")")

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import sympy as sp
 
-from symbackprop.base.registry import MissingRule, OpRecord, plain_grad_fn, record, register
+from symbackprop.base.registry import OpRecord, attrs_of, plain_grad_fn, register
 from symbackprop.declare import conv as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
@@ -361,13 +361,6 @@ class ImageAttrs:
     argmax: str = "branch"
 
 
-def _attrs(op: str) -> ImageAttrs:
-    found = record(op).attrs
-    if not isinstance(found, ImageAttrs):
-        raise MissingRule(f"op {op!r} has no image attrs in its record")
-    return found
-
-
 @dataclass(frozen=True)
 class ImageKernel:
     """One image op (`kind`) of `args` (buffers, or constants) into `out`."""
@@ -392,7 +385,7 @@ class ImageKernel:
 
     @property
     def attrs(self) -> ImageAttrs:
-        return _attrs(self.kind)
+        return attrs_of(self.kind, ImageAttrs)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations)."""
@@ -456,7 +449,7 @@ def _kernel(sched, node: Node, out: str) -> ImageKernel:
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
     rows = node.args[0].shape[0]
     cols = None
-    attrs = _attrs(node.op)
+    attrs = attrs_of(node.op, ImageAttrs)
     if attrs.nest == "im2col":
         c = Conv(*geometry)
         ckk = c.C * c.KH * c.KW
@@ -483,7 +476,7 @@ def batch_blocks(rows: object) -> int:
 
 def _constants(op: str, geometry: tuple) -> dict:
     """The numbers a comment names: stride S, padding P, window K."""
-    nest = _attrs(op).nest
+    nest = attrs_of(op, ImageAttrs).nest
     if nest == "im2col":
         c = Conv(*geometry)
         return {"S": c.S, "P": c.P}

@@ -77,43 +77,56 @@ def axis_op(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[..., np.nd
     ))
 
 
+def contiguous(buffer: str, shape: Shape) -> View:
+    """The row-major view of all of `buffer`, of `shape` (a vector's unit stride only)."""
+    rows, cols = shape
+    return View(buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0),
+                sp.Integer(1) if cols != 1 else sp.Integer(0))
+
+
+def axis_walk(em: FunctionEmitter, shape: Shape, axis: int,
+              reverse: bool = False) -> tuple[Callable[[View], tuple[str, str]], tuple[str, str] | None, str]:
+    """How one helper call per row (axis 1) or column (axis 0) of a matrix
+    of `shape` reads a view: (walk, loop, count). walk(view): the row's
+    (column's) first entry and the stride along it, as C; reversed, the
+    last entry and the stride negated. loop: (variable, bound) of the loop
+    over the rows (columns), None for one. count: the entries of each."""
+    rows, cols = shape
+    outer_len, inner_len = (cols, rows) if axis == 0 else (rows, cols)
+    outer = LOOP_J if axis == 0 else LOOP_I
+    looped = em.dim(outer_len) != "1"
+
+    def walk(view: View) -> tuple[str, str]:
+        strides = (view.col_stride, view.row_stride) if axis == 0 else (view.row_stride, view.col_stride)
+        outer_stride, inner_stride = strides
+        start = view.offset + (outer * outer_stride if looped else 0)
+        step = sp.sympify(inner_stride)
+        if reverse:
+            start, step = start + (sp.sympify(inner_len) - 1) * step, -step
+        start = sp.expand(start)
+        pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
+        return pointer, em.index.doprint(step) if inner_len != 1 else "1"
+
+    return walk, ((str(outer), em.dim(outer_len)) if looped else None), em.dim(inner_len)
+
+
 def _emit(em: FunctionEmitter, kernel: AxisKernel) -> dict:
     """One helper call per row (axis 1) or column (axis 0): (first entry
     read, count, stride, first entry written, stride, *more: an integer, or
     a real number printed as a C constant); a reversed walk starts at the
     last entries, its strides negated. A constant source is a compound
     literal read with stride 0."""
-    rows, cols = kernel.shape
-    out = View(kernel.out, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0),
-               sp.Integer(1) if cols != 1 else sp.Integer(0))
-    outer_len, inner_len = (cols, rows) if kernel.axis == 0 else (rows, cols)
-    outer = LOOP_J if kernel.axis == 0 else LOOP_I
-    looped = em.dim(outer_len) != "1"
-
-    def walk(view: View) -> tuple[str, str]:
-        strides = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
-        outer_stride, inner_stride = strides
-        start = view.offset + (outer * outer_stride if looped else 0)
-        step = sp.sympify(inner_stride)
-        if kernel.reverse:
-            start, step = start + (sp.sympify(inner_len) - 1) * step, -step
-        start = sp.expand(start)
-        pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
-        return pointer, em.index.doprint(step) if inner_len != 1 else "1"
-
+    walk, loop, count = axis_walk(em, kernel.shape, kernel.axis, kernel.reverse)
     if isinstance(kernel.src, View):
         src, src_step = walk(kernel.src)
     else:
         constant = CheckedPrinter(ScalarPrinter({}, em.real), kernel).doprint(kernel.src)
         src, src_step = f"&(const {em.real.c}){{{constant}}}", "0"
-    dst, dst_step = walk(out)
+    dst, dst_step = walk(contiguous(kernel.out, kernel.shape))
     printer = CheckedPrinter(ScalarPrinter({}, em.real), kernel)
     more = "".join(f", {int(v)}" if isinstance(v, (int, sp.Integer)) else f", {printer.doprint(v)}"
                    for v in kernel.more)
-    return {
-        "loop": (str(outer), em.dim(outer_len)) if looped else None,
-        "args": f"{src}, {em.dim(inner_len)}, {src_step}, {dst}, {dst_step}{more}",
-    }
+    return {"loop": loop, "args": f"{src}, {count}, {src_step}, {dst}, {dst_step}{more}"}
 
 
 def _along(x: np.ndarray, axis: int, reverse: bool, running: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:

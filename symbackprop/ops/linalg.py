@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from symbackprop.base.registry import JvpRule, OpRecord, VjpRule, plain_grad_fn, register
+from symbackprop.base.registry import JvpRule, OpRecord, VjpRule, attrs_of, plain_grad_fn, register
 from symbackprop.declare.linalg import Cholesky, Det, LogDet, Solve, TriangularSolve
 from symbackprop.diff.autodiff import add_all
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
@@ -40,6 +40,26 @@ A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
 
 
 # --- the kernel: one helper call ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinalgAttrs:
+    """What a linear algebra op's kernel does, as its record's `attrs`: its
+    kernel, emit and record read these, never the op's name.
+
+    title: the kernel's name in comments and the derivation.
+    madds: its multiply-adds of (n, k): the first operand's size and the
+        last shape's columns (the right-hand sides).
+    scalar: the helper returns the result (det, logdet), not writing it.
+    entrywise: a mask of one m x n operand (band): the helper gets its
+        rows and columns, its flags as real scales, and does one
+        operation an entry (others: n).
+    """
+
+    title: str
+    madds: Callable[[sp.Expr, sp.Expr], sp.Expr]
+    scalar: bool = False
+    entrywise: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,21 +84,23 @@ class LinalgKernel:
         return [self.out] + ([self.scratch] if self.scratch else [])
 
     @property
+    def attrs(self) -> LinalgAttrs:
+        return attrs_of(self.kind, LinalgAttrs)
+
+    @property
     def title(self) -> str:
-        return _TITLES[self.kind]
+        return self.attrs.title
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): LU n^3/3, Cholesky n^3/6, a
         substitution n^2/2 per right-hand side column (solve: two)."""
         n = sp.sympify(self.shapes[0][0])
         k = sp.sympify(self.shapes[-1][1])
-        madds = {"det": n**3 / 3, "logdet": n**3 / 3, "solve": n**3 / 3 + n**2 * k, "cholesky": n**3 / 6,
-                 "triangular_solve": n**2 * k / 2, "band": sp.Integer(0)}[self.kind]
-        return madds, (n * self.shapes[0][1] if self.kind == "band" else n)
+        return self.attrs.madds(n, k), (n * self.shapes[0][1] if self.attrs.entrywise else n)
 
 
-_TITLES = {"det": "determinant", "logdet": "log-determinant", "solve": "linear solve", "cholesky": "Cholesky factor",
-           "triangular_solve": "triangular solve", "band": "triangle mask"}
+def _lu(n: sp.Expr, k: sp.Expr) -> sp.Expr:
+    return n**3 / 3
 
 
 def _kernel_builder(text: Callable[[list[str], Node], tuple[str, str]], scratch: bool) -> Callable:
@@ -112,23 +134,22 @@ def _emit(em: FunctionEmitter, kernel: LinalgKernel) -> dict:
             strides = [em.dim(operand.row_stride), em.dim(operand.col_stride)]
         else:
             pointer, strides = f"&(const {em.real.c}){{{printer.doprint(operand)}}}", ["0", "0"]
-        sizes = [shape[0], shape[1]] if kernel.kind == "band" else [shape[index]]
+        sizes = [shape[0], shape[1]] if kernel.attrs.entrywise else [shape[index]]
         args += [pointer, *(em.dim(s) for s in sizes), *strides]
-    args += [printer.doprint(f) if kernel.kind == "band" else str(int(f)) for f in kernel.flags]
-    scalar = kernel.kind in ("det", "logdet")
+    args += [printer.doprint(f) if kernel.attrs.entrywise else str(int(f)) for f in kernel.flags]
+    scalar = kernel.attrs.scalar
     args += ([] if scalar else [em.namer.name(kernel.out)]) + ([em.namer.name(kernel.scratch)] if kernel.scratch else [])
     return {"loop": None, "columns": None, "out": f"{em.namer.name(kernel.out)}[0]" if scalar else None,
             "args": ", ".join(args)}
 
 
 def _linalg_op(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[..., np.ndarray],
-               text: Callable[[list[str], Node], tuple[str, str]], grad_fn: str, scratch: bool = False,
-               **more: object) -> OpRecord:
-    scalar = name in ("det", "logdet")
+               text: Callable[[list[str], Node], tuple[str, str]], grad_fn: str, attrs: LinalgAttrs,
+               scratch: bool = False, **more: object) -> OpRecord:
     return register(OpRecord(
         name, vjp=vjp, jvp=jvp, evaluate=lambda node, args, context: evaluate(*args, *node.attrs),
-        kernel=_kernel_builder(text, scratch), emit=_emit, template="reduce_kernel" if scalar else "axis_kernel",
-        grad_fn=plain_grad_fn(grad_fn), helper=True, **more,  # type: ignore[arg-type]
+        kernel=_kernel_builder(text, scratch), emit=_emit, template="reduce_kernel" if attrs.scalar else "axis_kernel",
+        grad_fn=plain_grad_fn(grad_fn), helper=True, attrs=attrs, **more,  # type: ignore[arg-type]
     ))
 
 
@@ -392,20 +413,25 @@ def _band_text(labels: list[str], node: Node) -> tuple[str, str]:
             rf"\operatorname{{band}}_{{{below},{diagonal},{above}}}\left({latex_name(labels[0])}\right)")
 
 
-_linalg_op("band", _band_vjp, _band_jvp, _band_value, _band_text, "Band")
+_linalg_op("band", _band_vjp, _band_jvp, _band_value, _band_text, "Band",
+           LinalgAttrs("triangle mask", lambda n, k: sp.Integer(0), entrywise=True))
 _linalg_op("det", _det_vjp, _det_jvp, _det_value,
-           _texts("det({0}) by LU with partial pivoting", r"\det {0}"), "Det", scratch=True,
+           _texts("det({0}) by LU with partial pivoting", r"\det {0}"), "Det",
+           LinalgAttrs("determinant", _lu, scalar=True), scratch=True,
            lowering=((Det, lambda lowerer, e: det(lowerer.lower(e.args[0]))),), shapes=((Det, lambda e, of: SCALAR),))
 _linalg_op("logdet", _logdet_vjp, _logdet_jvp, _logdet_value,
-           _texts("log|det({0})| by LU with partial pivoting", r"\log \left|\det {0}\right|"), "LogDet", scratch=True,
+           _texts("log|det({0})| by LU with partial pivoting", r"\log \left|\det {0}\right|"), "LogDet",
+           LinalgAttrs("log-determinant", _lu, scalar=True), scratch=True,
            lowering=((LogDet, lambda lowerer, e: logdet(lowerer.lower(e.args[0]))),),
            shapes=((LogDet, lambda e, of: SCALAR),))
 _linalg_op("solve", _solve_vjp, _solve_jvp, _solve_value,
-           _texts("X with {0} X = {1}, by LU with partial pivoting", "{0}^{{-1}} {1}"), "Solve", scratch=True,
+           _texts("X with {0} X = {1}, by LU with partial pivoting", "{0}^{{-1}} {1}"), "Solve",
+           LinalgAttrs("linear solve", lambda n, k: n**3 / 3 + n**2 * k), scratch=True,
            lowering=((Solve, lambda lowerer, e: solve(lowerer.lower(e.args[0]), lowerer.lower(e.args[1]))),),
            shapes=((Solve, lambda e, of: of(e.args[1])),))
 _linalg_op("cholesky", _cholesky_vjp, _cholesky_jvp, _cholesky_value,
            _texts("lower L with L L^T = ({0} + {0}^T)/2", r"\operatorname{{chol}}\left({0}\right)"), "Cholesky",
+           LinalgAttrs("Cholesky factor", lambda n, k: n**3 / 6),
            lowering=((Cholesky, lambda lowerer, e: cholesky(lowerer.lower(e.args[0]))),),
            shapes=((Cholesky, lambda e, of: of(e.args[0])),))
 
@@ -419,5 +445,6 @@ def _lower_triangular(lowerer, expr: TriangularSolve) -> Node:
 
 _linalg_op("triangular_solve", _triangular_vjp, _triangular_jvp, _triangular_value,
            _texts("X with the {triangle} triangle of {0} times X = {1}", r"\operatorname{{tri}}\left({0}\right)^{{-1}} {1}"),
-           "TriangularSolve", lowering=((TriangularSolve, _lower_triangular),),
+           "TriangularSolve", LinalgAttrs("triangular solve", lambda n, k: n**2 * k / 2),
+           lowering=((TriangularSolve, _lower_triangular),),
            shapes=((TriangularSolve, lambda e, of: of(e.args[1])),))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from symbackprop.base.registry import OpRecord, plain_grad_fn, register
+from symbackprop.base.registry import OpRecord, attrs_of, plain_grad_fn, register
 from symbackprop.declare.attention import RowNormalize
 from symbackprop.diff import autodiff
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
@@ -139,6 +139,22 @@ def _eval_vjp(node: Node, args: list[np.ndarray], context) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class NormalizeAttrs:
+    """What a row normalization's kernel does, as its record's `attrs`: the
+    kernel, emit and kernel_normalize.c.j2 branch on this, never on the
+    op's name.
+
+    gradient: the row's VJP r (G - mean(G) - Y mean(G Y)), reading X and G
+        (three sums a row: the squares, G's and G (X - mean)'s); else the
+        normalized row (X - mean) r, reading X (two: its sum and squares).
+    madds: multiply-adds an entry.
+    """
+
+    gradient: bool
+    madds: int
+
+
+@dataclass(frozen=True)
 class NormalizeKernel:
     """normalize_rows (args: X) or normalize_rows_vjp (X, G) into the contiguous `out`;
     an argument is a view, or a constant (an adjoint of 1)."""
@@ -161,10 +177,14 @@ class NormalizeKernel:
     def title(self) -> str:
         return self.kind.replace("_", " ")
 
+    @property
+    def attrs(self) -> NormalizeAttrs:
+        return attrs_of(self.kind, NormalizeAttrs)
+
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): a few an entry."""
         entries = sp.sympify(self.rows) * self.width
-        return entries * (1 if self.kind == "normalize_rows" else 3), 2 * entries
+        return entries * self.attrs.madds, 2 * entries
 
 
 _MATH = {
@@ -215,7 +235,7 @@ def _emit(em: FunctionEmitter, kernel: NormalizeKernel) -> dict:
     scale = ScalarPrinter({squares: "squares", **dims}, em.real).doprint(1 / sp.sqrt(squares / kernel.width + kernel.eps))
     return {"m": em.dim(kernel.rows), "d": width if width.isidentifier() or width.isdigit() else f"({width})",
             "out": em.namer.name(kernel.out), "x": reads[0], "g": reads[1] if len(reads) > 1 else None,
-            "scale": scale, "parallel": worth_threads(kernel.rows)}
+            "scale": scale, "parallel": worth_threads(kernel.rows), "op": kernel.attrs}
 
 
 def _lower(lowerer, expr: RowNormalize) -> Node:
@@ -228,5 +248,7 @@ def _op(name: str, vjp, jvp, evaluate, grad_fn: str, **more) -> None:
 
 
 _op("normalize_rows", _normalize_vjp, _normalize_jvp, _eval_normalize, "NormalizeRows",
-    lowering=((RowNormalize, _lower),), shapes=((RowNormalize, lambda expr, of: of(expr.args[0])),))
-_op("normalize_rows_vjp", _vjp_vjp, _vjp_jvp, _eval_vjp, "NormalizeRowsVjp")
+    attrs=NormalizeAttrs(gradient=False, madds=1), lowering=((RowNormalize, _lower),),
+    shapes=((RowNormalize, lambda expr, of: of(expr.args[0])),))
+_op("normalize_rows_vjp", _vjp_vjp, _vjp_jvp, _eval_vjp, "NormalizeRowsVjp",
+    attrs=NormalizeAttrs(gradient=True, madds=3))

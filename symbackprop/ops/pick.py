@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from symbackprop.base.registry import OpRecord, plain_grad_fn, register
+from symbackprop.base.registry import OpRecord, attrs_of, plain_grad_fn, register
 from symbackprop.declare.pick import Pick
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.ir.construct import is_const
@@ -84,6 +84,19 @@ def _eval_place(node: Node, args: list[np.ndarray], context) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class PickAttrs:
+    """What a pick or place kernel does, as its record's `attrs`: the kernel,
+    emit and kernel_pick.c.j2 branch on this, never on the op's name.
+
+    gather: each row reads the entry at its index's column into one entry
+        (pick: the result is m x 1); else it scatters, writing each row's
+        zeros and then its value at that column (place: m x n).
+    """
+
+    gather: bool
+
+
+@dataclass(frozen=True)
 class PickKernel:
     """pick or place (`kind`) of `source` (a view, or a constant) at the
     columns of the Index `index`, into the contiguous `out`."""
@@ -108,6 +121,10 @@ class PickKernel:
     def title(self) -> str:
         return self.kind
 
+    @property
+    def attrs(self) -> PickAttrs:
+        return attrs_of(self.kind, PickAttrs)
+
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): none; it moves m (pick) or m x n (place) numbers."""
         return sp.Integer(0), sp.Integer(0)
@@ -119,7 +136,7 @@ def _kernel(sched, node: Node, out: str) -> PickKernel:
     constant = source.attrs[0] if is_const(source) else None
     view = None if constant is not None else sched.view(source)
     label, at = (f"({constant})" if constant is not None else sched.label(source)), sched.label(index)
-    if node.op == "pick":
+    if attrs_of(node.op, PickAttrs).gather:
         columns = source.shape[1]
         entry, value = "[i]", f"{label}[i, {at}[i]]"
     else:
@@ -137,11 +154,12 @@ def _emit(em: FunctionEmitter, kernel: PickKernel) -> dict:
         dims = {d: f"(({em.real.c}){c})" for d, c in em.dims.items()}  # real, not integer, division
         read = f"({CheckedPrinter(ScalarPrinter(dims, em.real), kernel).doprint(kernel.constant)})"
     else:
-        read = em.access(kernel.source, LOOP_I, column if kernel.kind == "pick" else sp.Integer(0))
+        read = em.access(kernel.source, LOOP_I, column if kernel.attrs.gather else sp.Integer(0))
     columns = em.dim(kernel.columns)
     columns = columns if columns.isidentifier() or columns.isdigit() else f"({columns})"
     return {"m": em.dim(kernel.rows), "n": columns, "out": em.namer.name(kernel.out),
-            "index": em.namer.name(kernel.index), "read": read, "parallel": worth_threads(kernel.rows)}
+            "index": em.namer.name(kernel.index), "read": read, "parallel": worth_threads(kernel.rows),
+            "op": kernel.attrs}
 
 
 def _lower(lowerer, expr: Pick) -> Node:
@@ -153,6 +171,6 @@ def _op(name: str, vjp, jvp, evaluate, grad_fn: str, **more) -> None:
                       template="kernel_pick.c.j2", grad_fn=plain_grad_fn(grad_fn), **more))
 
 
-_op("pick", _pick_vjp, _pick_jvp, _eval_pick, "Pick", lowering=((Pick, _lower),),
+_op("pick", _pick_vjp, _pick_jvp, _eval_pick, "Pick", attrs=PickAttrs(gather=True), lowering=((Pick, _lower),),
     shapes=((Pick, lambda expr, of: (of(expr.index)[0], sp.Integer(1))),))
-_op("place", _place_vjp, _place_jvp, _eval_place, "Place")
+_op("place", _place_vjp, _place_jvp, _eval_place, "Place", attrs=PickAttrs(gather=False))

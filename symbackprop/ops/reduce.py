@@ -16,16 +16,34 @@ from typing import NoReturn
 import numpy as np
 import sympy as sp
 
-from symbackprop.base.registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
+from symbackprop.base.registry import JvpRule, OpRecord, VjpRule, attrs_of, extend, plain_grad_fn, register
 from symbackprop.declare.tensor import Reduce, Softmax, reduced_shape
 from symbackprop.emit.codegen import FunctionEmitter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import broadcast, const, is_const, log_softmax, logsumexp, map_, reduce_extreme, reduce_sum, softmax
 from symbackprop.ir.node import Node, Shape, op_node, placeholder
-from symbackprop.ops.cumulative import axis_op
+from symbackprop.ops.cumulative import axis_op, axis_walk, contiguous
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
 A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
+
+
+@dataclass(frozen=True)
+class ReduceAttrs:
+    """What a reduction's kernel does, as its record's `attrs`: its kernel
+    and emit read these, never the op's name.
+
+    title: the kernel's name in comments and the derivation.
+    passes: the passes over the entries (log-sum-exp: two, the largest of
+        the entries and of their softmax).
+    column_sums: down the columns of a row-major matrix, every column's
+        result in one pass over the rows (a sum: a bias's gradient of a
+        large batch), not one helper call per column.
+    """
+
+    title: str
+    passes: int = 1
+    column_sums: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,16 +66,16 @@ class ReduceKernel:
         return [self.out]
 
     @property
+    def attrs(self) -> ReduceAttrs:
+        return attrs_of(self.kind, ReduceAttrs)
+
+    @property
     def title(self) -> str:
-        return _TITLES.get(self.kind, self.kind)
+        return self.attrs.title
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
-        """(multiply-adds, other operations): one a reduced entry (log-sum-exp
-        two: the largest of it and of its softmax)."""
-        return sp.Integer(0), sp.sympify(self.rows) * self.cols * (2 if self.kind == "logsumexp" else 1)
-
-
-_TITLES = {"sum": "sum", "max": "maximum", "min": "minimum", "logsumexp": "log-sum-exp", "prod": "product"}
+        """(multiply-adds, other operations): one a reduced entry a pass."""
+        return sp.Integer(0), sp.sympify(self.rows) * self.cols * self.attrs.passes
 
 
 # How each reduction lowers from sbp.reduce(name, x, axis): node of x over axis.
@@ -65,7 +83,8 @@ _FROM_REDUCE: dict[str, Callable[[Node, int], Node]] = {}
 
 
 def reduction(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndarray, int], np.ndarray],
-              lower: Callable[[Node, int], Node], text: str, latex: str, grad_fn: str) -> OpRecord:
+              lower: Callable[[Node, int], Node], text: str, latex: str, grad_fn: str,
+              attrs: ReduceAttrs) -> OpRecord:
     """Register a reduction over one axis.
 
     text, latex: what the kernel computes, for comments and the derivation,
@@ -87,7 +106,7 @@ def reduction(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndar
     return register(OpRecord(
         name, vjp=vjp, jvp=jvp, evaluate=lambda node, args, context: evaluate(args[0], node.attrs[0]),
         kernel=kernel, emit=_emit, template="reduce_kernel", grad_fn=plain_grad_fn(grad_fn),
-        reduction=True, helper=True,
+        reduction=True, helper=True, attrs=attrs,
     ))
 
 
@@ -112,7 +131,7 @@ def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
     if kernel.softmax is not None:  # logsumexp: and its softmax's row (column)
         args += ", {}, {}".format(*walk(kernel.softmax))
     inner_stride = src.row_stride if kernel.axis == 0 else src.col_stride
-    if kernel.kind == "sum" and kernel.axis == 0 and looped and src.col_stride == 1 and inner_len != 1:
+    if kernel.attrs.column_sums and kernel.axis == 0 and looped and src.col_stride == 1 and inner_len != 1:
         # every column's sum in one pass over the rows (a bias's gradient of a large batch)
         base = em.namer.name(src.buffer) + ("" if src.offset == 0 else f" + {em.dim(src.offset)}")
         columns = f"{base}, {em.dim(inner_len)}, {em.dim(outer_len)}, {em.dim(sp.sympify(inner_stride))}"
@@ -126,12 +145,16 @@ def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
     }
 
 
+def _mean(arg: Node, axis: int) -> Node:
+    total = reduce_sum(arg, axis)
+    return total if arg.shape[axis] == 1 else map_(A0 / arg.shape[axis], [total])
+
+
+_FROM_REDUCE["mean"] = _mean  # a declared reduction, not an op: a scaled sum
+
+
 def _lower_reduce(lowerer, expr: Reduce) -> Node:
-    arg, axis = lowerer.lower(expr.arg), expr.axis
-    if expr.op == "mean":
-        total = reduce_sum(arg, axis)
-        return total if arg.shape[axis] == 1 else map_(A0 / arg.shape[axis], [total])
-    return _FROM_REDUCE[expr.op](arg, axis)
+    return _FROM_REDUCE[expr.op](lowerer.lower(expr.arg), expr.axis)
 
 
 def _reduce_shape(expr: Reduce, of) -> tuple:
@@ -263,23 +286,10 @@ def _log_softmax_kernel(sched, node: Node, out: str) -> LogSoftmaxKernel:
 
 def _emit_log_softmax(em: FunctionEmitter, kernel: LogSoftmaxKernel) -> dict:
     """One helper call per row (column): the entries, their softmax and the output, each a first entry and a stride."""
-    rows, cols = kernel.shape
-    out = View(kernel.out, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0),
-               sp.Integer(1) if cols != 1 else sp.Integer(0))
-    outer_len, inner_len = (cols, rows) if kernel.axis == 0 else (rows, cols)
-    outer = LOOP_J if kernel.axis == 0 else LOOP_I
-    looped = em.dim(outer_len) != "1"
-
-    def walk(view: View) -> tuple[str, str]:
-        strides = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
-        outer_stride, inner_stride = strides
-        start = sp.expand(view.offset + (outer * outer_stride if looped else 0))
-        pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
-        return pointer, em.index.doprint(sp.sympify(inner_stride)) if inner_len != 1 else "1"
-
-    (x, x_step), (p, p_step), (y, y_step) = (walk(v) for v in (kernel.src, kernel.softmax, out))
-    return {"loop": (str(outer), em.dim(outer_len)) if looped else None,
-            "args": f"{x}, {em.dim(inner_len)}, {x_step}, {p}, {p_step}, {y}, {y_step}"}
+    walk, loop, count = axis_walk(em, kernel.shape, kernel.axis)
+    (x, x_step), (p, p_step), (y, y_step) = (walk(v) for v in (kernel.src, kernel.softmax,
+                                                               contiguous(kernel.out, kernel.shape)))
+    return {"loop": loop, "args": f"{x}, {count}, {x_step}, {p}, {p_step}, {y}, {y_step}"}
 
 
 def _lower_softmax(lowerer, expr: Softmax) -> Node:
@@ -366,15 +376,19 @@ def _second_order(node: Node, *rest: object) -> NoReturn:
 
 
 reduction("sum", _sum_vjp, _sum_jvp, lambda x, axis: x.sum(axis=axis, keepdims=True), reduce_sum,
-          "sum of {arg} {what}", r"\sum_{{{index}}} {term}", "Sum")
+          "sum of {arg} {what}", r"\sum_{{{index}}} {term}", "Sum", ReduceAttrs("sum", column_sums=True))
 reduction("logsumexp", _logsumexp_vjp, _logsumexp_jvp, _logsumexp_value, _lower_logsumexp,
-          "log(sum(exp({arg}))) {what}, its max subtracted first", r"\log \sum_{{{index}}} \exp {term}", "LogSumExp")
+          "log(sum(exp({arg}))) {what}, its max subtracted first", r"\log \sum_{{{index}}} \exp {term}", "LogSumExp",
+          ReduceAttrs("log-sum-exp", passes=2))
 reduction("max", _extreme_vjp, _extreme_jvp, lambda x, axis: x.max(axis=axis, keepdims=True),
-          lambda arg, axis: reduce_extreme("max", arg, axis), "max of {arg} {what}", r"\max_{{{index}}} {term}", "Max")
+          lambda arg, axis: reduce_extreme("max", arg, axis), "max of {arg} {what}", r"\max_{{{index}}} {term}", "Max",
+          ReduceAttrs("maximum"))
 reduction("min", _extreme_vjp, _extreme_jvp, lambda x, axis: x.min(axis=axis, keepdims=True),
-          lambda arg, axis: reduce_extreme("min", arg, axis), "min of {arg} {what}", r"\min_{{{index}}} {term}", "Min")
+          lambda arg, axis: reduce_extreme("min", arg, axis), "min of {arg} {what}", r"\min_{{{index}}} {term}", "Min",
+          ReduceAttrs("minimum"))
 reduction("prod", _prod_vjp, _prod_jvp, lambda x, axis: x.prod(axis=axis, keepdims=True), reduce_prod,
-          "product of {arg} {what}", r"\prod_{{{index}}} {term}", "Prod")
+          "product of {arg} {what}", r"\prod_{{{index}}} {term}", "Prod",
+          ReduceAttrs("product"))
 axis_op("softmax_axis", _softmax_vjp, _softmax_jvp, _softmax_value, "softmax of {arg} {what}, its max subtracted first",
         r"\exp {term} / \sum_{{{index}'}} \exp \left({arg}\right)_{{{index}'}}", plain_grad_fn("Softmax"),
         lowering=((Softmax, _lower_softmax),), shapes=((Softmax, lambda e, of: of(e.arg)),))

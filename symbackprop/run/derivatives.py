@@ -135,17 +135,14 @@ class Derivatives:
         one call of the C function `hvp` runs (which computes all three).
 
         Args:
-            directions: {differentiated leaf name: array (a number for a
-                scalar)}; those missing are 0.
+            directions: as for `hvp`.
             **arrays: every input and param by name.
 
         Returns:
             (loss, {name: gradient}, {name: (H v) for that name}).
 
         Raises:
-            ArgumentError: a direction for a name not differentiated, a
-                model without a loss, or a malformed argument or direction.
-            ModelError, BuildError: compiling the C function on first use failed.
+            ArgumentError, ModelError, BuildError: as `hvp` raises them.
         """
         fn, full = self._with_extra("hvp", directions, "direction", arrays)
         return fn.returned(fn.call(full))

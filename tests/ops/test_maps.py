@@ -345,7 +345,7 @@ def test_a_map_over_pairs_adding_into_rows_of_either_source_and_a_shared_one():
 @pytest.mark.parametrize("points, centroids", [(1, 1), (9, 13), (40, 3), (2, 17)])
 def test_pair_distances_read_by_column_match_closed_forms(points, centroids):
     """k-means: the rows the inner loop reads (width 3) come from a copy by
-    column (emap.ColumnCopy) and the loop carries ivdep; the cost, its
+    column (emap_kernel.ColumnCopy) and the loop carries ivdep; the cost, its
     gradient and Hessian-vector product match the closed forms (ties none:
     random data), at sizes around the vector width and of one example."""
     Pt = sp.MatrixSymbol("Pt", N, 3)
