@@ -239,10 +239,12 @@ def _kind(node: Any, root: Any) -> str:
             return "same"
         return "new" if kind in layers() else "view"
     torch = _torch()
+    if (node.op == "call_method" and node.target == "size") or (node.target is getattr and node.args[1:] == ("shape",)):
+        return "leaf"  # a shape, not a tensor
     fn = getattr(torch, node.target, None) if node.op == "call_method" else node.target
     if fn in _same_functions():
         return "same"
-    if fn in (torch.t, getattr) or fn not in functions():
+    if fn in (torch.t, getattr, torch.reshape, operator.getitem) or fn not in functions():
         return "view"  # t, .T, and what from_torch does not translate: it may be a view
     return "new"
 

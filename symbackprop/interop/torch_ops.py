@@ -3,7 +3,10 @@ layers, each as the symbackprop expression that computes the same thing.
 
 A value is a SymPy matrix expression (rows, columns): the batch
 (n, features), a parameter (a 1-D one, a bias or a scale, as a row (1, k),
-broadcast over the batch as torch broadcasts it), or a Python number. A
+broadcast over the batch as torch broadcasts it), or a Python number; or a
+batch of images (n, C, H, W), an `Images` (its n x C*H*W matrix in NCHW
+order, torch's memory order, and its C, H, W); or a convolution's 4-D
+weight, a `Kernel` (the C_out x C_in*kh*kw matrix of the same memory). A
 layer is translated through the function its forward calls (nn.GELU through
 F.gelu, nn.Linear through F.linear), so each computation is written once
 here, for both a torch.nn.Sequential and a traced custom forward.
@@ -19,11 +22,13 @@ import builtins
 import functools
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import sympy as sp
 
 from symbackprop.declare import nn
+from symbackprop.declare.conv import AvgPool2d, Conv2d, Images, MaxPool2d, channel_broadcast, out_size
 from symbackprop.declare.tensor import reduce
 from symbackprop.errors import ModelError
 
@@ -49,7 +54,21 @@ def _number(v: Any) -> sp.Expr:
     return sp.Integer(v) if isinstance(v, int) else sp.Float(v)  # a float64 constant, as torch's
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """A convolution's weight, torch's (C_out, C_in, kh, kw), as the
+    C_out x (C_in*kh*kw) matrix of the same memory."""
+
+    matrix: sp.MatrixExpr
+    shape: tuple[int, int, int, int]
+
+
 def _matrix(v: Any, what: str) -> sp.MatrixExpr:
+    if isinstance(v, Images):
+        raise ModelError(f"{what} of images (batch, {v.channels}, {v.height}, {v.width}) is not translated; "
+                         "flatten them first (torch.flatten(x, 1), nn.Flatten())")
+    if isinstance(v, Kernel):
+        raise ModelError(f"{what} of a convolution's 4-D weight {v.shape} is not translated (only F.conv2d takes it)")
     if not isinstance(v, (sp.MatrixExpr, sp.MatrixBase)):
         raise ModelError(f"{what} takes a tensor; got {v!r}")
     return v
@@ -79,12 +98,43 @@ def _elementwise(x: Any, fn: Callable[[sp.Expr], sp.Expr], what: str) -> Any:
     return _matrix(x, what).applyfunc(fn)
 
 
+def _on_images(convert: Converter) -> Converter:
+    """convert, applied to an Images' matrix where its first argument is
+    images (an elementwise function: the image shape stays)."""
+
+    @functools.wraps(convert)
+    def wrapped(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, Images):
+            return x.map(lambda m: convert(m, *args, **kwargs))
+        return convert(x, *args, **kwargs)
+
+    return wrapped
+
+
+def _images_binary(a: Any, b: Any, fn: Callable[[Any, Any], Any], what: str) -> Any:
+    """fn of two operands one of which is images: the other a number or
+    images of the same shape (what torch broadcasts beside is refused)."""
+    image = a if isinstance(a, Images) else b
+    other = b if image is a else a
+    if isinstance(other, Images):
+        if (other.channels, other.height, other.width) != (image.channels, image.height, image.width):
+            raise ModelError(f"{what} of images of shapes {(image.channels, image.height, image.width)} and "
+                             f"{(other.channels, other.height, other.width)}")
+        return image.map(lambda m: fn(a.matrix, b.matrix))
+    if not _is_number(other):
+        raise ModelError(f"{what} of images (batch, {image.channels}, {image.height}, {image.width}) and "
+                         f"{other!r}: only a number or images of the same shape are translated")
+    return image.map(lambda m: fn(m, b) if image is a else fn(a, m))
+
+
 # --- arithmetic --------------------------------------------------------------------
 
 
 def _add(a: Any, b: Any, alpha: Any = 1) -> Any:
     if alpha != 1:
         b = _mul(b, alpha)
+    if isinstance(a, Images) or isinstance(b, Images):
+        return _images_binary(a, b, _add, "+")
     if _is_number(a) and _is_number(b):
         return a + b
     if _is_number(a) or _is_number(b):
@@ -96,6 +146,8 @@ def _add(a: Any, b: Any, alpha: Any = 1) -> Any:
 
 
 def _neg(a: Any) -> Any:
+    if isinstance(a, Images):
+        return a.map(lambda m: -m)
     return -a if _is_number(a) else -_matrix(a, "-")
 
 
@@ -104,6 +156,8 @@ def _sub(a: Any, b: Any, alpha: Any = 1) -> Any:
 
 
 def _mul(a: Any, b: Any) -> Any:
+    if isinstance(a, Images) or isinstance(b, Images):
+        return _images_binary(a, b, _mul, "*")
     if _is_number(a) and _is_number(b):
         return a * b
     if _is_number(a) or _is_number(b):
@@ -114,6 +168,8 @@ def _mul(a: Any, b: Any) -> Any:
 
 
 def _truediv(a: Any, b: Any) -> Any:
+    if isinstance(a, Images) or isinstance(b, Images):
+        return _images_binary(a, b, _truediv, "/")
     if _is_number(b):
         return _mul(a, 1 / b) if not _is_number(a) else a / b
     return _mul(a, _elementwise(b, lambda v: 1 / v, "/"))
@@ -128,6 +184,8 @@ def _div(a: Any, b: Any, rounding_mode: Any = None) -> Any:
 def _pow(a: Any, b: Any) -> Any:
     if not _is_number(b):
         raise ModelError("** takes a number as the exponent")
+    if isinstance(a, Images):
+        return a.map(lambda m: _pow(m, b))
     return _elementwise(a, lambda v: v ** _number(b), "**")
 
 
@@ -143,10 +201,63 @@ def _t(x: Any) -> sp.MatrixExpr:
     return _matrix(x, "t").T
 
 
+def _dims(x: Any, what: str) -> tuple:
+    """A tensor's shape as torch gives it: (n, C, H, W) of images, (n, k) of a batch (n the batch's symbol)."""
+    if isinstance(x, Images):
+        return (x.matrix.shape[0], x.channels, x.height, x.width)
+    return tuple(_matrix(x, what).shape)
+
+
 def _getattr(x: Any, name: str) -> Any:
     if name == "T":
         return _t(x)
-    raise ModelError(f"the tensor attribute .{name} is not supported (only .T)")
+    if name == "shape":
+        return _dims(x, ".shape")
+    raise ModelError(f"the tensor attribute .{name} is not supported (only .T and .shape)")
+
+
+def _getitem(x: Any, index: Any) -> Any:
+    """An entry of a shape (x.shape[0]); indexing a tensor is not translated."""
+    if isinstance(x, tuple) and isinstance(index, int):
+        return x[index]
+    raise ModelError("indexing a tensor (x[...]) is not supported; only a shape's entry (x.shape[0])")
+
+
+def _size(x: Any, dim: Any = None) -> Any:
+    """Tensor.size(): the shape, or its entry `dim` (the batch's is its symbol n)."""
+    dims = _dims(x, "Tensor.size()")
+    if dim is None:
+        return dims
+    if not isinstance(dim, int) or not -len(dims) <= dim < len(dims):
+        raise ModelError(f"Tensor.size({dim!r}) of a tensor of {len(dims)} dimensions")
+    return dims[dim]
+
+
+def _reshape_to(x: Any, shape: tuple, what: str) -> sp.MatrixExpr:
+    """view/reshape to (batch, features): of images, their flattening
+    (exact: the NCHW matrix is torch's memory); of a batch, the identity.
+    Any other shape is refused."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    dims = _dims(x, what)
+    batch, features = dims[0], int(sp.prod(dims[1:]))
+    if (len(shape) == 2 and (shape[0] == batch or shape[0] == -1)
+            and (shape[1] == -1 or (isinstance(shape[1], int) and shape[1] == features)) and shape != (-1, -1)):
+        return x.matrix if isinstance(x, Images) else x
+    raise ModelError(f"{what} of a tensor of shape {dims} to {shape}: only to (batch, {features}) "
+                     f"(x.view(x.size(0), -1), x.reshape(-1, {features})) is translated")
+
+
+def _view(x: Any, *shape: Any) -> sp.MatrixExpr:
+    return _reshape_to(x, shape, "Tensor.view()")
+
+
+def _reshape_method(x: Any, *shape: Any) -> sp.MatrixExpr:
+    return _reshape_to(x, shape, "Tensor.reshape()")
+
+
+def _reshape(input: Any, shape: Any) -> sp.MatrixExpr:
+    return _reshape_to(input, tuple(shape), "torch.reshape")
 
 
 def _cat(tensors: Any, dim: int = 0) -> sp.MatrixExpr:
@@ -168,12 +279,18 @@ def _cat(tensors: Any, dim: int = 0) -> sp.MatrixExpr:
 
 
 def _flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> sp.MatrixExpr:
+    if isinstance(x, Images):  # NCHW rows: the matrix is torch's flatten(x, 1)
+        if start_dim != 1 or end_dim != -1:
+            raise ModelError(f"flatten(start_dim={start_dim}, end_dim={end_dim}) of images: only start_dim=1, "
+                             "end_dim=-1 (a batch of feature rows) is translated")
+        return x.matrix
     if start_dim not in (1, -1) or end_dim != -1:
         raise ModelError(f"flatten(start_dim={start_dim}, end_dim={end_dim}) of a (batch, features) input: "
                          "only start_dim=1 (the identity there) is supported")
     return _matrix(x, "flatten")
 
 
+@_on_images
 def _dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> sp.MatrixExpr:
     if training and p > 0:
         raise ModelError("Dropout in training mode is random; call .eval() on the network first "
@@ -184,26 +301,32 @@ def _dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = Fals
 # --- activations -------------------------------------------------------------------
 
 
+@_on_images
 def _relu(x: Any, inplace: bool = False) -> Any:
     return nn.relu(_matrix(x, "relu"))
 
 
+@_on_images
 def _tanh(x: Any) -> Any:
     return nn.tanh(_matrix(x, "tanh"))
 
 
+@_on_images
 def _sigmoid(x: Any) -> Any:
     return nn.sigmoid(_matrix(x, "sigmoid"))
 
 
+@_on_images
 def _silu(x: Any, inplace: bool = False) -> Any:
     return nn.silu(_matrix(x, "silu"))
 
 
+@_on_images
 def _gelu(x: Any, approximate: str = "none") -> Any:
     return nn.gelu(_matrix(x, "gelu"), approximate=approximate)
 
 
+@_on_images
 def _softplus(x: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
     # torch returns x itself where beta*x > threshold (20): ours differs there by log1p(exp(-beta*x))/beta < 2.1e-9
     x = _matrix(x, "softplus")
@@ -212,10 +335,12 @@ def _softplus(x: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
     return nn.softplus(x * sp.Float(beta)) / sp.Float(beta)
 
 
+@_on_images
 def _leaky_relu(x: Any, negative_slope: float = 0.01, inplace: bool = False) -> Any:
     return nn.leaky_relu(_matrix(x, "leaky_relu"), sp.Float(negative_slope))
 
 
+@_on_images
 def _elu(x: Any, alpha: float = 1.0, inplace: bool = False) -> Any:
     return nn.elu(_matrix(x, "elu"), sp.Float(alpha))
 
@@ -264,6 +389,160 @@ def _layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = N
     return y
 
 
+# --- images -----------------------------------------------------------------------
+
+
+def _images(x: Any, what: str) -> Images:
+    if not isinstance(x, Images):
+        raise ModelError(f"{what} takes images (batch, C, H, W); its input is {_dims(x, what) if not _is_number(x) else x!r} "
+                         "(from_torch reads an example input of 4 dimensions as images)")
+    return x
+
+
+def _pair(value: Any, what: str) -> tuple[int, int]:
+    """An int or an (h, w) pair of torch's arguments, as (h, w)."""
+    pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+        raise ModelError(f"{what} {value!r}: an int or a pair of ints")
+    return pair
+
+
+def _same(value: Any, what: str, name: str) -> int:
+    """One int for both axes: the image ops take the same stride, padding and window along each."""
+    h, w = _pair(value, f"{what}'s {name}")
+    if h != w:
+        raise ModelError(f"{what} with {name}={value!r}: a different {name} along each axis is not translated "
+                         f"(symbackprop's image ops take one {name} for both)")
+    return h
+
+
+def _rows(row: sp.MatrixExpr, x: Images) -> sp.MatrixExpr:
+    """A 1 x C per-channel row as n x C*H*W: over each channel's pixels, then over the batch."""
+    return nn.ones(x.matrix.shape[0], 1) * channel_broadcast(row, x.channels, x.pixels)
+
+
+def _conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+            groups: int = 1) -> Images:
+    """F.conv2d: zero padding, kh x kw windows, one stride and padding for both axes."""
+    x = _images(input, "conv2d")
+    if not isinstance(weight, Kernel):
+        raise ModelError(f"conv2d's weight must be a 4-D parameter (C_out, C_in, kh, kw); got {weight!r}")
+    if groups != 1:
+        raise ModelError(f"Conv2d with groups={groups}: grouped (and depthwise) convolutions are not translated; "
+                         "only groups=1")
+    if _pair(dilation, "conv2d's dilation") != (1, 1):
+        raise ModelError(f"Conv2d with dilation={dilation!r}: dilated convolutions are not translated; only dilation=1")
+    out, per, kh, kw = weight.shape
+    if per != x.channels:
+        raise ModelError(f"Conv2d takes {per} channels; its input has {x.channels}")
+    step = _same(stride, "Conv2d", "stride")
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        if kh % 2 == 0 or kw % 2 == 0:
+            raise ModelError(f"Conv2d with padding='same' and a {kh}x{kw} kernel: torch pads unevenly there, "
+                             "which is not translated")
+        padding = (kh // 2, kw // 2)
+    pad = _same(padding, "Conv2d", "padding")
+    height, width = out_size(x.height, kh, step, pad), out_size(x.width, kw, step, pad)
+    if height < 1 or width < 1:
+        raise ModelError(f"Conv2d's {kh}x{kw} window is larger than the padded {x.height}x{x.width} image")
+    y = Images(Conv2d(x.matrix, weight.matrix, x.channels, x.height, x.width, out, kh, kw, step, pad), out, height,
+               width)
+    if bias is not None:
+        y = y.map(lambda m: m + _rows(_matrix(bias, "conv2d's bias"), y))
+    return y
+
+
+def _pool_args(x: Images, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool, what: str) -> tuple[int, int]:
+    """(window, stride) of a pool torch computes as the op does: square, no
+    padding, and ceil_mode only where it keeps the floor rule's size."""
+    k = _same(kernel_size, what, "kernel_size")
+    step = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else _same(stride, what, "stride")
+    if _pair(padding, f"{what}'s padding") != (0, 0):
+        raise ModelError(f"{what} with padding={padding!r}: padded pooling is not translated; only padding=0")
+    if k > min(x.height, x.width):
+        raise ModelError(f"{what}'s {k}x{k} window is larger than the {x.height}x{x.width} image")
+    if ceil_mode:
+        for size in (x.height, x.width):
+            if (size - k) % step:  # ceil mode adds a partial window at the end
+                raise ModelError(f"{what} with ceil_mode=True over {x.height}x{x.width} images with a {k}x{k} "
+                                 f"window and stride {step}: the last, partial window is not translated; "
+                                 "only ceil_mode=False (or sizes where the windows tile exactly)")
+    return k, step
+
+
+def _pooled(cls: type, x: Images, k: int, step: int) -> Images:
+    return Images(cls(x.matrix, x.channels, x.height, x.width, k, step), x.channels,
+                  out_size(x.height, k, step, 0), out_size(x.width, k, step, 0))
+
+
+def _max_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                ceil_mode: bool = False, return_indices: bool = False) -> Images:
+    x = _images(input, "max_pool2d")
+    if return_indices:
+        raise ModelError("MaxPool2d with return_indices=True is not translated")
+    if _pair(dilation, "max_pool2d's dilation") != (1, 1):
+        raise ModelError(f"MaxPool2d with dilation={dilation!r} is not translated; only dilation=1")
+    k, step = _pool_args(x, kernel_size, stride, padding, ceil_mode, "MaxPool2d")
+    return _pooled(MaxPool2d, x, k, step)
+
+
+def _avg_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                count_include_pad: bool = True, divisor_override: Any = None) -> Images:
+    x = _images(input, "avg_pool2d")
+    if divisor_override is not None:
+        raise ModelError(f"AvgPool2d with divisor_override={divisor_override!r} is not translated")
+    k, step = _pool_args(x, kernel_size, stride, padding, ceil_mode, "AvgPool2d")
+    return _pooled(AvgPool2d, x, k, step)
+
+
+def _adaptive_avg_pool2d(input: Any, output_size: Any) -> Images:
+    """AdaptiveAvgPool2d where its windows tile the image: an AvgPool2d of k = H / out (the same along W)."""
+    x = _images(input, "adaptive_avg_pool2d")
+    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
+    sizes = tuple(size if size is not None else whole for size, whole in zip(sizes, (x.height, x.width)))
+    if (len(sizes) != 2 or any(not isinstance(s, int) or s < 1 for s in sizes)
+            or x.height % sizes[0] or x.width % sizes[1] or x.height // sizes[0] != x.width // sizes[1]):
+        raise ModelError(f"AdaptiveAvgPool2d to {output_size!r} of {x.height}x{x.width} images: only output sizes "
+                         "that divide the image into equal square windows are translated")
+    k = x.height // sizes[0]
+    return _pooled(AvgPool2d, x, k, k)
+
+
+def _batch_norm2d(x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: float) -> Images:
+    """BatchNorm2d in eval mode, per channel: (x - running_mean) / sqrt(running_var + eps) * weight + bias."""
+    x = _images(x, "BatchNorm2d")
+    scale = _matrix(var, "batch_norm").applyfunc(lambda v: 1 / sp.sqrt(v + sp.Float(eps)))
+    if weight is not None:
+        scale = sp.HadamardProduct(_matrix(weight, "batch_norm"), scale)
+    y = sp.HadamardProduct(x.matrix - _rows(_matrix(mean, "batch_norm"), x), _rows(scale, x))
+    if bias is not None:
+        y = y + _rows(_matrix(bias, "batch_norm"), x)
+    return Images(y, x.channels, x.height, x.width)
+
+
+def _batch_norm_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
+    if m.training:
+        raise ModelError("BatchNorm2d in training mode (statistics of the batch, running ones updated) is not "
+                         "translated; call .eval() on the network first (running statistics), or declare the model "
+                         "with symbackprop's nn.batch_norm")
+    if m.running_mean is None:
+        raise ModelError("BatchNorm2d(track_running_stats=False) normalizes by the batch's statistics even in eval "
+                         "mode, which is not translated; declare the model with symbackprop's nn.batch_norm")
+    images = _images(x, "BatchNorm2d")
+    if m.num_features != images.channels:
+        raise ModelError(f"BatchNorm2d of {m.num_features} channels; its input has {images.channels}")
+    return _batch_norm2d(images, param("running_mean"), param("running_var"), param("weight"), param("bias"), m.eps)
+
+
+def _conv_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
+    if m.padding_mode != "zeros":
+        raise ModelError(f"Conv2d with padding_mode={m.padding_mode!r} is not translated; only 'zeros'")
+    weight = Kernel(param("weight"), tuple(m.weight.shape))
+    return _conv2d(x, weight, param("bias"), m.stride, m.padding, m.dilation, m.groups)
+
+
 # --- the tables --------------------------------------------------------------------
 
 
@@ -279,7 +558,10 @@ def functions() -> dict[Any, Converter]:
         operator.neg: _neg, operator.pow: _pow, operator.matmul: _matmul, builtins.getattr: _getattr,
         torch.add: _add, torch.sub: _sub, torch.mul: _mul, torch.div: _div, torch.true_divide: _truediv,
         torch.neg: _neg, torch.pow: _pow, torch.matmul: _matmul, torch.mm: _matmul,
-        torch.t: _t, torch.cat: _cat, torch.concat: _cat, torch.flatten: _flatten,
+        torch.t: _t, torch.cat: _cat, torch.concat: _cat, torch.flatten: _flatten, torch.reshape: _reshape,
+        operator.getitem: _getitem,
+        F.conv2d: _conv2d, F.max_pool2d: _max_pool2d, F.avg_pool2d: _avg_pool2d,
+        F.adaptive_avg_pool2d: _adaptive_avg_pool2d,
         F.linear: _linear, F.layer_norm: _layer_norm, F.dropout: _dropout,
         F.relu: _relu, torch.relu: _relu, torch.tanh: _tanh, F.tanh: _tanh, torch.sigmoid: _sigmoid, F.sigmoid: _sigmoid,
         F.silu: _silu, F.gelu: _gelu, F.softplus: _softplus, F.leaky_relu: _leaky_relu, F.elu: _elu,
@@ -290,8 +572,14 @@ def functions() -> dict[Any, Converter]:
     return table
 
 
+# tensor methods that are no torch function of the name, or that take their arguments otherwise
+METHODS: dict[str, Converter] = {"size": _size, "view": _view, "reshape": _reshape_method}
+
+
 def method(name: str) -> Converter | None:
     """The converter of the tensor method `name` (that of the torch function of that name), or None."""
+    if name in METHODS:
+        return METHODS[name]
     fn = getattr(_torch(), name, None)
     return functions().get(fn) if fn is not None else None
 
@@ -318,6 +606,13 @@ def layers() -> dict[type, Layer]:
         tnn.Dropout: lambda m, x, param: _dropout(x, m.p, m.training),
         tnn.Flatten: lambda m, x, param: _flatten(x, m.start_dim, m.end_dim),
         tnn.Identity: lambda m, x, param: x,
+        tnn.Conv2d: _conv_layer,
+        tnn.MaxPool2d: lambda m, x, param: _max_pool2d(x, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode,
+                                                       m.return_indices),
+        tnn.AvgPool2d: lambda m, x, param: _avg_pool2d(x, m.kernel_size, m.stride, m.padding, m.ceil_mode,
+                                                       m.count_include_pad, m.divisor_override),
+        tnn.AdaptiveAvgPool2d: lambda m, x, param: _adaptive_avg_pool2d(x, m.output_size),
+        tnn.BatchNorm2d: _batch_norm_layer,
         tnn.ReLU: lambda m, x, param: _relu(x),
         tnn.Tanh: lambda m, x, param: _tanh(x),
         tnn.Sigmoid: lambda m, x, param: _sigmoid(x),
@@ -331,4 +626,4 @@ def layers() -> dict[type, Layer]:
     }
 
 
-__all__ = ["Converter", "Layer", "functions", "layers", "method", "op_name"]
+__all__ = ["METHODS", "Converter", "Kernel", "Layer", "functions", "layers", "method", "op_name"]
