@@ -13,7 +13,10 @@ symbackprop.nn expression computing what torch computes, weights kept in
 torch's (out, in) layout (x @ W.T). The model's inputs are X
 (batch, features) and T, the targets ((batch, outputs), or an Index of class
 labels for "cross_entropy_labels"); the batch is the symbolic dimension n;
-its output Y is the network's. Parameters are named after their state_dict
+its output Y is the network's. An example input of (batch, C, H, W) is a
+batch of images: X is then its n x C*H*W matrix (torch's NCHW memory, pass
+x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d (eval)
+translate; one of (batch,) integers is an Index X of ids for an Embedding. Parameters are named after their state_dict
 keys, made identifiers ("0.weight" -> "l0_weight"); `params.torch_names`
 maps them back.
 """
@@ -60,17 +63,18 @@ def built_in_hint(kind: str) -> str:
 
 
 def _refuse_by_layer(module: Any, shape: tuple) -> None:
-    """An example input that is not (batch, features) nor images: where the network has
-    a layer from_torch does not convert (a Conv1d, an Embedding), the
-    refusal names that layer and the built-in to use, not the input's shape."""
+    """An example input that is not (batch, features), images nor (batch,)
+    ids: where the network has a layer from_torch does not convert on it (a
+    Conv1d, an Embedding of sequences), the refusal names that layer and the
+    built-in to use, not the input's shape."""
     known = layers()
     for path, sub in module.named_modules() if hasattr(module, "named_modules") else ():
         kind = type(sub)
-        if kind not in known and kind.__name__ in BUILT_INS:
-            raise ModelError(f"{path or 'the module'}: {kind.__name__} is not supported by from_torch, which "
-                             f"converts networks of (batch, features) or (batch, C, H, W) inputs (the example "
-                             f"input's shape is "
-                             f"{shape}){built_in_hint(kind.__name__)}")
+        if kind.__name__ in BUILT_INS and (kind not in known or kind.__name__ == "Embedding"):
+            what = "an Embedding of (batch,) integer ids" if kind in known else "it"
+            raise ModelError(f"{path or 'the module'}: {kind.__name__} of an example input of shape {shape} is not "
+                             f"supported by from_torch, which converts networks of (batch, features) or (batch, C, "
+                             f"H, W) inputs, or {what}{built_in_hint(kind.__name__)}")
 
 
 class Loss(NamedTuple):
@@ -184,6 +188,13 @@ def _torch() -> Any:
     import torch
 
     return torch
+
+
+def _dtype(example: Any) -> np.dtype:
+    """The example input's dtype, as numpy's."""
+    if hasattr(example, "detach"):
+        return example.detach().cpu().numpy().dtype
+    return np.asarray(example).dtype
 
 
 # --- reading the network -----------------------------------------------------------
@@ -322,7 +333,9 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             traces into those layers and the functions of `functions()`
             (Dropout in eval mode).
         example_input: an input batch (batch, features), a tensor or array:
-            it fixes the number of features (the batch is the symbol n).
+            it fixes the number of features (the batch is the symbol n);
+            or images (batch, C, H, W) (X is then n x C*H*W, their NCHW
+            rows), or (batch,) integer ids for an Embedding (X an Index).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
             (torch.nn.CrossEntropyLoss() with class probabilities as
             targets, T (batch, classes)), "cross_entropy_labels" (the same
@@ -342,20 +355,23 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     Raises:
         ModelError: a layer or function that is not supported (named with
             the path of the module it is in), a forward torch.fx cannot
-            trace, an example input that is not 2-D, an unknown loss, or a
+            trace, an example input that is not 2-D, 4-D or 1-D integers,
+            an unknown loss, or a
             reduction with a loss that is not named.
     """
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
-    if len(shape) not in (2, 4):
+    ids = len(shape) == 1 and np.issubdtype(_dtype(example_input), np.integer)
+    if len(shape) not in (2, 4) and not ids:
         _refuse_by_layer(module, shape)
-        raise ModelError(f"from_torch takes a (batch, features) or (batch, C, H, W) example input; got shape {shape}")
+        raise ModelError(f"from_torch takes a (batch, features), (batch, C, H, W) or, for an Embedding, (batch,) "
+                         f"integer example input; got shape {shape}")
     if reduction != "mean" and not isinstance(loss, str):
         raise ModelError(f"from_torch's reduction {reduction!r} applies to a named loss; the callable or None "
                          "loss reduces as it computes")
     refuse_hooks(module)
-    X = sp.MatrixSymbol("X", BATCH, int(np.prod(shape[1:])))
+    X = Index("X", BATCH) if ids else sp.MatrixSymbol("X", BATCH, int(np.prod(shape[1:])))
     builder = _Builder()
-    Y = _network(module, X if len(shape) == 2 else Images(X, *(int(s) for s in shape[1:])), builder)
+    Y = _network(module, X if len(shape) != 4 else Images(X, *(int(s) for s in shape[1:])), builder)
     if loss is None:
         loss_expr, inputs = None, [X]
     elif isinstance(loss, str):

@@ -12,8 +12,9 @@ show, read before the graph is translated (symbackprop.interop.from_torch).
   every name for the same tensor sees the new value. `Writes` lists them
   (so dead-code elimination keeps them even where their result is unused)
   and the tensors that share their memory: a write to a tensor that is the
-  same as another (a layer's inplace result, Identity, Flatten of a
-  (batch, features) input, Dropout in eval) renames all of them; one to a
+  same as another (a layer's inplace result, Identity, Flatten, Dropout
+  and Dropout2d in eval) renames all of them (the flattening of images is
+  a view of the same memory in the same order, their NCHW matrix); one to a
   view (``h.t()``, ``h[:, :2]``) or to a tensor with a view, or to a
   parameter, is refused: the translation computes values, not memory.
 """
@@ -218,12 +219,12 @@ def written_as(node: Any, root: Any) -> str:
 # what returns its input itself (the same tensor: torch's `y is x`), not a new one
 def _same_functions() -> set:
     torch = _torch()
-    return {torch.flatten, torch.nn.functional.dropout}
+    return {torch.flatten, torch.nn.functional.dropout, torch.nn.functional.dropout2d}
 
 
 def _same_layers() -> tuple:
     tnn = _torch().nn
-    return (tnn.Identity, tnn.Flatten, tnn.Dropout)
+    return (tnn.Identity, tnn.Flatten, tnn.Dropout, tnn.Dropout2d)
 
 
 def _kind(node: Any, root: Any) -> str:

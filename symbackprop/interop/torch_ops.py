@@ -29,7 +29,7 @@ import sympy as sp
 
 from symbackprop.declare import nn
 from symbackprop.declare.conv import AvgPool2d, Conv2d, Images, MaxPool2d, channel_broadcast, out_size
-from symbackprop.declare.tensor import reduce
+from symbackprop.declare.tensor import gather, reduce
 from symbackprop.errors import ModelError
 
 Converter: TypeAlias = Callable[..., Any]
@@ -69,6 +69,8 @@ def _matrix(v: Any, what: str) -> sp.MatrixExpr:
                          "flatten them first (torch.flatten(x, 1), nn.Flatten())")
     if isinstance(v, Kernel):
         raise ModelError(f"{what} of a convolution's 4-D weight {v.shape} is not translated (only F.conv2d takes it)")
+    if getattr(v, "is_index", False):
+        raise ModelError(f"{what} of the integer ids {v} is not translated; only an Embedding takes them")
     if not isinstance(v, (sp.MatrixExpr, sp.MatrixBase)):
         raise ModelError(f"{what} takes a tensor; got {v!r}")
     return v
@@ -543,6 +545,29 @@ def _conv_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
     return _conv2d(x, weight, param("bias"), m.stride, m.padding, m.dilation, m.groups)
 
 
+# --- embeddings -------------------------------------------------------------------
+
+
+def _embedding(input: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None, norm_type: float = 2.0,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> sp.MatrixExpr:
+    """F.embedding of one id per example: the rows of the table at the ids
+    (a gather; its gradient adds into the rows, as torch's, sparse or not)."""
+    if not getattr(input, "is_index", False):
+        shape = _dims(input, "Embedding") if not _is_number(input) else input
+        raise ModelError(f"Embedding of {shape}: from_torch translates an Embedding of one id per example (an "
+                         "example input of (batch,) integers, the model's Index X); for sequences of ids declare "
+                         "the model with symbackprop's nn.embedding (sbp.Index of token ids)")
+    if padding_idx is not None:
+        raise ModelError(f"Embedding with padding_idx={padding_idx}: torch leaves that row's gradient zero, which "
+                         "is not translated")
+    if max_norm is not None:
+        raise ModelError(f"Embedding with max_norm={max_norm}: torch renormalizes the table in place, which is "
+                         "not translated")
+    if scale_grad_by_freq:
+        raise ModelError("Embedding with scale_grad_by_freq=True is not translated")
+    return gather(_matrix(weight, "embedding"), input)
+
+
 # --- the tables --------------------------------------------------------------------
 
 
@@ -561,8 +586,8 @@ def functions() -> dict[Any, Converter]:
         torch.t: _t, torch.cat: _cat, torch.concat: _cat, torch.flatten: _flatten, torch.reshape: _reshape,
         operator.getitem: _getitem,
         F.conv2d: _conv2d, F.max_pool2d: _max_pool2d, F.avg_pool2d: _avg_pool2d,
-        F.adaptive_avg_pool2d: _adaptive_avg_pool2d,
-        F.linear: _linear, F.layer_norm: _layer_norm, F.dropout: _dropout,
+        F.adaptive_avg_pool2d: _adaptive_avg_pool2d, F.embedding: _embedding,
+        F.linear: _linear, F.layer_norm: _layer_norm, F.dropout: _dropout, F.dropout2d: _dropout,
         F.relu: _relu, torch.relu: _relu, torch.tanh: _tanh, F.tanh: _tanh, torch.sigmoid: _sigmoid, F.sigmoid: _sigmoid,
         F.silu: _silu, F.gelu: _gelu, F.softplus: _softplus, F.leaky_relu: _leaky_relu, F.elu: _elu,
         F.softmax: _softmax, F.log_softmax: _log_softmax,  # F's third argument is _stacklevel; torch's is dtype
@@ -604,6 +629,7 @@ def layers() -> dict[type, Layer]:
         tnn.Linear: lambda m, x, param: _linear(x, param("weight"), param("bias")),
         tnn.LayerNorm: lambda m, x, param: _layer_norm(x, m.normalized_shape, param("weight"), param("bias"), m.eps),
         tnn.Dropout: lambda m, x, param: _dropout(x, m.p, m.training),
+        tnn.Dropout2d: lambda m, x, param: _dropout(x, m.p, m.training),
         tnn.Flatten: lambda m, x, param: _flatten(x, m.start_dim, m.end_dim),
         tnn.Identity: lambda m, x, param: x,
         tnn.Conv2d: _conv_layer,
@@ -613,6 +639,8 @@ def layers() -> dict[type, Layer]:
                                                        m.count_include_pad, m.divisor_override),
         tnn.AdaptiveAvgPool2d: lambda m, x, param: _adaptive_avg_pool2d(x, m.output_size),
         tnn.BatchNorm2d: _batch_norm_layer,
+        tnn.Embedding: lambda m, x, param: _embedding(x, param("weight"), m.padding_idx, m.max_norm, m.norm_type,
+                                                      m.scale_grad_by_freq, m.sparse),
         tnn.ReLU: lambda m, x, param: _relu(x),
         tnn.Tanh: lambda m, x, param: _tanh(x),
         tnn.Sigmoid: lambda m, x, param: _sigmoid(x),

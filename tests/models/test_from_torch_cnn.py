@@ -268,3 +268,94 @@ def _train_bn():
 def test_what_is_not_translated_is_refused_with_the_module_path(net, shape, message):
     with pytest.raises(sbp.ModelError, match=message):
         sbp.from_torch(net.double(), np.zeros(shape))
+
+
+class _Ids(tnn.Module):
+    """An Embedding of one id per example (used twice: its gradient rows add) into a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = tnn.Embedding(7, 4)
+        self.out = tnn.Linear(4, 3)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.out(torch.tanh(h) + F.embedding(ids, self.embed.weight))
+
+
+def test_an_embedding_of_one_id_per_example_matches_torch():
+    torch.manual_seed(6)
+    net = _Ids().double()
+    ids = torch.tensor([3, 0, 3, 6, 1])
+    t = torch.randn(5, 3, dtype=torch.float64)
+    expected = F.mse_loss(net(ids), t)
+    expected.backward()
+    model, params = sbp.from_torch(net, ids, loss="mse", name="from_torch_cnn_ids")
+    value, grads = sbp.compile(model).value_and_grad(X=ids.numpy(), T=t.numpy(), **params)
+    assert value == pytest.approx(expected.item(), rel=RTOL)
+    for key, grad in params.state_dict(grads).items():
+        assert _relative(grad.numpy(), net.get_parameter(key).grad.numpy()) < RTOL
+    assert not net.embed.weight.grad[2].any() and params.state_dict(grads)["embed.weight"][3].abs().sum() > 0
+
+
+class _Arithmetic(tnn.Module):
+    def forward(self, ids):
+        return ids * 2.0
+
+
+@pytest.mark.parametrize("net, message", [
+    (tnn.Sequential(OrderedDict(e=tnn.Embedding(5, 2, padding_idx=0))), r"^e: Embedding with padding_idx=0"),
+    (tnn.Sequential(OrderedDict(e=tnn.Embedding(5, 2, max_norm=1.0))), r"^e: Embedding with max_norm=1\.0"),
+    (_Arithmetic(), r"^_Arithmetic\.forward: \* of the integer ids X is not translated"),
+])
+def test_what_an_embedding_does_not_translate_is_refused(net, message):
+    with pytest.raises(sbp.ModelError, match=message):
+        sbp.from_torch(net.double(), np.array([1, 2, 3]))
+
+
+class _MnistExample(tnn.Module):
+    """pytorch/examples' MNIST network (narrower): Dropout on images, F.log_softmax output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = tnn.Conv2d(1, 4, 3, 1)
+        self.conv2 = tnn.Conv2d(4, 8, 3, 1)
+        self.dropout1 = tnn.Dropout(0.25)
+        self.dropout2 = tnn.Dropout2d(0.5)
+        self.fc1 = tnn.Linear(8 * 12 * 12, 16)
+        self.fc2 = tnn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = self.dropout2(F.max_pool2d(x, 2))
+        x = self.dropout1(torch.flatten(x, 1))
+        x = F.relu(self.fc1(x))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def test_the_pytorch_mnist_example_in_eval_mode():
+    """Its loss is F.nll_loss of the log-probabilities: cross-entropy of
+    them is the same (log_softmax of log-probabilities is themselves)."""
+    torch.manual_seed(7)
+    _check(_MnistExample().eval(), (2, 1, 28, 28), 10, "from_torch_cnn_mnist")
+
+
+class _WriteThroughFlatten(tnn.Module):
+    """An in-place write into the flattening of images is a write into them (the same memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = tnn.Conv2d(1, 2, 3)
+        self.out = tnn.Linear(2 * 3 * 3, 2)
+
+    def forward(self, x):
+        h = self.conv(x)
+        flat = torch.flatten(h, 1)
+        flat.mul_(3.0)
+        return self.out(torch.tanh(h).flatten(1)) + self.out(flat)
+
+
+def test_a_write_into_the_flattened_images_is_seen_through_them():
+    torch.manual_seed(8)
+    _check(_WriteThroughFlatten(), (2, 1, 5, 5), 2, "from_torch_cnn_write_flat", loss="mse")
