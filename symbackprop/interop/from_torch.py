@@ -46,7 +46,6 @@ BATCH = sp.Symbol("n", integer=True, positive=True)
 # model declared by hand uses instead (named in the refusal)
 BUILT_INS = {
     "Conv1d": "nn.conv2d on images of height 1 (sbp.images, nn.conv_weight)",
-    "BatchNorm1d": "nn.batch_norm",
     "Embedding": "nn.embedding (with an sbp.Index of token ids)",
     "MultiheadAttention": "nn.self_attention or nn.causal_attention (on sbp.sequences)",
     "LSTM": "nn.lstm_cell inside sbp.scan",

@@ -524,14 +524,36 @@ def _batch_norm2d(x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: floa
     return Images(y, x.channels, x.height, x.width)
 
 
-def _batch_norm_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
+def _eval_mode(m: Any) -> None:
+    """Refuse a batch norm that normalizes by the batch's statistics (training mode, or no running ones)."""
+    kind = type(m).__name__
     if m.training:
-        raise ModelError("BatchNorm2d in training mode (statistics of the batch, running ones updated) is not "
-                         "translated; call .eval() on the network first (running statistics), or declare the model "
-                         "with symbackprop's nn.batch_norm")
+        raise ModelError(f"{kind} in training mode (statistics of the batch, running ones updated) is not "
+                         "translated; call .eval() on the network first (running statistics)"
+                         + (", or declare the model with symbackprop's nn.batch_norm" if kind == "BatchNorm2d" else ""))
     if m.running_mean is None:
-        raise ModelError("BatchNorm2d(track_running_stats=False) normalizes by the batch's statistics even in eval "
-                         "mode, which is not translated; declare the model with symbackprop's nn.batch_norm")
+        raise ModelError(f"{kind}(track_running_stats=False) normalizes by the batch's statistics even in eval "
+                         "mode, which is not translated")
+
+
+def _batch_norm1d_layer(m: Any, x: Any, param: Callable[[str], Any]) -> sp.MatrixExpr:
+    """BatchNorm1d of (batch, features) in eval mode: per feature,
+    (x - running_mean) / sqrt(running_var + eps) * weight + bias."""
+    _eval_mode(m)
+    x = _matrix(x, "BatchNorm1d")
+    rows, cols = x.shape
+    if m.num_features != cols:
+        raise ModelError(f"BatchNorm1d of {m.num_features} features; its input has {cols}")
+    scale = _matrix(param("running_var"), "batch_norm").applyfunc(lambda v: 1 / sp.sqrt(v + sp.Float(m.eps)))
+    weight, bias = param("weight"), param("bias")
+    if weight is not None:
+        scale = sp.HadamardProduct(weight, scale)
+    y = sp.HadamardProduct(x - _expand(param("running_mean"), rows, cols), _expand(scale, rows, cols))
+    return y + _expand(bias, rows, cols) if bias is not None else y
+
+
+def _batch_norm_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
+    _eval_mode(m)
     images = _images(x, "BatchNorm2d")
     if m.num_features != images.channels:
         raise ModelError(f"BatchNorm2d of {m.num_features} channels; its input has {images.channels}")
@@ -639,6 +661,7 @@ def layers() -> dict[type, Layer]:
                                                        m.count_include_pad, m.divisor_override),
         tnn.AdaptiveAvgPool2d: lambda m, x, param: _adaptive_avg_pool2d(x, m.output_size),
         tnn.BatchNorm2d: _batch_norm_layer,
+        tnn.BatchNorm1d: _batch_norm1d_layer,
         tnn.Embedding: lambda m, x, param: _embedding(x, param("weight"), m.padding_idx, m.max_norm, m.norm_type,
                                                       m.scale_grad_by_freq, m.sparse),
         tnn.ReLU: lambda m, x, param: _relu(x),

@@ -359,3 +359,24 @@ class _WriteThroughFlatten(tnn.Module):
 def test_a_write_into_the_flattened_images_is_seen_through_them():
     torch.manual_seed(8)
     _check(_WriteThroughFlatten(), (2, 1, 5, 5), 2, "from_torch_cnn_write_flat", loss="mse")
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm1d_in_eval_mode_after_a_flatten(affine):
+    """BatchNorm1d of (batch, features) in eval mode, here of flattened images, as a CNN's head has it."""
+    torch.manual_seed(9)
+    net = tnn.Sequential(OrderedDict(conv=tnn.Conv2d(1, 2, 3), flat=tnn.Flatten(), fc=tnn.Linear(2 * 4 * 4, 6),
+                                     bn=tnn.BatchNorm1d(6, affine=affine), act=tnn.ReLU(), out=tnn.Linear(6, 3)))
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-0.5, 0.5)
+        net.bn.running_var.uniform_(0.5, 2.0)
+        if affine:
+            net.bn.weight.uniform_(0.5, 1.5)
+            net.bn.bias.uniform_(-0.5, 0.5)
+    _check(net.eval(), (3, 1, 6, 6), 3, f"from_torch_cnn_bn1d_{affine}")
+
+
+def test_batch_norm1d_in_training_mode_is_refused():
+    net = tnn.Sequential(OrderedDict(fc=tnn.Linear(3, 4), norm=tnn.BatchNorm1d(4))).double()
+    with pytest.raises(sbp.ModelError, match=r"^norm: BatchNorm1d in training mode .*\.eval\(\)"):
+        sbp.from_torch(net, np.zeros((2, 3)))
