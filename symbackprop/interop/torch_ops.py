@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 import sympy as sp
 
 from symbackprop.declare import nn
-from symbackprop.declare.conv import AvgPool2d, Conv2d, Images, MaxPool2d, channel_broadcast, out_size
+from symbackprop.declare.conv import AvgPool2d, Conv2d, Images, MaxPool2d, channel_broadcast, channel_sum, out_size
 from symbackprop.declare.tensor import gather, reduce
 from symbackprop.errors import ModelError
 
@@ -262,11 +262,16 @@ def _reshape(input: Any, shape: Any) -> sp.MatrixExpr:
     return _reshape_to(input, tuple(shape), "torch.reshape")
 
 
-def _cat(tensors: Any, dim: int = 0) -> sp.MatrixExpr:
+def _cat(tensors: Any, dim: int = 0) -> Any:
     """Side by side: the sum of each block times the 0/1 matrix placing its
     columns, exact (one product by 1 per entry; the rest adds zeros)."""
-    if dim not in (1, -1):
-        raise ModelError(f"cat along dim {dim}: only along the features (dim=1) is supported")
+    if dim not in (1, -1) or (dim == -1 and any(isinstance(t, Images) for t in tensors)):
+        raise ModelError(f"cat along dim {dim}: only along the features or the channels (dim=1) is supported")
+    if any(isinstance(t, Images) for t in tensors):  # NCHW rows: the channels' blocks side by side
+        if not all(isinstance(t, Images) for t in tensors) or len({(t.height, t.width) for t in tensors}) != 1:
+            raise ModelError("cat of images along the channels takes images of one height and width")
+        return Images(_cat([t.matrix for t in tensors], 1), sum(t.channels for t in tensors), tensors[0].height,
+                      tensors[0].width)
     blocks = [_matrix(t, "cat") for t in tensors]
     if len({b.shape[0] for b in blocks}) != 1:
         raise ModelError(f"cat of blocks of rows {[b.shape[0] for b in blocks]}: they differ")
@@ -500,10 +505,13 @@ def _avg_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any =
 
 
 def _adaptive_avg_pool2d(input: Any, output_size: Any) -> Images:
-    """AdaptiveAvgPool2d where its windows tile the image: an AvgPool2d of k = H / out (the same along W)."""
+    """AdaptiveAvgPool2d where its windows tile the image: an AvgPool2d of
+    k = H / out (the same along W); to 1x1, the mean of each channel."""
     x = _images(input, "adaptive_avg_pool2d")
     sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
     sizes = tuple(size if size is not None else whole for size, whole in zip(sizes, (x.height, x.width)))
+    if sizes == (1, 1):  # global average pooling, of any image
+        return _mean(x, (2, 3), keepdim=True)
     if (len(sizes) != 2 or any(not isinstance(s, int) or s < 1 for s in sizes)
             or x.height % sizes[0] or x.width % sizes[1] or x.height // sizes[0] != x.width // sizes[1]):
         raise ModelError(f"AdaptiveAvgPool2d to {output_size!r} of {x.height}x{x.width} images: only output sizes "
@@ -567,6 +575,20 @@ def _conv_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
     return _conv2d(x, weight, param("bias"), m.stride, m.padding, m.dilation, m.groups)
 
 
+def _mean(input: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:
+    """The mean of images over their height and width (global average
+    pooling written x.mean((2, 3))): (batch, C), or images of 1x1 with keepdim."""
+    dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+    if not isinstance(input, Images) or sorted(d % 4 if isinstance(d, int) else d for d in dims) != [2, 3]:
+        shape = _dims(input, "mean") if not _is_number(input) else input
+        raise ModelError(f"mean over {dim!r} of a tensor of shape {shape}: only over the height and width of "
+                         "images (x.mean((2, 3))) is translated")
+    if dtype is not None and dtype != _torch().float64:
+        raise ModelError(f"mean in {str(dtype).removeprefix('torch.')}: from_torch computes in float64")
+    y = channel_sum(input.matrix, input.channels, input.pixels) / input.pixels
+    return Images(y, input.channels, 1, 1) if keepdim else y
+
+
 # --- embeddings -------------------------------------------------------------------
 
 
@@ -609,6 +631,7 @@ def functions() -> dict[Any, Converter]:
         operator.getitem: _getitem,
         F.conv2d: _conv2d, F.max_pool2d: _max_pool2d, F.avg_pool2d: _avg_pool2d,
         F.adaptive_avg_pool2d: _adaptive_avg_pool2d, F.embedding: _embedding,
+        torch.mean: _mean,
         F.linear: _linear, F.layer_norm: _layer_norm, F.dropout: _dropout, F.dropout2d: _dropout,
         F.relu: _relu, torch.relu: _relu, torch.tanh: _tanh, F.tanh: _tanh, torch.sigmoid: _sigmoid, F.sigmoid: _sigmoid,
         F.silu: _silu, F.gelu: _gelu, F.softplus: _softplus, F.leaky_relu: _leaky_relu, F.elu: _elu,

@@ -235,6 +235,15 @@ class _Unsupported(tnn.Module):
         return torch.flatten(self.up(x), 1)
 
 
+class _Reduce(tnn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
 def _train_bn():
     return tnn.Sequential(OrderedDict(conv=tnn.Conv2d(1, 2, 3), bn=tnn.BatchNorm2d(2), flat=tnn.Flatten())).train()
 
@@ -264,6 +273,8 @@ def _train_bn():
     (tnn.Sequential(tnn.Conv2d(1, 2, 3)), (1, 1, 4, 4), r"^Sequential\.forward returns images \(batch, 2, 2, 2\)"),
     (tnn.Conv2d(1, 2, 3), (1, 1, 4, 4), r"^the module: Conv2d returns images"),
     (tnn.Sequential(tnn.Linear(3, 3), tnn.Conv2d(1, 1, 1)), (2, 3), r"^1: conv2d takes images \(batch, C, H, W\)"),
+    (_Reduce(lambda x: x.mean(1)), (1, 2, 3, 3), r"^_Reduce\.forward: mean over 1 of a tensor of shape"),
+    (_Reduce(lambda x: torch.cat([x, x], 2).flatten(1)), (1, 2, 3, 3), r"^_Reduce\.forward: cat along dim 2"),
 ])
 def test_what_is_not_translated_is_refused_with_the_module_path(net, shape, message):
     with pytest.raises(sbp.ModelError, match=message):
@@ -380,3 +391,69 @@ def test_batch_norm1d_in_training_mode_is_refused():
     net = tnn.Sequential(OrderedDict(fc=tnn.Linear(3, 4), norm=tnn.BatchNorm1d(4))).double()
     with pytest.raises(sbp.ModelError, match=r"^norm: BatchNorm1d in training mode .*\.eval\(\)"):
         sbp.from_torch(net, np.zeros((2, 3)))
+
+
+class _BasicBlock(tnn.Module):
+    """torchvision's ResNet basic block: conv-bn-relu-conv-bn plus the shortcut (a 1x1 projection where the shape changes)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = tnn.BatchNorm2d(cout)
+        self.relu = tnn.ReLU(inplace=True)
+        self.conv2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = tnn.BatchNorm2d(cout)
+        self.downsample = (tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False), tnn.BatchNorm2d(cout))
+                           if stride != 1 or cin != cout else None)
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+class _SmallResNet(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = tnn.Sequential(tnn.Conv2d(3, 4, 3, padding=1, bias=False), tnn.BatchNorm2d(4), tnn.ReLU(inplace=True))
+        self.layer1 = _BasicBlock(4, 4, 1)
+        self.layer2 = _BasicBlock(4, 6, 2)
+        self.fc = tnn.Linear(6, 5)
+
+    def forward(self, x):
+        x = self.layer2(self.layer1(self.stem(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def test_a_small_resnet_in_eval_mode():
+    """Basic blocks with BatchNorm2d (running statistics set by a few
+    training batches), a projection shortcut, in-place sums and ReLUs, and
+    the global average pool written x.mean((2, 3))."""
+    torch.manual_seed(10)
+    net = _SmallResNet().double()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(4, 3, 8, 8, dtype=torch.float64) * 2 + 1)
+    _check(net.eval(), (2, 3, 8, 8), 5, "from_torch_cnn_resnet")
+
+
+class _Inception(tnn.Module):
+    """Branches concatenated along the channels, then AdaptiveAvgPool2d(1) and flatten."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = tnn.Conv2d(2, 3, 1)
+        self.b = tnn.Conv2d(2, 2, 3, padding=1)
+        self.pool = tnn.AdaptiveAvgPool2d(1)
+        self.fc = tnn.Linear(3 + 2 + 2, 3)
+
+    def forward(self, x):
+        h = torch.cat([F.relu(self.a(x)), torch.tanh(self.b(x)), x], dim=1)
+        return self.fc(torch.flatten(self.pool(h * h), 1))
+
+
+def test_a_concatenation_along_the_channels():
+    torch.manual_seed(11)
+    _check(_Inception(), (2, 2, 5, 6), 3, "from_torch_cnn_inception")
