@@ -37,7 +37,8 @@ from symbackprop.declare.model import Model
 from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
 from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
-from symbackprop.interop.torch_ops import Kernel, functions, layers, method, op_name
+from symbackprop.interop.torch_ops import functions, layers, method, op_name
+from symbackprop.interop.torch_values import Kernel
 
 BATCH = sp.Symbol("n", integer=True, positive=True)
 
