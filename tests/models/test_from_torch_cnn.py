@@ -457,3 +457,21 @@ class _Inception(tnn.Module):
 def test_a_concatenation_along_the_channels():
     torch.manual_seed(11)
     _check(_Inception(), (2, 2, 5, 6), 3, "from_torch_cnn_inception")
+
+
+def test_an_sgd_step_on_a_converted_cnn_is_torchs():
+    """train_step updates the weights as torch.optim.SGD does and leaves
+    BatchNorm2d's running statistics (frozen inputs) as they are."""
+    net = _batch_norm_net(True).double()
+    x = torch.randn(3, 2, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    t = torch.tensor([0, 3, 1])
+    model, params = sbp.from_torch(net, x, loss="cross_entropy_labels", name="from_torch_cnn_bn_sgd")
+    stats = params["bn_running_mean"].copy(), params["bn_running_var"].copy()
+    sbp.compile(model, optimizer=sbp.SGD(lr=0.1)).train_step(X=x.numpy().reshape(3, -1), T=t.numpy(), **params)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    F.cross_entropy(net(x), t).backward()
+    optimizer.step()
+    for name, key in params.torch_names.items():
+        expected = net.state_dict()[key].numpy().reshape(params[name].shape)
+        np.testing.assert_allclose(params[name], expected, rtol=RTOL, atol=1e-15)
+    assert np.array_equal(stats[0], params["bn_running_mean"]) and np.array_equal(stats[1], params["bn_running_var"])
