@@ -13,7 +13,10 @@ symbackprop.nn expression computing what torch computes, weights kept in
 torch's (out, in) layout (x @ W.T). The model's inputs are X
 (batch, features) and T, the targets ((batch, outputs), or an Index of class
 labels for "cross_entropy_labels"); the batch is the symbolic dimension n;
-its output Y is the network's. Parameters are named after their state_dict
+its output Y is the network's. An example input of (batch, C, H, W) is a
+batch of images: X is then its n x C*H*W matrix (torch's NCHW memory, pass
+x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d (eval)
+translate; one of (batch,) integers is an Index X of ids for an Embedding. Parameters are named after their state_dict
 keys, made identifiers ("0.weight" -> "l0_weight"); `params.torch_names`
 maps them back.
 """
@@ -29,11 +32,13 @@ import numpy as np
 import sympy as sp
 
 from symbackprop.declare import nn
+from symbackprop.declare.conv import Images
 from symbackprop.declare.model import Model
 from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
 from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
 from symbackprop.interop.torch_ops import functions, layers, method, op_name
+from symbackprop.interop.torch_values import Kernel
 
 BATCH = sp.Symbol("n", integer=True, positive=True)
 
@@ -42,10 +47,6 @@ BATCH = sp.Symbol("n", integer=True, positive=True)
 # model declared by hand uses instead (named in the refusal)
 BUILT_INS = {
     "Conv1d": "nn.conv2d on images of height 1 (sbp.images, nn.conv_weight)",
-    "Conv2d": "nn.conv2d (with sbp.images and nn.conv_weight)",
-    "MaxPool2d": "nn.max_pool2d",
-    "AvgPool2d": "nn.avg_pool2d",
-    "BatchNorm2d": "nn.batch_norm",
     "Embedding": "nn.embedding (with an sbp.Index of token ids)",
     "MultiheadAttention": "nn.self_attention or nn.causal_attention (on sbp.sequences)",
     "LSTM": "nn.lstm_cell inside sbp.scan",
@@ -62,16 +63,18 @@ def built_in_hint(kind: str) -> str:
 
 
 def _refuse_by_layer(module: Any, shape: tuple) -> None:
-    """An example input that is not (batch, features): where the network has
-    a layer from_torch does not convert (a CNN's Conv2d, an Embedding), the
-    refusal names that layer and the built-in to use, not the input's shape."""
+    """An example input that is not (batch, features), images nor (batch,)
+    ids: where the network has a layer from_torch does not convert on it (a
+    Conv1d, an Embedding of sequences), the refusal names that layer and the
+    built-in to use, not the input's shape."""
     known = layers()
     for path, sub in module.named_modules() if hasattr(module, "named_modules") else ():
         kind = type(sub)
-        if kind not in known and kind.__name__ in BUILT_INS:
-            raise ModelError(f"{path or 'the module'}: {kind.__name__} is not supported by from_torch, which "
-                             f"converts networks of (batch, features) inputs (the example input's shape is "
-                             f"{shape}){built_in_hint(kind.__name__)}")
+        if kind.__name__ in BUILT_INS and (kind not in known or kind.__name__ == "Embedding"):
+            what = "an Embedding of (batch,) integer ids" if kind in known else "it"
+            raise ModelError(f"{path or 'the module'}: {kind.__name__} of an example input of shape {shape} is not "
+                             f"supported by from_torch, which converts networks of (batch, features) or (batch, C, "
+                             f"H, W) inputs, or {what}{built_in_hint(kind.__name__)}")
 
 
 class Loss(NamedTuple):
@@ -142,11 +145,14 @@ class _Builder:
         if name in self.arrays:
             raise ModelError(f"{torch_key}: two parameters are both named {name!r} once made identifiers")
         value = tensor.detach().cpu().to(dtype=_torch().float64).numpy().copy()
-        if value.ndim not in (1, 2):
-            raise ModelError(f"{torch_key}: a parameter of shape {tuple(value.shape)}; from_torch takes 1-D and 2-D ones")
+        if value.ndim not in (1, 2, 4):
+            raise ModelError(f"{torch_key}: a parameter of shape {tuple(value.shape)}; from_torch takes 1-D and 2-D "
+                             "ones, and 4-D convolution weights")
         self.torch_shapes[name] = value.shape
         if value.ndim == 1:  # a bias or a norm's scale: a row, broadcast over the batch
             value = value.reshape(1, -1)
+        elif value.ndim == 4:  # (C_out, C_in, kh, kw): the C_out x C_in*kh*kw matrix of the same memory
+            value = value.reshape(value.shape[0], -1)
         symbol = sp.MatrixSymbol(name, *value.shape)
         (self.symbols if tensor.requires_grad else self.frozen).append(symbol)
         self.arrays[name] = value
@@ -184,6 +190,13 @@ def _torch() -> Any:
     return torch
 
 
+def _dtype(example: Any) -> np.dtype:
+    """The example input's dtype, as numpy's."""
+    if hasattr(example, "detach"):
+        return example.detach().cpu().numpy().dtype
+    return np.asarray(example).dtype
+
+
 # --- reading the network -----------------------------------------------------------
 
 
@@ -208,7 +221,9 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
         params = dict(root.named_parameters(remove_duplicate=False))
         if node.target not in params:
             raise ModelError("a tensor that is not a parameter (a buffer or a constant) is not supported")
-        return builder.param(node.target, params[node.target])
+        symbol = builder.param(node.target, params[node.target])
+        shape = builder.torch_shapes[str(symbol)]
+        return Kernel(symbol, shape) if len(shape) == 4 else symbol
     if node.op == "call_module":
         return builder.layer(root.get_submodule(node.target), node.target, args, kwargs)
     if _is_detach(node):  # the same value; _check_stopped refuses it where a gradient would flow
@@ -244,6 +259,7 @@ def _check_stopped(node: Any, value: Any, builder: _Builder) -> None:
     does."""
     if not (_is_detach(node) or not node.meta.get("grad_enabled", True)):
         return
+    value = value.matrix if isinstance(value, (Images, Kernel)) else value
     used: set = getattr(value, "free_symbols", set()) & set(builder.symbols)
     if used:
         what = "Tensor.detach()" if _is_detach(node) else "a value computed in torch.no_grad()"
@@ -257,21 +273,28 @@ def _overwrite(node: Any, values: dict, writes: Writes) -> None:
     """An in-place write's result as the value of every node that is its
     tensor (Writes refused the writes where a view shares it)."""
     result, target = values[node], values[written(node)]
-    shape = getattr(target, "shape", None)
-    if getattr(result, "shape", None) != shape:
-        raise ModelError(f"an in-place write of shape {getattr(result, 'shape', result)} into a tensor of shape "
+    matrix = result.matrix if isinstance(result, Images) else result
+    shape = getattr(target.matrix if isinstance(target, Images) else target, "shape", None)
+    if getattr(matrix, "shape", None) != shape:
+        raise ModelError(f"an in-place write of shape {getattr(matrix, 'shape', result)} into a tensor of shape "
                          f"{shape}: torch does not broadcast the tensor written into")
-    for alias in writes.aliases(written(node), values):
-        values[alias] = result
+    for alias in writes.aliases(written(node), values):  # images and their flattening: the same memory
+        old = values[alias]
+        values[alias] = Images(matrix, old.channels, old.height, old.width) if isinstance(old, Images) else matrix
 
 
-def _network(module: Any, x: sp.MatrixExpr, builder: _Builder) -> sp.MatrixExpr:
+def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder) -> sp.MatrixExpr:
     """The network's output: a torch.nn layer as it is, anything else traced."""
     if _torch().fx.Tracer().is_leaf_module(module, ""):
         try:
-            return builder.layer(module, "", (x,), {})
+            out = builder.layer(module, "", (x,), {})
         except (ModelError, sp.ShapeError) as error:
             raise ModelError(f"the module: {error}") from error
+        if isinstance(out, Images):
+            raise ModelError(f"the module: {type(module).__name__} returns images (batch, {out.channels}, "
+                             f"{out.height}, {out.width}); from_torch converts a network returning (batch, outputs): "
+                             "end it with nn.Flatten() and a Linear")
+        return out
     graph = trace(module)
     inputs = [node.target for node in graph.nodes if node.op == "placeholder"]
     if len(inputs) != 1:
@@ -289,7 +312,11 @@ def _network(module: Any, x: sp.MatrixExpr, builder: _Builder) -> sp.MatrixExpr:
     except (ModelError, sp.ShapeError) as error:
         raise ModelError(f"{_where(node, module)}: {error}") from error
     out = values[next(node for node in graph.nodes if node.op == "output")]
-    if not isinstance(out, sp.MatrixExpr) or not out.shape[1].is_Integer:
+    if isinstance(out, Images):
+        raise ModelError(f"{type(module).__name__}.forward returns images (batch, {out.channels}, {out.height}, "
+                         f"{out.width}); from_torch converts a forward returning (batch, outputs): flatten them "
+                         "(torch.flatten(x, 1))")
+    if not isinstance(out, sp.MatrixExpr) or not sp.sympify(out.shape[1]).is_Integer:
         raise ModelError(f"{type(module).__name__}.forward returns {out!r}; from_torch converts a forward "
                          "returning one (batch, outputs) tensor")
     return out
@@ -306,7 +333,9 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             traces into those layers and the functions of `functions()`
             (Dropout in eval mode).
         example_input: an input batch (batch, features), a tensor or array:
-            it fixes the number of features (the batch is the symbol n).
+            it fixes the number of features (the batch is the symbol n);
+            or images (batch, C, H, W) (X is then n x C*H*W, their NCHW
+            rows), or (batch,) integer ids for an Embedding (X an Index).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
             (torch.nn.CrossEntropyLoss() with class probabilities as
             targets, T (batch, classes)), "cross_entropy_labels" (the same
@@ -326,20 +355,23 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     Raises:
         ModelError: a layer or function that is not supported (named with
             the path of the module it is in), a forward torch.fx cannot
-            trace, an example input that is not 2-D, an unknown loss, or a
+            trace, an example input that is not 2-D, 4-D or 1-D integers,
+            an unknown loss, or a
             reduction with a loss that is not named.
     """
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
-    if len(shape) != 2:
+    ids = len(shape) == 1 and np.issubdtype(_dtype(example_input), np.integer)
+    if len(shape) not in (2, 4) and not ids:
         _refuse_by_layer(module, shape)
-        raise ModelError(f"from_torch takes a (batch, features) example input; got shape {shape}")
+        raise ModelError(f"from_torch takes a (batch, features), (batch, C, H, W) or, for an Embedding, (batch,) "
+                         f"integer example input; got shape {shape}")
     if reduction != "mean" and not isinstance(loss, str):
         raise ModelError(f"from_torch's reduction {reduction!r} applies to a named loss; the callable or None "
                          "loss reduces as it computes")
     refuse_hooks(module)
-    X = sp.MatrixSymbol("X", BATCH, shape[1])
+    X = Index("X", BATCH) if ids else sp.MatrixSymbol("X", BATCH, int(np.prod(shape[1:])))
     builder = _Builder()
-    Y = _network(module, X, builder)
+    Y = _network(module, X if len(shape) != 4 else Images(X, *(int(s) for s in shape[1:])), builder)
     if loss is None:
         loss_expr, inputs = None, [X]
     elif isinstance(loss, str):

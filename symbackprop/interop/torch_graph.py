@@ -12,8 +12,9 @@ show, read before the graph is translated (symbackprop.interop.from_torch).
   every name for the same tensor sees the new value. `Writes` lists them
   (so dead-code elimination keeps them even where their result is unused)
   and the tensors that share their memory: a write to a tensor that is the
-  same as another (a layer's inplace result, Identity, Flatten of a
-  (batch, features) input, Dropout in eval) renames all of them; one to a
+  same as another (a layer's inplace result, Identity, Flatten, Dropout
+  and Dropout2d in eval) renames all of them (the flattening of images is
+  a view of the same memory in the same order, their NCHW matrix); one to a
   view (``h.t()``, ``h[:, :2]``) or to a tensor with a view, or to a
   parameter, is refused: the translation computes values, not memory.
 """
@@ -218,12 +219,12 @@ def written_as(node: Any, root: Any) -> str:
 # what returns its input itself (the same tensor: torch's `y is x`), not a new one
 def _same_functions() -> set:
     torch = _torch()
-    return {torch.flatten, torch.nn.functional.dropout}
+    return {torch.flatten, torch.nn.functional.dropout, torch.nn.functional.dropout2d}
 
 
 def _same_layers() -> tuple:
     tnn = _torch().nn
-    return (tnn.Identity, tnn.Flatten, tnn.Dropout)
+    return (tnn.Identity, tnn.Flatten, tnn.Dropout, tnn.Dropout2d)
 
 
 def _kind(node: Any, root: Any) -> str:
@@ -239,10 +240,12 @@ def _kind(node: Any, root: Any) -> str:
             return "same"
         return "new" if kind in layers() else "view"
     torch = _torch()
+    if (node.op == "call_method" and node.target == "size") or (node.target is getattr and node.args[1:] == ("shape",)):
+        return "leaf"  # a shape, not a tensor
     fn = getattr(torch, node.target, None) if node.op == "call_method" else node.target
     if fn in _same_functions():
         return "same"
-    if fn in (torch.t, getattr) or fn not in functions():
+    if fn in (torch.t, getattr, torch.reshape, operator.getitem) or fn not in functions():
         return "view"  # t, .T, and what from_torch does not translate: it may be a view
     return "new"
 

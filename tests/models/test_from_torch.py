@@ -358,16 +358,6 @@ def test_a_shared_layer_is_one_parameter():
         torch.testing.assert_close(grad, net.get_parameter(key).grad, rtol=RTOL, atol=1e-14)
 
 
-class _SmallCNN(tnn.Module):
-    def __init__(self):
-        super().__init__()
-        self.features = tnn.Sequential(tnn.Conv2d(1, 4, 3), tnn.ReLU(), tnn.MaxPool2d(2))
-        self.head = tnn.Linear(4 * 3 * 3, 10)
-
-    def forward(self, x):
-        return self.head(self.features(x).flatten(1))
-
-
 class _Tokens(tnn.Module):
     def __init__(self):
         super().__init__()
@@ -379,18 +369,14 @@ class _Tokens(tnn.Module):
 
 
 @pytest.mark.parametrize("net, example, message", [
-    (_SmallCNN(), np.zeros((2, 1, 8, 8)), r"^features\.0: Conv2d is not supported by from_torch.*\(2, 1, 8, 8\).*nn\.conv2d"),
-    (tnn.Conv2d(1, 2, 3), np.zeros((2, 1, 5, 5)), r"^the module: Conv2d .*nn\.conv2d \(with sbp\.images"),
-    (tnn.Sequential(tnn.MaxPool2d(2)), np.zeros((2, 1, 4, 4)), r"^0: MaxPool2d .*nn\.max_pool2d"),
     (tnn.Sequential(OrderedDict(emb=tnn.Embedding(10, 3))), np.zeros((2, 3, 4)), r"^emb: Embedding .*nn\.embedding"),
-    (tnn.Sequential(tnn.Linear(3, 3), tnn.Conv2d(1, 1, 1)), np.zeros((2, 3)),
-     r"^1: Conv2d is not supported yet.*nn\.conv2d"),
-    (_Tokens(), np.zeros((2, 5), dtype=np.int64), r"^embed: Embedding is not supported yet.*nn\.embedding"),
+    (tnn.Sequential(OrderedDict(c=tnn.Conv1d(1, 1, 3))), np.zeros((2, 1, 8)), r"^c: Conv1d .*\(2, 1, 8\).*nn\.conv2d"),
+    (_Tokens(), np.zeros((2, 5), dtype=np.int64), r"^embed: Embedding of \(n, 5\): .*one id per example.*nn\.embedding"),
     (tnn.Sequential(OrderedDict(rnn=tnn.GRUCell(3, 3))), np.zeros((2, 3)), r"^rnn: GRUCell .*nn\.gru_cell"),
 ])
 def test_a_layer_it_does_not_convert_is_named_with_the_built_in_to_use(net, example, message):
-    """A CNN is refused by naming Conv2d and nn.conv2d, not by its input's
-    shape; an Embedding points to nn.embedding."""
+    """A network of a layer from_torch does not convert (Conv1d, Embedding)
+    is refused by naming that layer and its built-in, not by its input's shape."""
     with pytest.raises(sbp.ModelError, match=message) as caught:
         sbp.from_torch(net.double(), example)
     assert "example input; got shape" not in str(caught.value)

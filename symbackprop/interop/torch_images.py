@@ -1,0 +1,245 @@
+"""What from_torch translates on images and ids: Conv2d, the pools,
+BatchNorm2d (and BatchNorm1d) in eval mode, the mean over height and
+width, Embedding; the converters of the tables of symbackprop.interop.torch_ops
+(which see), each computing what torch computes or raising ModelError
+naming what it cannot translate.
+
+Images are an `Images`: the n x C*H*W matrix of NCHW rows (torch's memory
+order) and C, H, W; a convolution's weight a `Kernel`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sympy as sp
+
+from symbackprop.declare import nn
+from symbackprop.declare.conv import AvgPool2d, Conv2d, Images, MaxPool2d, channel_broadcast, channel_sum, out_size
+from symbackprop.declare.tensor import gather
+from symbackprop.errors import ModelError
+from symbackprop.interop.torch_values import Kernel, as_matrix, expand, is_number, shape_of, torch_module
+
+# --- images -----------------------------------------------------------------------
+
+
+def _images(x: Any, what: str) -> Images:
+    if not isinstance(x, Images):
+        raise ModelError(f"{what} takes images (batch, C, H, W); its input is {shape_of(x, what) if not is_number(x) else x!r} "
+                         "(from_torch reads an example input of 4 dimensions as images)")
+    return x
+
+
+def _pair(value: Any, what: str) -> tuple[int, int]:
+    """An int or an (h, w) pair of torch's arguments, as (h, w)."""
+    pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+        raise ModelError(f"{what} {value!r}: an int or a pair of ints")
+    return pair
+
+
+def _same(value: Any, what: str, name: str) -> int:
+    """One int for both axes: the image ops take the same stride, padding and window along each."""
+    h, w = _pair(value, f"{what}'s {name}")
+    if h != w:
+        raise ModelError(f"{what} with {name}={value!r}: a different {name} along each axis is not translated "
+                         f"(symbackprop's image ops take one {name} for both)")
+    return h
+
+
+def _rows(row: sp.MatrixExpr, x: Images) -> sp.MatrixExpr:
+    """A 1 x C per-channel row as n x C*H*W: over each channel's pixels, then over the batch."""
+    return nn.ones(x.matrix.shape[0], 1) * channel_broadcast(row, x.channels, x.pixels)
+
+
+def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+           groups: int = 1) -> Images:
+    """F.conv2d: zero padding, kh x kw windows, one stride and padding for both axes."""
+    x = _images(input, "conv2d")
+    if not isinstance(weight, Kernel):
+        raise ModelError(f"conv2d's weight must be a 4-D parameter (C_out, C_in, kh, kw); got {weight!r}")
+    if groups != 1:
+        raise ModelError(f"Conv2d with groups={groups}: grouped (and depthwise) convolutions are not translated; "
+                         "only groups=1")
+    if _pair(dilation, "conv2d's dilation") != (1, 1):
+        raise ModelError(f"Conv2d with dilation={dilation!r}: dilated convolutions are not translated; only dilation=1")
+    out, per, kh, kw = weight.shape
+    if per != x.channels:
+        raise ModelError(f"Conv2d takes {per} channels; its input has {x.channels}")
+    step = _same(stride, "Conv2d", "stride")
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        if kh % 2 == 0 or kw % 2 == 0:
+            raise ModelError(f"Conv2d with padding='same' and a {kh}x{kw} kernel: torch pads unevenly there, "
+                             "which is not translated")
+        padding = (kh // 2, kw // 2)
+    pad = _same(padding, "Conv2d", "padding")
+    height, width = out_size(x.height, kh, step, pad), out_size(x.width, kw, step, pad)
+    if height < 1 or width < 1:
+        raise ModelError(f"Conv2d's {kh}x{kw} window is larger than the padded {x.height}x{x.width} image")
+    y = Images(Conv2d(x.matrix, weight.matrix, x.channels, x.height, x.width, out, kh, kw, step, pad), out, height,
+               width)
+    if bias is not None:
+        y = y.map(lambda m: m + _rows(as_matrix(bias, "conv2d's bias"), y))
+    return y
+
+
+def _pool_args(x: Images, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool, what: str) -> tuple[int, int]:
+    """(window, stride) of a pool torch computes as the op does: square, no
+    padding, and ceil_mode only where it keeps the floor rule's size."""
+    k = _same(kernel_size, what, "kernel_size")
+    step = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else _same(stride, what, "stride")
+    if _pair(padding, f"{what}'s padding") != (0, 0):
+        raise ModelError(f"{what} with padding={padding!r}: padded pooling is not translated; only padding=0")
+    if k > min(x.height, x.width):
+        raise ModelError(f"{what}'s {k}x{k} window is larger than the {x.height}x{x.width} image")
+    if ceil_mode:
+        for size in (x.height, x.width):
+            if (size - k) % step:  # ceil mode adds a partial window at the end
+                raise ModelError(f"{what} with ceil_mode=True over {x.height}x{x.width} images with a {k}x{k} "
+                                 f"window and stride {step}: the last, partial window is not translated; "
+                                 "only ceil_mode=False (or sizes where the windows tile exactly)")
+    return k, step
+
+
+def _pooled(cls: type, x: Images, k: int, step: int) -> Images:
+    return Images(cls(x.matrix, x.channels, x.height, x.width, k, step), x.channels,
+                  out_size(x.height, k, step, 0), out_size(x.width, k, step, 0))
+
+
+def max_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Images:
+    """F.max_pool2d: the largest entry of each square window (no padding, dilation nor indices)."""
+    x = _images(input, "max_pool2d")
+    if return_indices:
+        raise ModelError("MaxPool2d with return_indices=True is not translated")
+    if _pair(dilation, "max_pool2d's dilation") != (1, 1):
+        raise ModelError(f"MaxPool2d with dilation={dilation!r} is not translated; only dilation=1")
+    k, step = _pool_args(x, kernel_size, stride, padding, ceil_mode, "MaxPool2d")
+    return _pooled(MaxPool2d, x, k, step)
+
+
+def avg_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: Any = None) -> Images:
+    """F.avg_pool2d: the mean of each square window (no padding nor divisor_override)."""
+    x = _images(input, "avg_pool2d")
+    if divisor_override is not None:
+        raise ModelError(f"AvgPool2d with divisor_override={divisor_override!r} is not translated")
+    k, step = _pool_args(x, kernel_size, stride, padding, ceil_mode, "AvgPool2d")
+    return _pooled(AvgPool2d, x, k, step)
+
+
+def adaptive_avg_pool2d(input: Any, output_size: Any) -> Images:
+    """AdaptiveAvgPool2d where its windows tile the image: an AvgPool2d of
+    k = H / out (the same along W); to 1x1, the mean of each channel."""
+    x = _images(input, "adaptive_avg_pool2d")
+    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
+    sizes = tuple(size if size is not None else whole for size, whole in zip(sizes, (x.height, x.width)))
+    if sizes == (1, 1):  # global average pooling, of any image
+        return mean(x, (2, 3), keepdim=True)
+    if (len(sizes) != 2 or any(not isinstance(s, int) or s < 1 for s in sizes)
+            or x.height % sizes[0] or x.width % sizes[1] or x.height // sizes[0] != x.width // sizes[1]):
+        raise ModelError(f"AdaptiveAvgPool2d to {output_size!r} of {x.height}x{x.width} images: only output sizes "
+                         "that divide the image into equal square windows are translated")
+    k = x.height // sizes[0]
+    return _pooled(AvgPool2d, x, k, k)
+
+
+def _batch_norm2d(x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: float) -> Images:
+    """BatchNorm2d in eval mode, per channel: (x - running_mean) / sqrt(running_var + eps) * weight + bias."""
+    x = _images(x, "BatchNorm2d")
+    scale = as_matrix(var, "batch_norm").applyfunc(lambda v: 1 / sp.sqrt(v + sp.Float(eps)))
+    if weight is not None:
+        scale = sp.HadamardProduct(as_matrix(weight, "batch_norm"), scale)
+    y = sp.HadamardProduct(x.matrix - _rows(as_matrix(mean, "batch_norm"), x), _rows(scale, x))
+    if bias is not None:
+        y = y + _rows(as_matrix(bias, "batch_norm"), x)
+    return Images(y, x.channels, x.height, x.width)
+
+
+def _eval_mode(m: Any) -> None:
+    """Refuse a batch norm that normalizes by the batch's statistics (training mode, or no running ones)."""
+    kind = type(m).__name__
+    if m.training:
+        raise ModelError(f"{kind} in training mode (statistics of the batch, running ones updated) is not "
+                         "translated; call .eval() on the network first (running statistics)"
+                         + (", or declare the model with symbackprop's nn.batch_norm" if kind == "BatchNorm2d" else ""))
+    if m.running_mean is None:
+        raise ModelError(f"{kind}(track_running_stats=False) normalizes by the batch's statistics even in eval "
+                         "mode, which is not translated")
+
+
+def batch_norm1d_layer(m: Any, x: Any, param: Callable[[str], Any]) -> sp.MatrixExpr:
+    """BatchNorm1d of (batch, features) in eval mode: per feature,
+    (x - running_mean) / sqrt(running_var + eps) * weight + bias."""
+    _eval_mode(m)
+    x = as_matrix(x, "BatchNorm1d")
+    rows, cols = x.shape
+    if m.num_features != cols:
+        raise ModelError(f"BatchNorm1d of {m.num_features} features; its input has {cols}")
+    scale = as_matrix(param("running_var"), "batch_norm").applyfunc(lambda v: 1 / sp.sqrt(v + sp.Float(m.eps)))
+    weight, bias = param("weight"), param("bias")
+    if weight is not None:
+        scale = sp.HadamardProduct(weight, scale)
+    y = sp.HadamardProduct(x - expand(param("running_mean"), rows, cols), expand(scale, rows, cols))
+    return y + expand(bias, rows, cols) if bias is not None else y
+
+
+def batch_norm_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
+    """BatchNorm2d in eval mode (its running statistics, frozen inputs of the model)."""
+    _eval_mode(m)
+    images = _images(x, "BatchNorm2d")
+    if m.num_features != images.channels:
+        raise ModelError(f"BatchNorm2d of {m.num_features} channels; its input has {images.channels}")
+    return _batch_norm2d(images, param("running_mean"), param("running_var"), param("weight"), param("bias"), m.eps)
+
+
+def conv_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
+    """Conv2d through F.conv2d, zero padding only."""
+    if m.padding_mode != "zeros":
+        raise ModelError(f"Conv2d with padding_mode={m.padding_mode!r} is not translated; only 'zeros'")
+    weight = Kernel(param("weight"), tuple(m.weight.shape))
+    return conv2d(x, weight, param("bias"), m.stride, m.padding, m.dilation, m.groups)
+
+
+def mean(input: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:
+    """The mean of images over their height and width (global average
+    pooling written x.mean((2, 3))): (batch, C), or images of 1x1 with keepdim."""
+    dims = tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+    if not isinstance(input, Images) or sorted(d % 4 if isinstance(d, int) else d for d in dims) != [2, 3]:
+        shape = shape_of(input, "mean") if not is_number(input) else input
+        raise ModelError(f"mean over {dim!r} of a tensor of shape {shape}: only over the height and width of "
+                         "images (x.mean((2, 3))) is translated")
+    if dtype is not None and dtype != torch_module().float64:
+        raise ModelError(f"mean in {str(dtype).removeprefix('torch.')}: from_torch computes in float64")
+    y = channel_sum(input.matrix, input.channels, input.pixels) / input.pixels
+    return Images(y, input.channels, 1, 1) if keepdim else y
+
+
+# --- embeddings -------------------------------------------------------------------
+
+
+def embedding(input: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None, norm_type: float = 2.0,
+              scale_grad_by_freq: bool = False, sparse: bool = False) -> sp.MatrixExpr:
+    """F.embedding of one id per example: the rows of the table at the ids
+    (a gather; its gradient adds into the rows, as torch's, sparse or not)."""
+    if not getattr(input, "is_index", False):
+        shape = shape_of(input, "Embedding") if not is_number(input) else input
+        raise ModelError(f"Embedding of {shape}: from_torch translates an Embedding of one id per example (an "
+                         "example input of (batch,) integers, the model's Index X); for sequences of ids declare "
+                         "the model with symbackprop's nn.embedding (sbp.Index of token ids)")
+    if padding_idx is not None:
+        raise ModelError(f"Embedding with padding_idx={padding_idx}: torch leaves that row's gradient zero, which "
+                         "is not translated")
+    if max_norm is not None:
+        raise ModelError(f"Embedding with max_norm={max_norm}: torch renormalizes the table in place, which is "
+                         "not translated")
+    if scale_grad_by_freq:
+        raise ModelError("Embedding with scale_grad_by_freq=True is not translated")
+    return gather(as_matrix(weight, "embedding"), input)
+
+
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm1d_layer", "batch_norm_layer", "conv2d", "conv_layer",
+           "embedding", "max_pool2d", "mean"]

@@ -1,0 +1,67 @@
+"""The values from_torch's converters compute on (symbackprop.interop.torch_ops
+and torch_images): a SymPy matrix (the batch, a parameter), a Python
+number, `Images`, or a convolution's `Kernel`; and the checks and
+broadcasts every converter shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy as sp
+
+from symbackprop.declare import nn
+from symbackprop.declare.conv import Images
+from symbackprop.errors import ModelError
+
+
+def torch_module() -> Any:
+    import torch
+
+    return torch
+
+
+def is_number(v: Any) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A convolution's weight, torch's (C_out, C_in, kh, kw), as the
+    C_out x (C_in*kh*kw) matrix of the same memory."""
+
+    matrix: sp.MatrixExpr
+    shape: tuple[int, int, int, int]
+
+
+def as_matrix(v: Any, what: str) -> sp.MatrixExpr:
+    if isinstance(v, Images):
+        raise ModelError(f"{what} of images (batch, {v.channels}, {v.height}, {v.width}) is not translated; "
+                         "flatten them first (torch.flatten(x, 1), nn.Flatten())")
+    if isinstance(v, Kernel):
+        raise ModelError(f"{what} of a convolution's 4-D weight {v.shape} is not translated (only F.conv2d takes it)")
+    if getattr(v, "is_index", False):
+        raise ModelError(f"{what} of the integer ids {v} is not translated; only an Embedding takes them")
+    if not isinstance(v, (sp.MatrixExpr, sp.MatrixBase)):
+        raise ModelError(f"{what} takes a tensor; got {v!r}")
+    return v
+
+
+def expand(x: sp.MatrixExpr, rows: Any, cols: Any) -> sp.MatrixExpr:
+    """x broadcast to (rows, cols), as torch broadcasts a row or a column."""
+    if x.shape[0] == 1 and rows != 1:
+        x = nn.ones(rows, 1) * x
+    if x.shape[1] == 1 and cols != 1:
+        x = x * nn.ones(1, cols)
+    return x
+
+
+def shape_of(x: Any, what: str) -> tuple:
+    """A tensor's shape as torch gives it: (n, C, H, W) of images, (n, k) of a batch (n the batch's symbol)."""
+    if isinstance(x, Images):
+        return (x.matrix.shape[0], x.channels, x.height, x.width)
+    return tuple(as_matrix(x, what).shape)
+
+
+__all__ = ["Kernel", "as_matrix", "expand", "is_number", "shape_of", "torch_module"]
