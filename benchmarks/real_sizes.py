@@ -436,10 +436,131 @@ def mlp_loss(F, lib: str):
     return loss
 
 
+# --- the ResNet basic-block stack ------------------------------------------------------
+
+RES_BATCH, RES_SIDE, RES_IN = 32, 32, 3
+# (name, in channels, out channels, stride) of each basic block: conv3x3 (stride) - batch norm - relu -
+# conv3x3 - batch norm, plus the input (a 1x1 convolution of that stride and a batch norm where the
+# channels or the size change), then relu
+RES_BLOCKS = (("r1", 16, 16, 1), ("r2", 16, 32, 2), ("r3", 32, 64, 2))
+RES_STEM = 16
+
+
+def resnet_convs() -> list[tuple[str, int, int, int, int, int, int]]:
+    """(name, in channels, input side, out channels, k, stride, padding) of every convolution, in order;
+    each is followed by a batch norm g<name>, b<name>."""
+    convs = [("K0", RES_IN, RES_SIDE, RES_STEM, 3, 1, 1)]
+    side = RES_SIDE
+    for name, inp, out, stride in RES_BLOCKS:
+        convs.append((f"K{name}a", inp, side, out, 3, stride, 1))
+        convs.append((f"K{name}b", out, side // stride, out, 3, 1, 1))
+        if stride != 1 or inp != out:
+            convs.append((f"K{name}p", inp, side, out, 1, stride, 0))
+        side //= stride
+    return convs
+
+
+def resnet_shapes() -> list[tuple[str, tuple[int, int]]]:
+    """(name, shape) of the ResNet's parameters: each convolution's weights (no bias: a batch norm
+    follows), its batch norm's scale g and shift b (1 x C), the classifier's W (64 x 10) and c."""
+    out = []
+    for name, inp, _, oc, k, _, _ in resnet_convs():
+        out += [(name, (oc, inp * k * k)), ("g" + name[1:], (1, oc)), ("b" + name[1:], (1, oc))]
+    return [*out, ("W", (RES_BLOCKS[-1][2], CLASSES)), ("c", (1, CLASSES))]
+
+
+def resnet() -> sbp.Model:
+    """3 x 32 x 32 -> conv 3x3 (16) - batch norm - relu -> basic block 16 -> basic block 32 (stride 2,
+    1x1 projection) -> basic block 64 (stride 2, 1x1 projection) -> global average pool (64 x 8 x 8 -> 64)
+    -> linear(10) -> softmax cross-entropy. Batch norm in training mode (the batch's statistics)."""
+    n = sp.Symbol("n", integer=True, positive=True)
+    x = sbp.images("X", n, RES_IN, RES_SIDE, RES_SIDE)
+    t = sp.MatrixSymbol("T", n, CLASSES)
+    p = {name: sp.MatrixSymbol(name, *shape) for name, shape in resnet_shapes()}
+    geometry = {name: (stride, pad) for name, _, _, _, _, stride, pad in resnet_convs()}
+
+    def conv_bn(h, name):
+        stride, pad = geometry[name]
+        y = nn.conv2d(h, p[name], stride=stride, padding=pad)
+        return nn.batch_norm(y, p["g" + name[1:]], p["b" + name[1:]])
+
+    h = conv_bn(x, "K0").map(nn.relu)
+    for name, _, _, _ in RES_BLOCKS:
+        y = conv_bn(conv_bn(h, f"K{name}a").map(nn.relu), f"K{name}b")
+        skip = conv_bn(h, f"K{name}p") if f"K{name}p" in geometry else h
+        h = sbp.Images(y.matrix + skip.matrix, y.channels, y.height, y.width).map(nn.relu)
+    z = nn.linear(nn.flatten(nn.avg_pool2d(h, h.height)), p["W"], p["c"])
+    return sbp.Model("resnet_blocks", inputs=[x.matrix, t], params=list(p.values()),
+                     loss=nn.softmax_cross_entropy(z, t), outputs={"logits": z})
+
+
+def resnet_data(dtype: str, seed: int = 0) -> tuple[dict, dict]:
+    """Pixels U(0, 1), one-hot labels, PyTorch's default initialization of the convolutions and the
+    linear layer; batch-norm scales near 1 and shifts near 0 (so that their gradients are checked)."""
+    rng = np.random.default_rng(seed)
+    inputs = {"X": rng.random((RES_BATCH, RES_IN * RES_SIDE * RES_SIDE)),
+              "T": np.eye(CLASSES)[rng.integers(0, CLASSES, size=RES_BATCH)]}
+    params = {}
+    for name, shape in resnet_shapes():
+        if name[0] in "gb":
+            params[name] = (name[0] == "g") + 0.1 * rng.standard_normal(shape)
+        else:
+            fan_in = RES_BLOCKS[-1][2] if name == "c" else shape[0] if name == "W" else shape[1]
+            params[name] = rng.uniform(-1, 1, size=shape) / np.sqrt(fan_in)
+    cast = lambda d: {k: np.ascontiguousarray(v, dtype=dtype) for k, v in d.items()}  # noqa: E731
+    return cast(inputs), cast(params)
+
+
+def resnet_loss(F, lib: str):
+    """The ResNet's loss(params, X, T) -> (loss, logits), written apart from symbackprop's with
+    torch.nn.functional (conv2d, batch_norm in training mode) or jax.lax.conv_general_dilated."""
+    convs = {name: (inp, oc, k, stride, pad) for name, inp, _, oc, k, stride, pad in resnet_convs()}
+    if lib == "torch":
+        def conv_bn(h, w, name):
+            inp, oc, k, stride, pad = convs[name]
+            y = F.conv2d(h, w[name].reshape(oc, inp, k, k), stride=stride, padding=pad)
+            return F.batch_norm(y, None, None, w["g" + name[1:]][0], w["b" + name[1:]][0], training=True, eps=1e-5)
+
+        def cross_entropy(z, t):
+            return F.cross_entropy(z, t.argmax(dim=1))
+
+        relu = F.relu
+    else:
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+
+        def conv_bn(h, w, name):
+            inp, oc, k, stride, pad = convs[name]
+            y = lax.conv_general_dilated(h, w[name].reshape(oc, inp, k, k), (stride, stride),
+                                         [(pad, pad), (pad, pad)], dimension_numbers=("NCHW", "OIHW", "NCHW"))
+            mean = y.mean(axis=(0, 2, 3), keepdims=True)
+            var = ((y - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+            g, b = (w[c + name[1:]].reshape(1, oc, 1, 1) for c in "gb")
+            return (y - mean) / jnp.sqrt(var + 1e-5) * g + b
+
+        def cross_entropy(z, t):
+            return (jax.nn.logsumexp(z, axis=1) - (z * t).sum(axis=1)).mean()
+
+        relu = jax.nn.relu
+
+    def loss(w, x, t):
+        h = relu(conv_bn(x.reshape(-1, RES_IN, RES_SIDE, RES_SIDE), w, "K0"))
+        for name, _, _, _ in RES_BLOCKS:
+            y = conv_bn(relu(conv_bn(h, w, f"K{name}a")), w, f"K{name}b")
+            h = relu(y + (conv_bn(h, w, f"K{name}p") if f"K{name}p" in convs else h))
+        z = h.mean(axis=(2, 3)) @ w["W"] + w["c"]
+        return cross_entropy(z, t), z
+
+    return loss
+
+
 WORKLOADS = {  # name: (title, model, data, the peers' loss, the inputs' order)
     "gpt": (f"GPT-style decoder ({GPT_BLOCKS} blocks, d={GPT_D}, {GPT_HEADS} heads, sequence {GPT_LEN}, "
             f"batch {GPT_BATCH})", gpt, gpt_data, gpt_loss, ("ids", "positions", "targets")),
     "mlp": (f"MNIST MLP (784-256-10 tanh, batch {MLP_BATCH})", mlp, mlp_data, mlp_loss, ("X", "T")),
+    "resnet": (f"ResNet basic blocks (16-32-64 channels, batch norm, 32x32 images, batch {RES_BATCH})", resnet,
+               resnet_data, resnet_loss, ("X", "T")),
 }
 
 
