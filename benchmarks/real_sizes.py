@@ -1,12 +1,16 @@
 """Real sizes: LeNet-5 on 28x28 images at batch 64, a GPT-style decoder
-(4 blocks, d=256, 4 heads, sequence 128, batch 8) and the MNIST MLP
-(784-256-10, batch 128): a training step and inference, symbackprop beside
-PyTorch eager, torch.compile and JAX (the decoder and the MLP), one thread.
+(4 blocks, d=256, 4 heads, sequence 128, batch 8), the MNIST MLP
+(784-256-10, batch 128) and a ResNet basic-block stack (32x32 images,
+16-64 channels, batch 32): a training step and inference, symbackprop beside
+PyTorch eager, torch.compile and JAX (the decoder, the MLP and the ResNet),
+one thread (`--threads N`: N CPUs and threads).
 
     python benchmarks/real_sizes.py                        # every model, float32 and float64, 15 rounds
     python benchmarks/real_sizes.py --models lenet5 --dtype float32 --rounds 9 --peers symbackprop,torch_eager
     python benchmarks/real_sizes.py --models gpt,mlp --clock cpu --rounds 5 --calls 3 --save NAME
     python benchmarks/real_sizes.py --layers               # each convolution's kernels alone
+    python benchmarks/real_sizes.py --layers --models resnet --clock cpu --rounds 5 --calls 5
+    python benchmarks/real_sizes.py --models resnet,lenet5 --threads 2 --clock cpu --rounds 5 --calls 3
     python benchmarks/real_sizes.py --save real-sizes-2026-12-06
 
 `--clock cpu` times the process's CPU time (every thread's) instead of
@@ -34,6 +38,17 @@ from the same parameters (LeNet-5), or every peer's float64 loss and
 gradients against symbackprop's (the decoder and the MLP, relative error
 at most 1e-10).
 
+The ResNet (resnet_convs, resnet_loss): a stem conv 3x3 3->16, then basic
+blocks (conv 3x3 - batch norm - relu - conv 3x3 - batch norm, plus the
+input, relu) at 16 channels on 32x32, 32 on 16x16 (stride 2) and 64 on
+8x8 (stride 2), the last two adding a 1x1 convolution of stride 2 and a
+batch norm of their input; global average pool, linear 64->10, softmax
+cross-entropy. Every convolution is followed by nn.batch_norm in training
+mode (the batch's statistics, the gradient through them), so inference is
+the same forward pass; no convolution has a bias. PyTorch's loss is
+torch.nn.functional's conv2d and batch_norm(training=True), JAX's
+lax.conv_general_dilated (NCHW, OIHW) with the batch norm written out.
+
 The decoder is examples/transformer_lm.py's pre-norm block at these sizes
 (symbackprop's nn.self_attention and nn.layer_norm; a 64-token vocabulary
 of random ids); its PyTorch loss is written with torch.nn.functional
@@ -47,7 +62,10 @@ and inference took are printed and saved in the table's note.
 by the images, the gradient by the weights) as small models of their own:
 forward() of sum(conv(X, K) * G), then value_and_grad by K (adds the
 weight gradient), then by X too (adds the input gradient); the
-differences are the kernels' times.
+differences are the kernels' times, printed with their GFLOP/s beside
+PyTorch's F.conv2d doing the same, and beside numpy's BLAS gemm of the
+same sizes (C_out x C_in*k*k by C_in*k*k x pixels, per example and once
+over the batch; run it with OPENBLAS_NUM_THREADS=1).
 """
 
 from __future__ import annotations
@@ -236,20 +254,27 @@ def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3, clock:
     return out
 
 
-def pin_one_thread() -> None:
-    """This process on its first CPU (JAX's thread pool included: it ignores thread flags), one thread each."""
+def pin_threads(threads: int = 1) -> None:
+    """This process on its first `threads` CPUs (JAX's thread pool included: it ignores thread flags,
+    and the affinity is what bounds it), `threads` threads for symbackprop and PyTorch."""
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sbp.set_num_threads(1)
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:threads]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    sbp.set_num_threads(threads)
     try:
         import torch
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
     except ImportError:
         pass
 
 
-def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: str = "wall") -> list[dict]:
+def thread_label(threads: int) -> str:
+    """The rows' suffix: nothing for one thread (the labels of the earlier results), else ", N threads"."""
+    return "" if threads == 1 else f", {threads} threads"
+
+
+def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: str = "wall",
+              threads: int = 1) -> list[dict]:
     """The rows of one dtype: the training step, then inference."""
     inputs, params = make_data(dtype)
     model = lenet5()
@@ -265,7 +290,7 @@ def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: 
     rows = []
     for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
         result = interleave(calls, rounds, per_round, clock=clock)
-        row = {"label": f"LeNet-5 {dtype}, {what}", "seconds": {k: v[0] for k, v in result.items()},
+        row = {"label": f"LeNet-5 {dtype}, {what}{thread_label(threads)}", "seconds": {k: v[0] for k, v in result.items()},
                "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
         rows.append(row)
         print(f"{row['label']}:")
@@ -652,7 +677,7 @@ def check_peer(mod64, inputs: dict, params: dict, grads) -> float:
 
 
 def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per_round: int,
-                   notes: dict, clock: str = "wall") -> list[dict]:
+                   notes: dict, clock: str = "wall", threads: int = 1) -> list[dict]:
     """The rows of the decoder or the MLP in one dtype: the training step, then inference."""
     title, model, data, _, _ = WORKLOADS[workload]
     inputs, params = data(dtype)
@@ -680,7 +705,7 @@ def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per
     rows = []
     for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
         result = interleave(calls, rounds, per_round, warmup=2, clock=clock)
-        row = {"label": f"{title} {dtype}, {what}", "seconds": {k: v[0] for k, v in result.items()},
+        row = {"label": f"{title} {dtype}, {what}{thread_label(threads)}", "seconds": {k: v[0] for k, v in result.items()},
                "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
         rows.append(row)
         print(f"{row['label']}:")
@@ -707,59 +732,132 @@ def check_functional(workload: str, peers: list[str]) -> dict:
 # --- one convolution's kernels alone (--layers) ------------------------------------------
 
 
-def layer_models(c_in: int, side: int, c_out: int, k: int, pad: int) -> dict:
-    """sum(conv(X, K) * G) as three models: forward only, by K, by K and X."""
+def layer_models(c_in: int, side: int, c_out: int, k: int, pad: int, stride: int = 1) -> dict:
+    """sum(conv(X, K) * G) as two models: by K, and by K and X (forward() of the first: the forward alone)."""
     n = sp.Symbol("n", integer=True, positive=True)
     x = sbp.images("X", n, c_in, side, side)
     w = sbp.conv_weight("K", c_out, c_in, k)
-    y = nn.conv2d(x, w, padding=pad)
+    y = nn.conv2d(x, w, stride=stride, padding=pad)
     g = sp.MatrixSymbol("G", n, y.matrix.shape[1])
     loss = nn.sum_all(sp.HadamardProduct(y.matrix, g))
-    name = f"conv{c_in}x{side}to{c_out}k{k}p{pad}"
+    name = f"conv{c_in}x{side}to{c_out}k{k}p{pad}s{stride}"
     return {"by_k": sbp.Model(name + "_k", inputs=[x.matrix, g], params=[w], loss=loss),
             "by_kx": sbp.Model(name + "_kx", inputs=[x.matrix, g], params=[w], loss=loss, grad_inputs=[x.matrix])}
 
 
-def time_layers(dtype: str, rounds: int, per_round: int) -> None:
-    rng = np.random.default_rng(0)
-    side = SIDE
+def conv_layers(model: str) -> tuple[int, list[tuple[str, int, int, int, int, int, int]]]:
+    """(batch, [(name, in channels, input side, out channels, k, stride, padding)]) of a model's convolutions."""
+    if model == "resnet":
+        return RES_BATCH, resnet_convs()
+    side, out = SIDE, []
     for name, c_out, c_in, k, pad in LAYERS:
-        models = layer_models(c_in, side, c_out, k, pad)
-        out_side = side + 2 * pad - k + 1
-        arrays = {"X": rng.random((BATCH, c_in * side * side)).astype(dtype),
-                  "G": rng.standard_normal((BATCH, c_out * out_side ** 2)).astype(dtype),
+        out.append((name, c_in, side, c_out, k, 1, pad))
+        side = (side + 2 * pad - k + 1) // 2
+    return BATCH, out
+
+
+def gemm_seconds(m: int, k: int, n: int, dtype: str, repeat: int, clock: str) -> float:
+    """The fastest of `repeat` timings of an m x k by k x n product (numpy's BLAS)."""
+    rng = np.random.default_rng(1)
+    a, b = rng.random((m, k)).astype(dtype), rng.random((k, n)).astype(dtype)
+    out = np.empty((m, n), dtype=dtype)
+    now, best = CLOCKS[clock], float("inf")
+    for _ in range(repeat):
+        t0 = now()
+        np.matmul(a, b, out=out)
+        best = min(best, now() - t0)
+    return best
+
+
+def torch_conv(x, w, conv: tuple, wrt: tuple) -> None:
+    """sum(conv2d(x, w) * g) in PyTorch, its gradient by w ("w" in wrt) and x ("x" in wrt)."""
+    import torch
+
+    conv2d, stride, pad, g = conv
+    xs, ws = x.detach().requires_grad_("x" in wrt), w.detach().requires_grad_("w" in wrt)
+    if not wrt:
+        with torch.no_grad():
+            (conv2d(xs, ws, stride=stride, padding=pad) * g).sum()
+        return
+    (conv2d(xs, ws, stride=stride, padding=pad) * g).sum().backward()
+
+
+def kernels(result: dict, prefix: str, flops: int) -> str:
+    """The forward, weight-gradient and input-gradient times and GFLOP/s from the three calls' medians."""
+    fwd, wk, wkx = (result[prefix + label][0] for label in ("forward", "by_K", "by_K_X"))
+    return ", ".join(f"{what} {s * 1e3:.3f} ms {flops / s / 1e9:.1f} GFLOP/s" for what, s in
+                     (("forward", fwd), ("weight grad", wk - fwd), ("input grad", wkx - wk)))
+
+
+def time_layers(dtype: str, rounds: int, per_round: int, model: str = "lenet5", clock: str = "wall",
+                torch_too: bool = True) -> None:
+    """Each convolution's forward, weight gradient and input gradient: milliseconds and GFLOP/s
+    (2 * batch * C_out * output pixels * C_in*k*k per kernel), beside PyTorch's and the BLAS's own
+    gemm of the same sizes (C_out x C_in*k*k by C_in*k*k x pixels: per example, batch times,
+    and once over the whole batch's columns)."""
+    rng = np.random.default_rng(0)
+    batch, layers = conv_layers(model)
+    print(f"{model} {dtype}: gemm 512x512 by 512x512 "
+          f"{2 * 512 ** 3 / gemm_seconds(512, 512, 512, dtype, 10, clock) / 1e9:.1f} GFLOP/s", flush=True)
+    for name, c_in, side, c_out, k, stride, pad in layers:
+        models = layer_models(c_in, side, c_out, k, pad, stride)
+        out_side = (side + 2 * pad - k) // stride + 1
+        arrays = {"X": rng.random((batch, c_in * side * side)).astype(dtype),
+                  "G": rng.standard_normal((batch, c_out * out_side ** 2)).astype(dtype),
                   "K": rng.standard_normal((c_out, c_in * k * k)).astype(dtype)}
         by_k = sbp.compile(models["by_k"], dtype=dtype)
         by_kx = sbp.compile(models["by_kx"], dtype=dtype)
         calls = {"forward": by_k.prepare("forward", **arrays), "by_K": by_k.prepare("value_and_grad", **arrays),
                  "by_K_X": by_kx.prepare("value_and_grad", **arrays)}
-        result = interleave(calls, rounds, per_round)
-        fwd, wk, wkx = (result[label][0] for label in calls)
-        print(f"{name} {dtype} ({c_in}x{side}x{side} -> {c_out}, {k}x{k}, padding {pad}): forward {fwd * 1e3:.3f} ms, "
-              f"weight gradient {(wk - fwd) * 1e3:.3f} ms, input gradient {(wkx - wk) * 1e3:.3f} ms")
-        side = out_side // 2
+        if torch_too:
+            import torch
+            import torch.nn.functional as F
+
+            x = torch.from_numpy(arrays["X"]).reshape(batch, c_in, side, side)
+            g = torch.from_numpy(arrays["G"]).reshape(batch, c_out, out_side, out_side)
+            w = torch.from_numpy(arrays["K"]).reshape(c_out, c_in, k, k)
+
+            conv = (F.conv2d, stride, pad, g)
+            calls |= {"torch forward": lambda a=(x, w, conv): torch_conv(*a, ()),
+                      "torch by_K": lambda a=(x, w, conv): torch_conv(*a, ("w",)),
+                      "torch by_K_X": lambda a=(x, w, conv): torch_conv(*a, ("w", "x"))}
+        result = interleave(calls, rounds, per_round, clock=clock)
+        flops = 2 * batch * c_out * out_side ** 2 * c_in * k * k
+        pixels = out_side ** 2
+        per_example = gemm_seconds(c_out, c_in * k * k, pixels, dtype, 200, clock) * batch
+        whole = gemm_seconds(c_out, c_in * k * k, pixels * batch, dtype, 20, clock)
+
+        print(f"{name} {dtype} ({c_in}x{side}x{side} -> {c_out}, {k}x{k}, stride {stride}, padding {pad}; "
+              f"gemm {c_out}x{c_in * k * k}x{pixels}, {flops / 1e6:.1f} MFLOP):\n"
+              f"  symbackprop: {kernels(result, '', flops)}\n"
+              + (f"  PyTorch:     {kernels(result, 'torch ', flops)}\n" if torch_too else "")
+              + f"  gemm {c_out}x{c_in * k * k} by {c_in * k * k}x{pixels}, {batch} times: "
+              f"{flops / per_example / 1e9:.1f} GFLOP/s; by {c_in * k * k}x{pixels * batch} once: "
+              f"{flops / whole / 1e9:.1f} GFLOP/s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="lenet5,gpt,mlp", help="comma list of lenet5, gpt, mlp")
+    p.add_argument("--models", default="lenet5,gpt,mlp,resnet", help="comma list of lenet5, gpt, mlp, resnet")
     p.add_argument("--dtype", default="float32,float64")
     p.add_argument("--peers", default="symbackprop,torch_eager,torch_compile,jax_jit")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=10, help="calls of each peer per round")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall: elapsed time; cpu: the process's CPU time (on a shared, loaded machine)")
+    p.add_argument("--threads", type=int, default=1, help="CPUs pinned and threads of every peer")
     p.add_argument("--layers", action="store_true", help="time each convolution's kernels alone")
     p.add_argument("--note", action="append", default=[], help="a note shown under the saved table")
     p.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
     args = p.parse_args(argv)
-    pin_one_thread()
+    pin_threads(args.threads)
     dtypes = args.dtype.split(",")
+    peers, models = args.peers.split(","), args.models.split(",")
     if args.layers:
         for dtype in dtypes:
-            time_layers(dtype, args.rounds, args.calls)
+            for model in models:
+                time_layers(dtype, args.rounds, args.calls, model, args.clock, "torch_eager" in peers)
         return 0
-    peers, models = args.peers.split(","), args.models.split(",")
     if "jax_jit" in peers:
         import jax
 
@@ -776,7 +874,8 @@ def main(argv: list[str] | None = None) -> int:
                 if error > 1e-10:
                     print("they disagree: not timing", file=sys.stderr)
                     return 1
-            rows += [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls, args.clock)]
+            rows += [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls, args.clock,
+                                                                          args.threads)]
             continue
         errors = check_functional(name, peers)
         print(f"{name}: float64 loss and gradients of each peer against symbackprop's, largest relative error: "
@@ -785,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
             print("they disagree: not timing", file=sys.stderr)
             return 1
         rows += [row for dtype in dtypes for row in run_functional(name, dtype, peers, args.rounds, args.calls, notes,
-                                                                               args.clock)]
+                                                                               args.clock, args.threads)]
     if args.save:
         from benchmarks import tables
 
@@ -803,7 +902,8 @@ def main(argv: list[str] | None = None) -> int:
                 "LeNet-5 on 28x28 images, batch 64" if m == "lenet5" else WORKLOADS[m][0] for m in models),
             **tables.provenance(),
             "command": "python benchmarks/real_sizes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "conditions": "every peer in one process pinned to one CPU, one thread; "
+            "conditions": ("every peer in one process pinned to one CPU, one thread; " if args.threads == 1 else
+                           f"every peer in one process pinned to {args.threads} CPUs, {args.threads} threads; ")
                           + ("the process's CPU time (all its threads); " if args.clock == "cpu" else "")
                           + "rounds of calls of each "
                           "peer in turn; median of the round medians; the ratio is the median of the per-round "
