@@ -3,7 +3,7 @@
 (784-256-10, batch 128) and a ResNet basic-block stack (32x32 images,
 16-64 channels, batch 32): a training step and inference, symbackprop beside
 PyTorch eager, torch.compile and JAX (the decoder, the MLP and the ResNet),
-one thread (`--threads N`: N CPUs and threads).
+one thread (`--threads N`: N CPUs and threads, symbackprop built with OpenMP).
 
     python benchmarks/real_sizes.py                        # every model, float32 and float64, 15 rounds
     python benchmarks/real_sizes.py --models lenet5 --dtype float32 --rounds 9 --peers symbackprop,torch_eager
@@ -268,6 +268,12 @@ def pin_threads(threads: int = 1) -> None:
         pass
 
 
+def build_options(threads: int) -> sbp.BuildOptions | None:
+    """symbackprop's build for `threads` threads: OpenMP on where there are several (docs/performance.md,
+    Threads: the batch loops and a convolution's blocks of examples on OpenMP), the default otherwise."""
+    return sbp.BuildOptions(openmp=True) if threads > 1 else None
+
+
 def thread_label(threads: int) -> str:
     """The rows' suffix: nothing for one thread (the labels of the earlier results), else ", N threads"."""
     return "" if threads == 1 else f", {threads} threads"
@@ -278,7 +284,7 @@ def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: 
     """The rows of one dtype: the training step, then inference."""
     inputs, params = make_data(dtype)
     model = lenet5()
-    mod = sbp.compile(model, dtype=dtype, optimizer=sbp.Adam(lr=LR))
+    mod = sbp.compile(model, dtype=dtype, optimizer=sbp.Adam(lr=LR), options=build_options(threads))
     sbp_params = {k: v.copy() for k, v in params.items()}
     step_calls = {"symbackprop": lambda: mod.train_step(**inputs, **sbp_params)}
     infer_calls = {"symbackprop": lambda: mod.forward(**inputs, **params)}
@@ -682,7 +688,7 @@ def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per
     title, model, data, _, _ = WORKLOADS[workload]
     inputs, params = data(dtype)
     start = time.perf_counter()
-    mod = sbp.compile(model(), dtype=dtype, optimizer=sbp.Adam(lr=LR))
+    mod = sbp.compile(model(), dtype=dtype, optimizer=sbp.Adam(lr=LR), options=build_options(threads))
     sbp_params = {k: v.copy() for k, v in params.items()}
     mod.train_step(**inputs, **sbp_params)  # builds train_step now
     print(f"{title} {dtype}: symbackprop's compile and first step {time.perf_counter() - start:.1f} s")
