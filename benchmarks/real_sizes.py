@@ -1,12 +1,16 @@
 """Real sizes: LeNet-5 on 28x28 images at batch 64, a GPT-style decoder
-(4 blocks, d=256, 4 heads, sequence 128, batch 8) and the MNIST MLP
-(784-256-10, batch 128): a training step and inference, symbackprop beside
-PyTorch eager, torch.compile and JAX (the decoder and the MLP), one thread.
+(4 blocks, d=256, 4 heads, sequence 128, batch 8), the MNIST MLP
+(784-256-10, batch 128) and a ResNet basic-block stack (32x32 images,
+16-64 channels, batch 32): a training step and inference, symbackprop beside
+PyTorch eager, torch.compile and JAX (the decoder, the MLP and the ResNet),
+one thread (`--threads N`: N CPUs and threads, symbackprop built with OpenMP).
 
     python benchmarks/real_sizes.py                        # every model, float32 and float64, 15 rounds
     python benchmarks/real_sizes.py --models lenet5 --dtype float32 --rounds 9 --peers symbackprop,torch_eager
     python benchmarks/real_sizes.py --models gpt,mlp --clock cpu --rounds 5 --calls 3 --save NAME
     python benchmarks/real_sizes.py --layers               # each convolution's kernels alone
+    python benchmarks/real_sizes.py --layers --models resnet --clock cpu --rounds 5 --calls 5
+    python benchmarks/real_sizes.py --models resnet,lenet5 --threads 2 --clock cpu --rounds 5 --calls 3
     python benchmarks/real_sizes.py --save real-sizes-2026-12-06
 
 `--clock cpu` times the process's CPU time (every thread's) instead of
@@ -34,6 +38,17 @@ from the same parameters (LeNet-5), or every peer's float64 loss and
 gradients against symbackprop's (the decoder and the MLP, relative error
 at most 1e-10).
 
+The ResNet (resnet_convs, resnet_loss): a stem conv 3x3 3->16, then basic
+blocks (conv 3x3 - batch norm - relu - conv 3x3 - batch norm, plus the
+input, relu) at 16 channels on 32x32, 32 on 16x16 (stride 2) and 64 on
+8x8 (stride 2), the last two adding a 1x1 convolution of stride 2 and a
+batch norm of their input; global average pool, linear 64->10, softmax
+cross-entropy. Every convolution is followed by nn.batch_norm in training
+mode (the batch's statistics, the gradient through them), so inference is
+the same forward pass; no convolution has a bias. PyTorch's loss is
+torch.nn.functional's conv2d and batch_norm(training=True), JAX's
+lax.conv_general_dilated (NCHW, OIHW) with the batch norm written out.
+
 The decoder is examples/transformer_lm.py's pre-norm block at these sizes
 (symbackprop's nn.self_attention and nn.layer_norm; a 64-token vocabulary
 of random ids); its PyTorch loss is written with torch.nn.functional
@@ -47,7 +62,10 @@ and inference took are printed and saved in the table's note.
 by the images, the gradient by the weights) as small models of their own:
 forward() of sum(conv(X, K) * G), then value_and_grad by K (adds the
 weight gradient), then by X too (adds the input gradient); the
-differences are the kernels' times.
+differences are the kernels' times, printed with their GFLOP/s beside
+PyTorch's F.conv2d doing the same, and beside numpy's BLAS gemm of the
+same sizes (C_out x C_in*k*k by C_in*k*k x pixels, per example and once
+over the batch; run it with OPENBLAS_NUM_THREADS=1).
 """
 
 from __future__ import annotations
@@ -236,24 +254,37 @@ def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3, clock:
     return out
 
 
-def pin_one_thread() -> None:
-    """This process on its first CPU (JAX's thread pool included: it ignores thread flags), one thread each."""
+def pin_threads(threads: int = 1) -> None:
+    """This process on its first `threads` CPUs (JAX's thread pool included: it ignores thread flags,
+    and the affinity is what bounds it), `threads` threads for symbackprop and PyTorch."""
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sbp.set_num_threads(1)
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:threads]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    sbp.set_num_threads(threads)
     try:
         import torch
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
     except ImportError:
         pass
 
 
-def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: str = "wall") -> list[dict]:
+def build_options(threads: int) -> sbp.BuildOptions | None:
+    """symbackprop's build for `threads` threads: OpenMP on where there are several (docs/performance.md,
+    Threads: the batch loops and a convolution's blocks of examples on OpenMP), the default otherwise."""
+    return sbp.BuildOptions(openmp=True) if threads > 1 else None
+
+
+def thread_label(threads: int) -> str:
+    """The rows' suffix: nothing for one thread (the labels of the earlier results), else ", N threads"."""
+    return "" if threads == 1 else f", {threads} threads"
+
+
+def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: str = "wall",
+              threads: int = 1) -> list[dict]:
     """The rows of one dtype: the training step, then inference."""
     inputs, params = make_data(dtype)
     model = lenet5()
-    mod = sbp.compile(model, dtype=dtype, optimizer=sbp.Adam(lr=LR))
+    mod = sbp.compile(model, dtype=dtype, optimizer=sbp.Adam(lr=LR), options=build_options(threads))
     sbp_params = {k: v.copy() for k, v in params.items()}
     step_calls = {"symbackprop": lambda: mod.train_step(**inputs, **sbp_params)}
     infer_calls = {"symbackprop": lambda: mod.forward(**inputs, **params)}
@@ -265,7 +296,7 @@ def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: 
     rows = []
     for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
         result = interleave(calls, rounds, per_round, clock=clock)
-        row = {"label": f"LeNet-5 {dtype}, {what}", "seconds": {k: v[0] for k, v in result.items()},
+        row = {"label": f"LeNet-5 {dtype}, {what}{thread_label(threads)}", "seconds": {k: v[0] for k, v in result.items()},
                "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
         rows.append(row)
         print(f"{row['label']}:")
@@ -436,10 +467,131 @@ def mlp_loss(F, lib: str):
     return loss
 
 
+# --- the ResNet basic-block stack ------------------------------------------------------
+
+RES_BATCH, RES_SIDE, RES_IN = 32, 32, 3
+# (name, in channels, out channels, stride) of each basic block: conv3x3 (stride) - batch norm - relu -
+# conv3x3 - batch norm, plus the input (a 1x1 convolution of that stride and a batch norm where the
+# channels or the size change), then relu
+RES_BLOCKS = (("r1", 16, 16, 1), ("r2", 16, 32, 2), ("r3", 32, 64, 2))
+RES_STEM = 16
+
+
+def resnet_convs() -> list[tuple[str, int, int, int, int, int, int]]:
+    """(name, in channels, input side, out channels, k, stride, padding) of every convolution, in order;
+    each is followed by a batch norm g<name>, b<name>."""
+    convs = [("K0", RES_IN, RES_SIDE, RES_STEM, 3, 1, 1)]
+    side = RES_SIDE
+    for name, inp, out, stride in RES_BLOCKS:
+        convs.append((f"K{name}a", inp, side, out, 3, stride, 1))
+        convs.append((f"K{name}b", out, side // stride, out, 3, 1, 1))
+        if stride != 1 or inp != out:
+            convs.append((f"K{name}p", inp, side, out, 1, stride, 0))
+        side //= stride
+    return convs
+
+
+def resnet_shapes() -> list[tuple[str, tuple[int, int]]]:
+    """(name, shape) of the ResNet's parameters: each convolution's weights (no bias: a batch norm
+    follows), its batch norm's scale g and shift b (1 x C), the classifier's W (64 x 10) and c."""
+    out = []
+    for name, inp, _, oc, k, _, _ in resnet_convs():
+        out += [(name, (oc, inp * k * k)), ("g" + name[1:], (1, oc)), ("b" + name[1:], (1, oc))]
+    return [*out, ("W", (RES_BLOCKS[-1][2], CLASSES)), ("c", (1, CLASSES))]
+
+
+def resnet() -> sbp.Model:
+    """3 x 32 x 32 -> conv 3x3 (16) - batch norm - relu -> basic block 16 -> basic block 32 (stride 2,
+    1x1 projection) -> basic block 64 (stride 2, 1x1 projection) -> global average pool (64 x 8 x 8 -> 64)
+    -> linear(10) -> softmax cross-entropy. Batch norm in training mode (the batch's statistics)."""
+    n = sp.Symbol("n", integer=True, positive=True)
+    x = sbp.images("X", n, RES_IN, RES_SIDE, RES_SIDE)
+    t = sp.MatrixSymbol("T", n, CLASSES)
+    p = {name: sp.MatrixSymbol(name, *shape) for name, shape in resnet_shapes()}
+    geometry = {name: (stride, pad) for name, _, _, _, _, stride, pad in resnet_convs()}
+
+    def conv_bn(h, name):
+        stride, pad = geometry[name]
+        y = nn.conv2d(h, p[name], stride=stride, padding=pad)
+        return nn.batch_norm(y, p["g" + name[1:]], p["b" + name[1:]])
+
+    h = conv_bn(x, "K0").map(nn.relu)
+    for name, _, _, _ in RES_BLOCKS:
+        y = conv_bn(conv_bn(h, f"K{name}a").map(nn.relu), f"K{name}b")
+        skip = conv_bn(h, f"K{name}p") if f"K{name}p" in geometry else h
+        h = sbp.Images(y.matrix + skip.matrix, y.channels, y.height, y.width).map(nn.relu)
+    z = nn.linear(nn.flatten(nn.avg_pool2d(h, h.height)), p["W"], p["c"])
+    return sbp.Model("resnet_blocks", inputs=[x.matrix, t], params=list(p.values()),
+                     loss=nn.softmax_cross_entropy(z, t), outputs={"logits": z})
+
+
+def resnet_data(dtype: str, seed: int = 0) -> tuple[dict, dict]:
+    """Pixels U(0, 1), one-hot labels, PyTorch's default initialization of the convolutions and the
+    linear layer; batch-norm scales near 1 and shifts near 0 (so that their gradients are checked)."""
+    rng = np.random.default_rng(seed)
+    inputs = {"X": rng.random((RES_BATCH, RES_IN * RES_SIDE * RES_SIDE)),
+              "T": np.eye(CLASSES)[rng.integers(0, CLASSES, size=RES_BATCH)]}
+    params = {}
+    for name, shape in resnet_shapes():
+        if name[0] in "gb":
+            params[name] = (name[0] == "g") + 0.1 * rng.standard_normal(shape)
+        else:
+            fan_in = RES_BLOCKS[-1][2] if name == "c" else shape[0] if name == "W" else shape[1]
+            params[name] = rng.uniform(-1, 1, size=shape) / np.sqrt(fan_in)
+    cast = lambda d: {k: np.ascontiguousarray(v, dtype=dtype) for k, v in d.items()}  # noqa: E731
+    return cast(inputs), cast(params)
+
+
+def resnet_loss(F, lib: str):
+    """The ResNet's loss(params, X, T) -> (loss, logits), written apart from symbackprop's with
+    torch.nn.functional (conv2d, batch_norm in training mode) or jax.lax.conv_general_dilated."""
+    convs = {name: (inp, oc, k, stride, pad) for name, inp, _, oc, k, stride, pad in resnet_convs()}
+    if lib == "torch":
+        def conv_bn(h, w, name):
+            inp, oc, k, stride, pad = convs[name]
+            y = F.conv2d(h, w[name].reshape(oc, inp, k, k), stride=stride, padding=pad)
+            return F.batch_norm(y, None, None, w["g" + name[1:]][0], w["b" + name[1:]][0], training=True, eps=1e-5)
+
+        def cross_entropy(z, t):
+            return F.cross_entropy(z, t.argmax(dim=1))
+
+        relu = F.relu
+    else:
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+
+        def conv_bn(h, w, name):
+            inp, oc, k, stride, pad = convs[name]
+            y = lax.conv_general_dilated(h, w[name].reshape(oc, inp, k, k), (stride, stride),
+                                         [(pad, pad), (pad, pad)], dimension_numbers=("NCHW", "OIHW", "NCHW"))
+            mean = y.mean(axis=(0, 2, 3), keepdims=True)
+            var = ((y - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+            g, b = (w[c + name[1:]].reshape(1, oc, 1, 1) for c in "gb")
+            return (y - mean) / jnp.sqrt(var + 1e-5) * g + b
+
+        def cross_entropy(z, t):
+            return (jax.nn.logsumexp(z, axis=1) - (z * t).sum(axis=1)).mean()
+
+        relu = jax.nn.relu
+
+    def loss(w, x, t):
+        h = relu(conv_bn(x.reshape(-1, RES_IN, RES_SIDE, RES_SIDE), w, "K0"))
+        for name, _, _, _ in RES_BLOCKS:
+            y = conv_bn(relu(conv_bn(h, w, f"K{name}a")), w, f"K{name}b")
+            h = relu(y + (conv_bn(h, w, f"K{name}p") if f"K{name}p" in convs else h))
+        z = h.mean(axis=(2, 3)) @ w["W"] + w["c"]
+        return cross_entropy(z, t), z
+
+    return loss
+
+
 WORKLOADS = {  # name: (title, model, data, the peers' loss, the inputs' order)
     "gpt": (f"GPT-style decoder ({GPT_BLOCKS} blocks, d={GPT_D}, {GPT_HEADS} heads, sequence {GPT_LEN}, "
             f"batch {GPT_BATCH})", gpt, gpt_data, gpt_loss, ("ids", "positions", "targets")),
     "mlp": (f"MNIST MLP (784-256-10 tanh, batch {MLP_BATCH})", mlp, mlp_data, mlp_loss, ("X", "T")),
+    "resnet": (f"ResNet basic blocks (16-32-64 channels, batch norm, 32x32 images, batch {RES_BATCH})", resnet,
+               resnet_data, resnet_loss, ("X", "T")),
 }
 
 
@@ -531,12 +683,12 @@ def check_peer(mod64, inputs: dict, params: dict, grads) -> float:
 
 
 def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per_round: int,
-                   notes: dict, clock: str = "wall") -> list[dict]:
+                   notes: dict, clock: str = "wall", threads: int = 1) -> list[dict]:
     """The rows of the decoder or the MLP in one dtype: the training step, then inference."""
     title, model, data, _, _ = WORKLOADS[workload]
     inputs, params = data(dtype)
     start = time.perf_counter()
-    mod = sbp.compile(model(), dtype=dtype, optimizer=sbp.Adam(lr=LR))
+    mod = sbp.compile(model(), dtype=dtype, optimizer=sbp.Adam(lr=LR), options=build_options(threads))
     sbp_params = {k: v.copy() for k, v in params.items()}
     mod.train_step(**inputs, **sbp_params)  # builds train_step now
     print(f"{title} {dtype}: symbackprop's compile and first step {time.perf_counter() - start:.1f} s")
@@ -559,7 +711,7 @@ def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per
     rows = []
     for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
         result = interleave(calls, rounds, per_round, warmup=2, clock=clock)
-        row = {"label": f"{title} {dtype}, {what}", "seconds": {k: v[0] for k, v in result.items()},
+        row = {"label": f"{title} {dtype}, {what}{thread_label(threads)}", "seconds": {k: v[0] for k, v in result.items()},
                "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
         rows.append(row)
         print(f"{row['label']}:")
@@ -586,59 +738,132 @@ def check_functional(workload: str, peers: list[str]) -> dict:
 # --- one convolution's kernels alone (--layers) ------------------------------------------
 
 
-def layer_models(c_in: int, side: int, c_out: int, k: int, pad: int) -> dict:
-    """sum(conv(X, K) * G) as three models: forward only, by K, by K and X."""
+def layer_models(c_in: int, side: int, c_out: int, k: int, pad: int, stride: int = 1) -> dict:
+    """sum(conv(X, K) * G) as two models: by K, and by K and X (forward() of the first: the forward alone)."""
     n = sp.Symbol("n", integer=True, positive=True)
     x = sbp.images("X", n, c_in, side, side)
     w = sbp.conv_weight("K", c_out, c_in, k)
-    y = nn.conv2d(x, w, padding=pad)
+    y = nn.conv2d(x, w, stride=stride, padding=pad)
     g = sp.MatrixSymbol("G", n, y.matrix.shape[1])
     loss = nn.sum_all(sp.HadamardProduct(y.matrix, g))
-    name = f"conv{c_in}x{side}to{c_out}k{k}p{pad}"
+    name = f"conv{c_in}x{side}to{c_out}k{k}p{pad}s{stride}"
     return {"by_k": sbp.Model(name + "_k", inputs=[x.matrix, g], params=[w], loss=loss),
             "by_kx": sbp.Model(name + "_kx", inputs=[x.matrix, g], params=[w], loss=loss, grad_inputs=[x.matrix])}
 
 
-def time_layers(dtype: str, rounds: int, per_round: int) -> None:
-    rng = np.random.default_rng(0)
-    side = SIDE
+def conv_layers(model: str) -> tuple[int, list[tuple[str, int, int, int, int, int, int]]]:
+    """(batch, [(name, in channels, input side, out channels, k, stride, padding)]) of a model's convolutions."""
+    if model == "resnet":
+        return RES_BATCH, resnet_convs()
+    side, out = SIDE, []
     for name, c_out, c_in, k, pad in LAYERS:
-        models = layer_models(c_in, side, c_out, k, pad)
-        out_side = side + 2 * pad - k + 1
-        arrays = {"X": rng.random((BATCH, c_in * side * side)).astype(dtype),
-                  "G": rng.standard_normal((BATCH, c_out * out_side ** 2)).astype(dtype),
+        out.append((name, c_in, side, c_out, k, 1, pad))
+        side = (side + 2 * pad - k + 1) // 2
+    return BATCH, out
+
+
+def gemm_seconds(m: int, k: int, n: int, dtype: str, repeat: int, clock: str) -> float:
+    """The fastest of `repeat` timings of an m x k by k x n product (numpy's BLAS)."""
+    rng = np.random.default_rng(1)
+    a, b = rng.random((m, k)).astype(dtype), rng.random((k, n)).astype(dtype)
+    out = np.empty((m, n), dtype=dtype)
+    now, best = CLOCKS[clock], float("inf")
+    for _ in range(repeat):
+        t0 = now()
+        np.matmul(a, b, out=out)
+        best = min(best, now() - t0)
+    return best
+
+
+def torch_conv(x, w, conv: tuple, wrt: tuple) -> None:
+    """sum(conv2d(x, w) * g) in PyTorch, its gradient by w ("w" in wrt) and x ("x" in wrt)."""
+    import torch
+
+    conv2d, stride, pad, g = conv
+    xs, ws = x.detach().requires_grad_("x" in wrt), w.detach().requires_grad_("w" in wrt)
+    if not wrt:
+        with torch.no_grad():
+            (conv2d(xs, ws, stride=stride, padding=pad) * g).sum()
+        return
+    (conv2d(xs, ws, stride=stride, padding=pad) * g).sum().backward()
+
+
+def kernels(result: dict, prefix: str, flops: int) -> str:
+    """The forward, weight-gradient and input-gradient times and GFLOP/s from the three calls' medians."""
+    fwd, wk, wkx = (result[prefix + label][0] for label in ("forward", "by_K", "by_K_X"))
+    return ", ".join(f"{what} {s * 1e3:.3f} ms {flops / s / 1e9:.1f} GFLOP/s" for what, s in
+                     (("forward", fwd), ("weight grad", wk - fwd), ("input grad", wkx - wk)))
+
+
+def time_layers(dtype: str, rounds: int, per_round: int, model: str = "lenet5", clock: str = "wall",
+                torch_too: bool = True) -> None:
+    """Each convolution's forward, weight gradient and input gradient: milliseconds and GFLOP/s
+    (2 * batch * C_out * output pixels * C_in*k*k per kernel), beside PyTorch's and the BLAS's own
+    gemm of the same sizes (C_out x C_in*k*k by C_in*k*k x pixels: per example, batch times,
+    and once over the whole batch's columns)."""
+    rng = np.random.default_rng(0)
+    batch, layers = conv_layers(model)
+    print(f"{model} {dtype}: gemm 512x512 by 512x512 "
+          f"{2 * 512 ** 3 / gemm_seconds(512, 512, 512, dtype, 10, clock) / 1e9:.1f} GFLOP/s", flush=True)
+    for name, c_in, side, c_out, k, stride, pad in layers:
+        models = layer_models(c_in, side, c_out, k, pad, stride)
+        out_side = (side + 2 * pad - k) // stride + 1
+        arrays = {"X": rng.random((batch, c_in * side * side)).astype(dtype),
+                  "G": rng.standard_normal((batch, c_out * out_side ** 2)).astype(dtype),
                   "K": rng.standard_normal((c_out, c_in * k * k)).astype(dtype)}
         by_k = sbp.compile(models["by_k"], dtype=dtype)
         by_kx = sbp.compile(models["by_kx"], dtype=dtype)
         calls = {"forward": by_k.prepare("forward", **arrays), "by_K": by_k.prepare("value_and_grad", **arrays),
                  "by_K_X": by_kx.prepare("value_and_grad", **arrays)}
-        result = interleave(calls, rounds, per_round)
-        fwd, wk, wkx = (result[label][0] for label in calls)
-        print(f"{name} {dtype} ({c_in}x{side}x{side} -> {c_out}, {k}x{k}, padding {pad}): forward {fwd * 1e3:.3f} ms, "
-              f"weight gradient {(wk - fwd) * 1e3:.3f} ms, input gradient {(wkx - wk) * 1e3:.3f} ms")
-        side = out_side // 2
+        if torch_too:
+            import torch
+            import torch.nn.functional as F
+
+            x = torch.from_numpy(arrays["X"]).reshape(batch, c_in, side, side)
+            g = torch.from_numpy(arrays["G"]).reshape(batch, c_out, out_side, out_side)
+            w = torch.from_numpy(arrays["K"]).reshape(c_out, c_in, k, k)
+
+            conv = (F.conv2d, stride, pad, g)
+            calls |= {"torch forward": lambda a=(x, w, conv): torch_conv(*a, ()),
+                      "torch by_K": lambda a=(x, w, conv): torch_conv(*a, ("w",)),
+                      "torch by_K_X": lambda a=(x, w, conv): torch_conv(*a, ("w", "x"))}
+        result = interleave(calls, rounds, per_round, clock=clock)
+        flops = 2 * batch * c_out * out_side ** 2 * c_in * k * k
+        pixels = out_side ** 2
+        per_example = gemm_seconds(c_out, c_in * k * k, pixels, dtype, 200, clock) * batch
+        whole = gemm_seconds(c_out, c_in * k * k, pixels * batch, dtype, 20, clock)
+
+        print(f"{name} {dtype} ({c_in}x{side}x{side} -> {c_out}, {k}x{k}, stride {stride}, padding {pad}; "
+              f"gemm {c_out}x{c_in * k * k}x{pixels}, {flops / 1e6:.1f} MFLOP):\n"
+              f"  symbackprop: {kernels(result, '', flops)}\n"
+              + (f"  PyTorch:     {kernels(result, 'torch ', flops)}\n" if torch_too else "")
+              + f"  gemm {c_out}x{c_in * k * k} by {c_in * k * k}x{pixels}, {batch} times: "
+              f"{flops / per_example / 1e9:.1f} GFLOP/s; by {c_in * k * k}x{pixels * batch} once: "
+              f"{flops / whole / 1e9:.1f} GFLOP/s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="lenet5,gpt,mlp", help="comma list of lenet5, gpt, mlp")
+    p.add_argument("--models", default="lenet5,gpt,mlp,resnet", help="comma list of lenet5, gpt, mlp, resnet")
     p.add_argument("--dtype", default="float32,float64")
     p.add_argument("--peers", default="symbackprop,torch_eager,torch_compile,jax_jit")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=10, help="calls of each peer per round")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall: elapsed time; cpu: the process's CPU time (on a shared, loaded machine)")
+    p.add_argument("--threads", type=int, default=1, help="CPUs pinned and threads of every peer")
     p.add_argument("--layers", action="store_true", help="time each convolution's kernels alone")
     p.add_argument("--note", action="append", default=[], help="a note shown under the saved table")
     p.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
     args = p.parse_args(argv)
-    pin_one_thread()
+    pin_threads(args.threads)
     dtypes = args.dtype.split(",")
+    peers, models = args.peers.split(","), args.models.split(",")
     if args.layers:
         for dtype in dtypes:
-            time_layers(dtype, args.rounds, args.calls)
+            for model in models:
+                time_layers(dtype, args.rounds, args.calls, model, args.clock, "torch_eager" in peers)
         return 0
-    peers, models = args.peers.split(","), args.models.split(",")
     if "jax_jit" in peers:
         import jax
 
@@ -655,7 +880,8 @@ def main(argv: list[str] | None = None) -> int:
                 if error > 1e-10:
                     print("they disagree: not timing", file=sys.stderr)
                     return 1
-            rows += [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls, args.clock)]
+            rows += [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls, args.clock,
+                                                                          args.threads)]
             continue
         errors = check_functional(name, peers)
         print(f"{name}: float64 loss and gradients of each peer against symbackprop's, largest relative error: "
@@ -664,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
             print("they disagree: not timing", file=sys.stderr)
             return 1
         rows += [row for dtype in dtypes for row in run_functional(name, dtype, peers, args.rounds, args.calls, notes,
-                                                                               args.clock)]
+                                                                               args.clock, args.threads)]
     if args.save:
         from benchmarks import tables
 
@@ -682,7 +908,8 @@ def main(argv: list[str] | None = None) -> int:
                 "LeNet-5 on 28x28 images, batch 64" if m == "lenet5" else WORKLOADS[m][0] for m in models),
             **tables.provenance(),
             "command": "python benchmarks/real_sizes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "conditions": "every peer in one process pinned to one CPU, one thread; "
+            "conditions": ("every peer in one process pinned to one CPU, one thread; " if args.threads == 1 else
+                           f"every peer in one process pinned to {args.threads} CPUs, {args.threads} threads; ")
                           + ("the process's CPU time (all its threads); " if args.clock == "cpu" else "")
                           + "rounds of calls of each "
                           "peer in turn; median of the round medians; the ratio is the median of the per-round "
