@@ -31,7 +31,7 @@ from symbackprop.deep import run_deep
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.diff.hessian import hessian_vector
 from symbackprop.emit.cfunction import emit_function, emit_wrapper
-from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
+from symbackprop.emit.cnames import CNamer, abi_names, comment_text, function_base, real_macro, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, render
 from symbackprop.emit.cunits import split_units
 from symbackprop.emit.derivation import plan_derivation, render_derivation
@@ -154,7 +154,7 @@ class _Planner:
             grads = self._grads([(node, seed)])
             names = [self.naming.claim(f"grad_{n}") for n, _ in self.targets]
             returns = tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
-            function_name = self.naming.claim(f"vjp_{sanitize(out_name)}")
+            function_name = self.naming.claim(function_base(f"vjp_{out_name}"))  # the C name as it stands
             fn = self._schedule("vjp", list(zip(names, grads)), function_name)
             plans.append(FunctionPlan("vjp", fn, ((seed_arg, seed),), returns, out_name))
         return plans
@@ -331,7 +331,8 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
     lowered = the_plan.lowered
     prefix = sanitize(model.name).lower()
     real = replace(REAL_TYPES[dtype], c=real_macro(prefix))  # its text names the type by a macro
-    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, functions)  # helpers (ops.functions), ABI
+    named = [*functions, *(fn.function_name for fn in the_plan.functions)]  # the kinds and each vjp_<output>
+    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, named)  # helpers (ops.functions), ABI
     namer = CNamer(reserved | (reserved_names(prefix) if "train_step" in functions else frozenset()))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]
