@@ -29,6 +29,7 @@ ModelError's text, and how soon it came) or "timeout".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -93,10 +94,8 @@ def child(case: str, size: int, cache: str) -> None:
             text = record.getMessage()
             for name in ("lower", "differentiate", "emit", "C compile"):
                 if text.startswith(name + " ") and ": " in text:
-                    try:
+                    with contextlib.suppress(ValueError):
                         stages[name] = stages.get(name, 0.0) + float(text.split(": ", 1)[1].split(" s", 1)[0])
-                    except ValueError:
-                        pass
 
     logger = logging.getLogger("symbackprop")
     logger.setLevel(logging.INFO)

@@ -15,7 +15,6 @@ import functools
 from collections.abc import Callable, Container, Iterator, Sequence
 
 import sympy as sp
-from sympy.core.function import FunctionClass
 from sympy.core.relational import Relational
 from sympy.functions.elementary.piecewise import ExprCondPair
 from sympy.logic.boolalg import BooleanFunction
@@ -58,19 +57,8 @@ def rebuild(expr: sp.Basic, args: list) -> sp.Basic:
 
 def built(func: Callable, args: Sequence[sp.Basic]) -> sp.Basic:
     """func(*args): a product or sum by product or total (SymPy's, without
-    its flatten where that has nothing to combine); an applied function
-    (tanh, exp, ...) whose arguments hold no number to fold as it stands,
-    unevaluated (as shared_xreplace: tanh's evaluation asks whether its
-    argument is finite, which walks the whole argument; a chain of tanh
-    renamed by CSE spent a third of its compile there)."""
-    if func is sp.Mul:
-        return product(args)
-    if func is sp.Add:
-        return total(args)
-    if isinstance(func, FunctionClass) and not issubclass(func, sp.Piecewise) and not any(
-            isinstance(a, sp.Number) for a in args):
-        return func(*args, evaluate=False)
-    return func(*args)
+    its flatten where that has nothing to combine)."""
+    return product(args) if func is sp.Mul else total(args) if func is sp.Add else func(*args)
 
 
 def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:

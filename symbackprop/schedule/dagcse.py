@@ -249,6 +249,10 @@ def _rebuilt(node: sp.Basic, args: list[sp.Basic]) -> sp.Basic:
         return node
     if (node.is_Add or node.is_Mul) and all(n.is_Symbol for n in changed):
         return node.func._from_args(args, node.is_commutative)
+    if isinstance(node, sp.Function) and not isinstance(node, sp.Piecewise) and all(n.is_Symbol for n in changed):
+        # as it stands: tanh's evaluation asks whether its argument is finite, which walks
+        # the whole argument (a chain of tanh renamed here: a third of its compile)
+        return node.func(*args, evaluate=False)
     return rebuild(node, args)
 
 
