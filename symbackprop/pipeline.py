@@ -26,7 +26,7 @@ from dataclasses import replace
 import sympy as sp
 
 from symbackprop._version import __version__
-from symbackprop.base.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
+from symbackprop.base.cnames import CNamer, abi_names, comment_text, function_base, real_macro, sanitize
 from symbackprop.base.functions import HELPER_C_NAMES
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.deep import run_deep
@@ -55,12 +55,21 @@ from symbackprop.schedule.scheduler import FunctionSchedule, schedule
 KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp", "train_step")
 
 # The most distinct SymPy subexpressions a model's loss and outputs may hold
-# (matrix expressions count one each, however large their matrices). A long
-# unrolled scalar chain compiles in about 4 ms a subexpression (1,000 tanh
-# links, 3,000 subexpressions: 11 s; 2,000: 26 s on a shared 2-vCPU VM):
-# past this one it would take a quarter of an hour or more, so plan refuses
-# it at once, naming the count (count_operations).
-MAX_OPERATIONS = 200_000
+# (matrix expressions count one each, however large their matrices). The
+# Python stages are linear in them (a chain of tanh links, 3 a link: 1,000
+# in 2.2 s, 4,000 in 8.7 s), but the C of an unrolled chain is about 380
+# characters a subexpression and GCC -O3 takes 10-40 us a character: 10,000
+# took 185 s in all on a shared 2-vCPU VM (160 s of it GCC). Past this limit
+# a compile would take a quarter of an hour or more, so plan refuses it at
+# once, naming the count (count_operations). An unrolled 1,000-step GRU
+# (tests/compiled/test_depth.py) holds 37,024.
+MAX_OPERATIONS = 40_000
+# The most inputs and params (leaves) a model may have: each is an argument
+# of every C function and of its cffi wrapper, and 1,000 scalar parameters
+# (2,000 leaves with their inputs) took 56 s to compile, 41 s of it GCC;
+# 10,000 did not finish in 10 minutes. A 1,000-layer stack of linear layers
+# has 2,001.
+MAX_LEAVES = 4096
 
 SHARED_SUMMARY = ("The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: "
                   "forward and value_and_grad call it.")
@@ -154,7 +163,7 @@ class _Planner:
             grads = self._grads([(node, seed)])
             names = [self.naming.claim(f"grad_{n}") for n, _ in self.targets]
             returns = tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
-            function_name = self.naming.claim(f"vjp_{sanitize(out_name)}")
+            function_name = self.naming.claim(function_base(f"vjp_{out_name}"))  # the C name as it stands
             fn = self._schedule("vjp", list(zip(names, grads)), function_name)
             plans.append(FunctionPlan("vjp", fn, ((seed_arg, seed),), returns, out_name))
         return plans
@@ -286,6 +295,11 @@ def _plan(model: Model, functions: Sequence[str], wrt: Sequence[str] | None, opt
                          f"{count} before stopping), over the limit of {MAX_OPERATIONS} it compiles in reasonable "
                          "time (symbackprop.pipeline.MAX_OPERATIONS): write repeated work as matrix operations, "
                          "sbp.map_examples or sbp.scan instead of unrolled scalars")
+    leaves = len(model.inputs) + len(model.params)
+    if leaves > MAX_LEAVES:
+        raise ModelError(f"the model {model.name!r} has {leaves} inputs and params, over the limit of {MAX_LEAVES} it "
+                         "compiles in reasonable time (symbackprop.pipeline.MAX_LEAVES: each is an argument of every C "
+                         "function): gather scalars into matrices (one sp.MatrixSymbol of many entries is one leaf)")
     planner = _Planner(model, wrt)
     with stage("differentiate", model.name) as logged:  # and schedule: fuse, CSE, buffers
         together = "forward" in functions and "value_and_grad" in functions and _sharable(planner.lowered)
@@ -331,7 +345,8 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
     lowered = the_plan.lowered
     prefix = sanitize(model.name).lower()
     real = replace(REAL_TYPES[dtype], c=real_macro(prefix))  # its text names the type by a macro
-    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, functions)  # helpers (ops.functions), ABI
+    named = [*functions, *(fn.function_name for fn in the_plan.functions)]  # the kinds and each vjp_<output>
+    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, named)  # helpers (ops.functions), ABI
     namer = CNamer(reserved | (reserved_names(prefix) if "train_step" in functions else frozenset()))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]

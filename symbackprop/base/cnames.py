@@ -116,6 +116,21 @@ DESCRIBE_FUNCTION = ("n_dims", "name_dim", "n_in", "n_out", "name_in", "name_out
                      "call", "call_work_len")
 
 
+# Suffixes of the names a function's C name derives (its work_len, its
+# self-description); the packed entries add "__packed", which no sanitized
+# name holds.
+DERIVED = (*DESCRIBE_FUNCTION, "work_len")
+
+
+def function_base(name: str) -> str:
+    """A function's C name (without the module prefix) for `name`: sanitized,
+    and never ending as a name another function derives (_call, _work_len,
+    _shape_in, ...): the vjp of an output "o_call" beside that of "o" would
+    define o's nm_vjp_o_call twice. Such a name gets "_fn"."""
+    base = sanitize(name)
+    return base + "_fn" if any(base.endswith("_" + suffix) for suffix in DERIVED) else base
+
+
 def describing(function: str) -> dict[str, str]:
     """The C names of a function's self-describing functions, by what they say."""
     return {what: f"{function}_{what}" for what in DESCRIBE_FUNCTION}
@@ -126,7 +141,7 @@ def abi_names(prefix: str, kinds: Iterable[str]) -> frozenset[str]:
     functions themselves: reserved, so that no user name shadows one."""
     names = {f"{prefix}_{what}" for what in DESCRIBE_MODULE}
     for kind in kinds:
-        names |= {f"{prefix}_{kind}_work_len", *describing(f"{prefix}_{kind}").values()}
+        names |= {f"{prefix}_{kind}", f"{prefix}_{kind}_work_len", *describing(f"{prefix}_{kind}").values()}
     return frozenset(names)
 
 

@@ -196,6 +196,22 @@ FUNCTIONS: tuple[ScalarFunction, ...] = (
 
 _BY_CLASS: dict[type, ScalarFunction] = {f.sympy_class: f for f in FUNCTIONS}
 
+# Derivatives that are not SymPy's fdiff, by SymPy class: PyTorch's
+# formula where SymPy's has a narrower domain, so that outside the
+# function's domain (a NaN value) the gradient is PyTorch's too. acosh:
+# SymPy's 1/(sqrt(x - 1) sqrt(x + 1)) is NaN for x <= -1 where torch's
+# 1/sqrt(x^2 - 1) is finite (inf at -1); both are the same number for x > 1.
+DERIVATIVES: dict[type, Callable[[sp.Expr], sp.Expr]] = {
+    sp.acosh: lambda x: 1 / sp.sqrt(x**2 - 1),
+}
+
+
+def derivative(function: sp.Function, index: int) -> sp.Expr | None:
+    """The derivative of an application by its argument `index` (from 1)
+    where DERIVATIVES has its own, else None (SymPy's fdiff is the rule)."""
+    rule = DERIVATIVES.get(type(function))
+    return None if rule is None or index != 1 else rule(function.args[0])
+
 
 def scalar_function(cls: type) -> ScalarFunction | None:
     """The record of a SymPy function class, None for plain libm ones."""
@@ -224,11 +240,13 @@ def helpers_called(texts: Iterable[str]) -> tuple[CHelper, ...]:
 
 
 __all__ = [
+    "DERIVATIVES",
     "FUNCTIONS",
     "HELPERS",
     "HELPER_C_NAMES",
     "CHelper",
     "ScalarFunction",
+    "derivative",
     "helpers_called",
     "libm",
     "numpy_namespace",

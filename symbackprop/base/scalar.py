@@ -26,6 +26,7 @@ from sympy.core.function import ArgumentIndexError
 from sympy.functions.elementary.piecewise import ExprCondPair
 
 from symbackprop.base.exprdag import post_order, walk_args
+from symbackprop.base.functions import derivative as own_derivative
 
 Let = Callable[[sp.Expr], sp.Expr]
 
@@ -156,7 +157,11 @@ def _diff_whole(sub: sp.Basic, symbols: list[sp.Symbol]) -> list[tuple[sp.Basic,
 
 def _fdiff(function: sp.Function, index: int) -> sp.Expr:
     """As Function._eval_derivative: the function's own rule, else SymPy's
-    unevaluated form (which the callers refuse)."""
+    unevaluated form (which the callers refuse); a rule of
+    ops.functions.DERIVATIVES first (PyTorch's formula beyond the domain)."""
+    own = own_derivative(function, index)
+    if own is not None:
+        return own
     try:
         return function.fdiff(index)
     except ArgumentIndexError:

@@ -60,12 +60,12 @@ def emit_function(
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     checks = entry_checks(schedule, emitter)
     divides = whole_steps(schedule, emitter)
-    size_check = _size_check(schedule, emitter, [*inputs, *outputs], f"{prefix}_{sanitize(schedule.name)}")
+    size_check = _size_check(schedule, emitter, [*inputs, *outputs], f"{prefix}_{schedule.name}")
     work_size = emitter.dim(schedule.work_size)
     if shared:  # its work_len takes the flag too: a forward-only call needs less
         work_size = f"with_grads ? {work_size} : {emitter.dim(schedule.head_work_size)}"
     return CFunction(
-        name=shared or f"{prefix}_{sanitize(schedule.name)}",
+        name=shared or f"{prefix}_{schedule.name}",  # as the pipeline named it (plan.function_name)
         static=shared is not None,
         split=schedule.split if shared else None,
         summary=summary,

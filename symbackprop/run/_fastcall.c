@@ -313,7 +313,7 @@ static int Caller_init(Caller *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(outputs);
-    if (n_in + n_out > 4096) {
+    if (n_in + n_out > 4096) { /* fastcall.MAX_ARGUMENTS: the caller declines more */
         PyErr_SetString(PyExc_ValueError, "Caller: too many arguments");
         return -1;
     }

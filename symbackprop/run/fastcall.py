@@ -150,11 +150,18 @@ def _compile(source: str, staging: Path, final: Path) -> None:
     run_logged([[_command(staging)]], staging / "build.log", final.parent, "the call hot path")
 
 
+# The most arrays (inputs and outputs) the extension's Caller takes
+# (_fastcall.c): a function with more is called through cffi, as where
+# there is no extension (a deep stack of 5,000 parameter matrices was a
+# ValueError when the module loaded).
+MAX_ARGUMENTS = 4096
+
+
 def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
            inputs: list[tuple[int, int, int, bool]], outputs: list[tuple[int, int, int, bool]],
            names: tuple[str, ...] = ()) -> Any | None:
-    """A C caller of one generated function, or None (no extension, or a
-    module built without packed entry points).
+    """A C caller of one generated function, or None (no extension, a
+    module built without packed entry points, or over MAX_ARGUMENTS arrays).
 
     Args:
         lib, ffi: the module's cffi library and FFI.
@@ -173,7 +180,7 @@ def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
         int status of the C function.
     """
     module = extension()
-    if module is None or not hasattr(lib, f"{c_name}__packed"):
+    if module is None or not hasattr(lib, f"{c_name}__packed") or len(inputs) + len(outputs) > MAX_ARGUMENTS:
         return None
     entry = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}__packed")))
     work_len = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}_work_len__packed")))

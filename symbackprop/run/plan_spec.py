@@ -40,7 +40,9 @@ def function_spec(fn: FunctionPlan, plan: Plan, scalars: set[str]) -> FunctionSp
     inputs = [ArgSpec(n, _shape(node.shape), n in scalars, node.attrs[1] == "index") for n, node in plan.lowered.leaves.items()]
     for name, node in fn.extra_inputs:
         role, key = roles.get(name, ("extra", name))
-        scalar = role == "hyper" or (key in scalars and node.shape == (1, 1))
+        # a number where one is meant: hyperparameters, scalar leaves' tangents, and the
+        # seed of any output of shape (1, 1) (a float, 0-d, (1,) or (1, 1), as its vjp's default 1)
+        scalar = role == "hyper" or (node.shape == (1, 1) and (key in scalars or role == "seed"))
         inputs.append(ArgSpec(name, _shape(node.shape), scalar, False, role, key))
     bounds: dict[str, list] = {}
     called = fn.calls.schedule if fn.calls is not None else None  # a train step's value_and_grad

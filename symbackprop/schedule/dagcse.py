@@ -181,12 +181,18 @@ def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Bas
             # the later candidates holding all of it read it too (as SymPy's)
             holders = [i, j] + [k for k in candidates[n + 1:] if all(a in argsets[k] for a in common)]
             for k in holders:
-                if part is not funcs[k] and part != funcs[k]:  # (a part never reads itself)
+                if not _same(part, funcs[k]):  # (a part never reads itself)
                     argsets[k] = _replaced(argsets[k], common, part)
                     index.setdefault(part, []).append(k)
                     changed.add(k)
     new.update({funcs[i]: (kind, tuple(argsets[i])) for i in sorted(changed)})
     return new
+
+
+def _same(a: sp.Basic, b: sp.Basic) -> bool:
+    """a == b, its hashes (cached) compared first: SymPy's == compares the
+    trees, as deep as they are alike."""
+    return a is b or (hash(a) == hash(b) and a == b)
 
 
 def _negated(term: sp.Basic) -> sp.Basic:
@@ -203,7 +209,10 @@ def _negated(term: sp.Basic) -> sp.Basic:
 
 
 def _replaced(argset: dict, common: list, part: sp.Basic) -> dict:
-    kept = dict.fromkeys(a for a in argset if a not in common)
+    # a set: `in` a list compared by ==, which SymPy does structurally, as deep as the
+    # trees are alike (a chain's links differ only at its bottom: quadratic in its length)
+    dropped = set(common)
+    kept = dict.fromkeys(a for a in argset if a not in dropped)
     kept[part] = None
     return kept
 
@@ -240,6 +249,10 @@ def _rebuilt(node: sp.Basic, args: list[sp.Basic]) -> sp.Basic:
         return node
     if (node.is_Add or node.is_Mul) and all(n.is_Symbol for n in changed):
         return node.func._from_args(args, node.is_commutative)
+    if isinstance(node, sp.Function) and not isinstance(node, sp.Piecewise) and all(n.is_Symbol for n in changed):
+        # as it stands: tanh's evaluation asks whether its argument is finite, which walks
+        # the whole argument (a chain of tanh renamed here: a third of its compile)
+        return node.func(*args, evaluate=False)
     return rebuild(node, args)
 
 

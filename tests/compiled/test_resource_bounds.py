@@ -267,4 +267,52 @@ def test_a_model_over_the_limit_is_refused_before_it_is_lowered(monkeypatch):
         pipeline.plan(chain(400), functions=("value_and_grad",))
     assert not lowered
     monkeypatch.undo()
-    assert pipeline.MAX_OPERATIONS >= 5 * 37_024  # an unrolled 1,000-step GRU (tests/compiled/test_depth.py) compiles
+    assert pipeline.MAX_OPERATIONS >= 37_024  # an unrolled 1,000-step GRU (tests/compiled/test_depth.py) plans
+
+
+def test_a_model_of_too_many_leaves_is_refused_at_once(monkeypatch):
+    """10,000 scalar parameters (and their inputs) compiled for more than
+    10 minutes without a word; over MAX_LEAVES plan refuses before any
+    stage runs, naming the count and the remedy."""
+    import symbackprop.pipeline as pipeline
+
+    lowered = []
+    monkeypatch.setattr(pipeline, "_Planner", lambda *a: lowered.append(a))
+    ps, xs = sp.symbols("p0:5000"), sp.symbols("x0:5000")
+    model = sbp.Model("many_leaves", inputs=list(xs), params=list(ps), loss=sp.Add(*[p * x for p, x in zip(ps, xs)]))
+    with pytest.raises(sbp.ModelError, match=r"10000 inputs and params, over the limit of 4096 .*MAX_LEAVES.*matri"):
+        pipeline.plan(model, functions=("value_and_grad",))
+    assert not lowered
+    assert pipeline.MAX_LEAVES > 2 * 1000 + 1  # a 1,000-layer stack (tests/compiled/test_depth.py) compiles
+
+
+def test_a_100000_node_chain_is_refused_at_once(monkeypatch):
+    """The chain of benchmarks/compile_scale.py at 10^5 subexpressions (it
+    would compile for an hour): refused by the count, before any stage."""
+    import symbackprop.pipeline as pipeline
+
+    lowered = []
+    monkeypatch.setattr(pipeline, "_Planner", lambda *a: lowered.append(a))
+    x, w = sp.symbols("x w")
+    e = x
+    for _ in range(100_000 // 3):
+        e = sp.tanh(w * e + x)
+    with pytest.raises(sbp.ModelError, match=r"over 40000 distinct subexpressions .*MAX_OPERATIONS"):
+        pipeline.plan(sbp.Model("chain_1e5", inputs=[x], params=[w], loss=e))
+    assert not lowered
+
+
+def test_a_function_of_more_arrays_than_the_fast_caller_takes_is_called_through_cffi():
+    """A deep stack of 5,000 parameter matrices compiled for 9 minutes, then
+    failed to load: the fast caller's ValueError 'too many arguments' (over
+    4,096 arrays in and out). caller() declines such a function (None: the
+    cffi path, which takes any number), before it reads the library."""
+    from symbackprop.run import fastcall
+
+    class Library:  # has the packed entry; its address is never taken
+        f__packed = f_work_len__packed = None
+
+    arrays = [(1, 1, 12, False)] * (fastcall.MAX_ARGUMENTS // 2 + 1)
+    if fastcall.extension() is None:
+        pytest.skip("no fast-call extension here")
+    assert fastcall.caller(Library(), None, "f", 0, 8, arrays, arrays) is None

@@ -192,3 +192,195 @@ def test_powers_against_torch(powers, name):
     want.sum().backward()
     np.testing.assert_allclose(value, want.detach().numpy(), rtol=1e-6)
     np.testing.assert_allclose(grad, x.grad.numpy(), rtol=1e-6)
+
+
+# --- every scalar function and nn activation at the edges of its domain -------------
+#
+# Value and gradient (vjp with seed 1) at 0, -0, subnormals, inside and outside
+# the domain, the overflow limits, +-inf and NaN, against PyTorch in float64
+# (rounded to float32 for the float32 module): NaN exactly where PyTorch's is,
+# infinities equal, numbers close. Below its domain a function's value is NaN
+# and its gradient PyTorch's formula (log'(-1) = -1, atanh'(2) = -1/3,
+# acosh'(-2) = 1/sqrt(3)). The deliberate differences, each checked against its
+# own oracle:
+# - NaN in at a kink (abs, relu, leaky_relu, elu): the gradient is NaN
+#   (docs/compile_and_call.md); PyTorch's is 0, 1, 0.01 or 1;
+# - sinh, cosh at |x| = 710 (float64): 1.1e308, finite (libm); PyTorch's
+#   exp(x)/2 overflows to inf;
+# - digamma and trigamma (and so loggamma's gradient): mpmath, not PyTorch,
+#   whose polygamma(1, x) is good to 1e-9 and finite at the poles;
+# - x**(k/2) for odd k at -inf: NaN in value and gradient (x < 0 is outside
+#   the power's domain, as sqrt), where std::pow gives PyTorch +inf or +0.
+
+FUNCTION_POINTS = {
+    "float64": [0.0, -0.0, 5e-324, 1e-310, -1e-310, 1e-8, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 710.0, -710.0, 1e300,
+                -1e300, INF, -INF, NAN],
+    "float32": [0.0, -0.0, 1e-45, 1e-40, -1e-40, 1e-4, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 89.0, -89.0, 3e38, -3e38,
+                INF, -INF, NAN],
+}
+KINKS = ("abs", "relu", "leaky_relu", "elu")
+POLYGAMMA = {"digamma": 0, "trigamma": 1}
+
+
+def _function_table():
+    """name -> (symbackprop's function of a matrix, PyTorch's of a tensor)."""
+    torch = pytest.importorskip("torch")
+    from sympy.codegen.cfunctions import expm1, log1p
+
+    F, half = torch.nn.functional, sp.Rational(1, 2)
+
+    def each(f):
+        return lambda X: X.applyfunc(f)
+
+    table = {name: (each(getattr(sp, name)), getattr(torch, name)) for name in
+             ("exp", "log", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
+              "acosh", "atanh", "erf", "erfc")}
+    table.update({
+        "abs": (each(sp.Abs), torch.abs), "log1p": (each(log1p), torch.log1p), "expm1": (each(expm1), torch.expm1),
+        "loggamma": (each(sp.loggamma), torch.lgamma), "digamma": (each(lambda v: sp.polygamma(0, v)), torch.digamma),
+        "trigamma": (each(lambda v: sp.polygamma(1, v)), lambda t: torch.polygamma(1, t)),
+        "cbrt": (each(sp.cbrt), lambda t: torch.pow(t, 1 / 3)), "pow_half": (each(lambda v: v**half), torch.sqrt),
+        "pow_3_2": (each(lambda v: v ** (3 * half)), lambda t: torch.pow(t, 1.5)),
+        "pow_m_half": (each(lambda v: v ** (-half)), lambda t: torch.pow(t, -0.5)),
+        "pow_2": (each(lambda v: v**2), lambda t: torch.pow(t, 2)), "pow_3": (each(lambda v: v**3), lambda t: t**3),
+        "recip": (each(lambda v: 1 / v), torch.reciprocal), "sigmoid": (nn.sigmoid, torch.sigmoid),
+        "nn_tanh": (nn.tanh, torch.tanh), "relu": (nn.relu, torch.relu), "softplus": (nn.softplus, F.softplus),
+        "log_sigmoid": (nn.log_sigmoid, F.logsigmoid), "silu": (nn.silu, F.silu),
+        "leaky_relu": (nn.leaky_relu, F.leaky_relu), "elu": (nn.elu, F.elu), "gelu": (nn.gelu, F.gelu),
+        "gelu_tanh": (lambda X: nn.gelu(X, "tanh"), lambda t: F.gelu(t, approximate="tanh")),
+    })
+    return table
+
+
+# beyond their domain, at their poles and their overflow limits: run on every commit
+DOMAIN_FUNCTIONS = ["log", "log1p", "sqrt", "asin", "acos", "atanh", "acosh", "loggamma", "digamma", "pow_3_2",
+                    "pow_m_half", "sinh", "abs", "relu"]
+
+
+def _functions_module(names, dtype, tag):
+    table = _function_table()
+    X = sp.MatrixSymbol("X", 1, len(FUNCTION_POINTS[dtype]))
+    outputs = {f"o_{name}": table[name][0](X) for name in names}
+    mod = sbp.compile(sbp.Model(f"extremes_fn_{tag}_{dtype}", params=[X], loss=nn.sum_all(X), outputs=outputs),
+                      dtype=dtype, functions=("forward", "vjp"))
+    x = np.array([FUNCTION_POINTS[dtype]], dtype=dtype)
+    with np.errstate(all="ignore"):
+        out = mod.forward(X=x)
+    return {name: (out[f"o_{name}"][0], mod.vjp(f"o_{name}", np.ones_like(x), X=x)["X"][0]) for name in names}
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def domain_functions(request):
+    return _functions_module(DOMAIN_FUNCTIONS, request.param, "domain"), request.param
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def all_functions(request):
+    names = [n for n in _function_table() if n not in DOMAIN_FUNCTIONS]
+    return _functions_module(names, request.param, "all"), request.param
+
+
+def _torch(name, x, dtype):
+    import torch
+
+    t = torch.tensor(x, dtype=getattr(torch, dtype), requires_grad=True)
+    y = _function_table()[name][1](t)
+    y.backward(torch.ones_like(y))
+    return y.detach().numpy().astype(np.float64), t.grad.numpy().astype(np.float64)
+
+
+def _oracles(name, dtype):
+    """[(value, gradient)] in float64 at the module's points: PyTorch's in
+    float64 (or the deliberate differences' own oracles), rounded to the
+    dtype, and for float32 PyTorch's in float32 too (a point passes if it
+    agrees with either: float32 formulas that overflow inside, as gelu's
+    tanh form at 3e38, are NaN in both; PyTorch's float32 gelu(inf) is NaN)."""
+    x = np.array(FUNCTION_POINTS[dtype], dtype=dtype).astype(np.float64)
+    if name in POLYGAMMA:
+        from symbackprop.base.functions import polygamma_scalar
+
+        n = POLYGAMMA[name]
+        value, grad = (np.array([polygamma_scalar(k, v) for v in x]) for k in (n, n + 1))
+    else:
+        value, grad = _torch(name, x, "float64")
+    if name == "loggamma":
+        from symbackprop.base.functions import polygamma_scalar
+
+        grad = np.array([polygamma_scalar(0, v) for v in x])
+    if name in KINKS:
+        grad[np.isnan(x)] = np.nan
+    if name in ("sinh", "cosh"):
+        with np.errstate(over="ignore"):
+            value, grad = np.sinh(x), np.cosh(x)
+            if name == "cosh":
+                value, grad = grad, value
+    if name in ("pow_3_2", "pow_m_half"):
+        value[x == -INF] = grad[x == -INF] = np.nan
+    with np.errstate(over="ignore"):
+        found = [(value.astype(dtype).astype(np.float64), grad.astype(dtype).astype(np.float64))]
+    if dtype == "float32" and name not in POLYGAMMA and name not in KINKS:
+        found.append(_torch(name, x.astype(dtype), dtype))
+    return found
+
+
+def _same_numbers(got, wants, dtype, what):
+    got = np.asarray(got, np.float64)
+    x = FUNCTION_POINTS[dtype]
+    rtol, atol = (1e-12, 1e-300) if dtype == "float64" else (1e-5, 1e-37)  # (float32: its x**(-2/3) at 1e-45)
+
+    def agrees(g, w):
+        if np.isnan(g) or np.isnan(w) or np.isinf(g) or np.isinf(w):
+            return bool(np.isnan(g) and np.isnan(w)) or g == w
+        return abs(g - w) <= rtol * abs(w) + atol
+
+    for i, g in enumerate(got):
+        assert any(agrees(g, w[i]) for w in wants), \
+            f"{what} at x = {x[i]!r} ({dtype}): got {g!r}, PyTorch/oracle {[w[i] for w in wants]}"
+
+
+def _check(got, name, dtype):
+    oracles = _oracles(name, dtype)
+    _same_numbers(got[name][0], [v for v, _ in oracles], dtype, f"{name} value")
+    _same_numbers(got[name][1], [g for _, g in oracles], dtype, f"{name} gradient")
+
+
+@pytest.mark.parametrize("name", DOMAIN_FUNCTIONS)
+def test_functions_beyond_their_domain_against_torch(domain_functions, name):
+    got, dtype = domain_functions
+    _check(got, name, dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [
+    "exp", "sin", "cos", "tan", "atan", "cosh", "tanh", "asinh", "erf", "erfc", "expm1", "trigamma", "cbrt",
+    "pow_half", "pow_2", "pow_3", "recip", "sigmoid", "nn_tanh", "softplus", "log_sigmoid", "silu", "leaky_relu",
+    "elu", "gelu", "gelu_tanh"])
+def test_every_function_at_the_edges_against_torch(all_functions, name):
+    got, dtype = all_functions
+    _check(got, name, dtype)
+
+
+def test_acosh_below_its_domain_has_torchs_gradient():
+    """The regression: SymPy's derivative 1/(sqrt(x - 1) sqrt(x + 1)) was NaN
+    for x <= -1 where PyTorch's 1/sqrt(x^2 - 1) is a number; above 1 both
+    are the same number."""
+    from symbackprop.base.functions import DERIVATIVES
+
+    x = sp.Symbol("x")
+    rule = DERIVATIVES[sp.acosh](x)
+    assert float(rule.subs(x, -2)) == pytest.approx(1 / np.sqrt(3.0), rel=1e-15)
+    for at in (1.5, 3, 1e6):
+        assert float(rule.subs(x, at)) == pytest.approx(float(sp.acosh(x).diff(x).subs(x, at)), rel=1e-15)
+
+
+def test_digamma_just_below_zero_is_infinite_not_nan():
+    """psi(-e) ~ 1/e overflows to +inf for a subnormal e; the helper's
+    reflection multiplied 0 by the infinite cotangent (NaN), and loggamma's
+    gradient there was NaN. psi'(-e) ~ 1/e^2 overflows from e = 1e-300."""
+    x = sp.MatrixSymbol("x", 1, 3)
+    mod = sbp.compile(sbp.Model("extremes_digamma_below_zero", params=[x], loss=nn.sum_all(x),
+                                outputs={"psi": x.applyfunc(lambda v: sp.polygamma(0, v)),
+                                         "psi1": x.applyfunc(lambda v: sp.polygamma(1, v))}), functions=("forward",))
+    out = mod.forward(x=np.array([[-1e-310, -5e-324, -1e-300]]))
+    assert np.all(out["psi"][0, :2] == np.inf) and out["psi"][0, 2] == pytest.approx(1e300, rel=1e-12)
+    assert np.all(out["psi1"] == np.inf)
