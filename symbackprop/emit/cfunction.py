@@ -11,7 +11,7 @@ from dataclasses import replace
 import sympy as sp
 
 from symbackprop.base.abi import SIZE_DOES_NOT_FIT
-from symbackprop.base.cnames import CNamer, sanitize
+from symbackprop.base.cnames import CNamer
 from symbackprop.emit import sizes
 from symbackprop.emit.codegen import CFunction, CKernel, CParam, FunctionEmitter
 from symbackprop.emit.cparts import part_ranges
