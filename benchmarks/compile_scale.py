@@ -169,12 +169,42 @@ def main(argv: list[str] | None = None) -> None:
                     _save(args.save, results, args)
 
 
+_LABELS = {"mlp": "MLP, parameters in matrices", "scalars": "separate scalar parameters",
+           "chain": "elementwise chain (subexpressions)", "stack": "deep stack of nn layers (nodes)"}
+
+
 def _save(name: str, results: list[dict], args: argparse.Namespace) -> None:
+    """The result file benchmarks/tables.py renders: a row a case, a column a
+    size, each cell sbp.compile's seconds (to the refusal, where refused),
+    and every record whole under "results"."""
+    import subprocess
+
     out = HERE / "results" / f"{name}.json"
-    machine = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-               "load_average": os.getloadavg()}
-    out.write_text(json.dumps({"benchmark": "compile_scale", "timeout_s": args.timeout, "machine": machine,
-                               "results": results}, indent=1) + "\n")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip() or "unknown"
+    sizes = sorted({r["size"] for r in results})
+    rows = []
+    for case in dict.fromkeys(r["case"] for r in results):
+        mine = [r for r in results if r["case"] == case]
+        row: dict = {"label": _LABELS.get(case, case),
+                     "seconds": {str(r["size"]): r["compile_s"] for r in mine if r.get("compile_s") is not None}}
+        refused = [f"{r['size']:,}" for r in mine if r["outcome"] == "refused"]
+        timed_out = [f"{r['size']:,}" for r in mine if r["outcome"] == "timeout"]
+        notes = ([f"at {', '.join(refused)}: a ModelError, the seconds until it came"] if refused else []) + \
+            ([f"at {', '.join(timed_out)}: past the {args.timeout:.0f} s timeout"] if timed_out else [])
+        if notes:
+            row["note"] = "; ".join(notes)
+        rows.append(row)
+    out.write_text(json.dumps({
+        "title": "Compile time by model size (sbp.compile: forward and value_and_grad, float64, a fresh cache)",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load {load}",
+        "date": time.strftime("%Y-%m-%d"), "commit": commit,
+        "command": f"python benchmarks/compile_scale.py --save {name}",
+        "conditions": f"each case in a child process with a fresh cache folder, {args.timeout:.0f} s at most",
+        "source": "benchmarks/compile_scale.py", "row_header": "case",
+        "columns": [{"key": str(size), "label": f"{size:,}", "ratio": False} for size in sizes],
+        "rows": rows, "timeout_s": args.timeout, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
