@@ -346,7 +346,7 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
     prefix = sanitize(model.name).lower()
     real = replace(REAL_TYPES[dtype], c=real_macro(prefix))  # its text names the type by a macro
     named = [*functions, *(fn.function_name for fn in the_plan.functions)]  # the kinds and each vjp_<output>
-    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, named)  # helpers (ops.functions), ABI
+    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, named)  # helpers (base.functions), ABI
     namer = CNamer(reserved | (reserved_names(prefix) if "train_step" in functions else frozenset()))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]

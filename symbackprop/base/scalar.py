@@ -158,7 +158,7 @@ def _diff_whole(sub: sp.Basic, symbols: list[sp.Symbol]) -> list[tuple[sp.Basic,
 def _fdiff(function: sp.Function, index: int) -> sp.Expr:
     """As Function._eval_derivative: the function's own rule, else SymPy's
     unevaluated form (which the callers refuse); a rule of
-    ops.functions.DERIVATIVES first (PyTorch's formula beyond the domain)."""
+    base.functions.DERIVATIVES first (PyTorch's formula beyond the domain)."""
     own = own_derivative(function, index)
     if own is not None:
         return own

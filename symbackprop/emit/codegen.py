@@ -325,7 +325,7 @@ class CModule:
 
     @property
     def function_helpers(self) -> tuple[CHelper, ...]:
-        """The scalar-function helpers its kernels call (ops.functions)."""
+        """The scalar-function helpers its kernels call (base.functions)."""
         return helpers_called(_texts([k.fields for k in self.all_kernels()]))
 
 
@@ -477,7 +477,7 @@ class RuntimeType:
     gemm: str
     trmm: str
     vector_math: tuple[str, ...]
-    helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (ops.registry.helpers): all of them
+    helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (base.registry.helpers): all of them
     blas_min: int = BLAS_MIN_MULTIPLY_ADDS
     parallel_product_min: int = PARALLEL_MIN_PRODUCT
     parallel_sum_min: int = PARALLEL_MIN_WORK

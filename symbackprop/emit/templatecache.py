@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 PACKAGE = HERE.parent
 # The templates: the top-level templates/ of a checkout (and of an editable
 # install), which pyproject.toml's package-dir mapping ships in the wheel as
-# symbackprop/templates, beside the code. (build.builder.package_digest hashes
+# symbackprop/templates, beside the code. (toolchain.memo.package_digest hashes
 # the same folder.)
 TEMPLATES = PACKAGE / "templates" if (PACKAGE / "templates").is_dir() else PACKAGE.parent / "templates"
 COMPILED = HERE / "templates_compiled"  # built with the package (setup.py); absent in a plain checkout

@@ -5,7 +5,7 @@ generated function with a dozen arrays spends more than that on checks,
 allocation and pointers than on its arithmetic. `Caller` does the checks,
 the allocation of the outputs and the call in C, through a packed entry
 point that every module has beside each function (see
-build.packed.packed_entries). It declines (returns None) whatever it does not
+toolchain.packed.packed_entries). It declines (returns None) whatever it does not
 expect, and the Python path then converts or explains.
 
 The extension is built with the package where it is installed (setup.py:

@@ -117,8 +117,8 @@ class BuildOptions:
             DEFAULT_FLAGS).
         cache_dir: where built modules are kept (None: $SYMBACKPROP_CACHE_DIR,
             else the user cache folder).
-        blas: large matrix products call a BLAS (build.blas: MKL when the
-            `mkl` wheel is installed, else OpenBLAS from scipy-openblas32;
+        blas: large matrix products call a BLAS (toolchain.blas: MKL when the
+            `mkl` wheel is installed and the CPU is not AMD, else OpenBLAS from scipy-openblas32;
             None: use one if there is one; True: require one, a BuildError
             where none is; False: plain C loops only).
         vector_math: elementwise loops call the SIMD variants of exp, tanh,
@@ -157,7 +157,7 @@ def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str
 
 def cache_root(options: BuildOptions | None = None) -> Path:
     """Where compiled modules are kept: BuildOptions.cache_dir, else
-    $SYMBACKPROP_CACHE_DIR, else the user cache folder (build.cachedir)."""
+    $SYMBACKPROP_CACHE_DIR, else the user cache folder (base.cachedir)."""
     return cache_folder(options.cache_dir if options is not None else None)
 
 
