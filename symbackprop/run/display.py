@@ -79,7 +79,9 @@ class BackwardGraph:
     def _repr_html_(self) -> str:
         if dot_program():
             svg = self.svg()
-            return svg[svg.find("<svg"):]  # inline in HTML: no XML prolog or DOCTYPE
+            # Inline in HTML: no XML prolog or DOCTYPE. The labels hold user names, which
+            # may hold "$$": the classes keep MathJax 2 and 3 from typesetting them.
+            return f'<div class="tex2jax_ignore mathjax_ignore">{svg[svg.find("<svg"):]}</div>'
         return ("<p>(Graphviz's <code>dot</code> is not installed: the graph as a tree; install Graphviz "
                 "for a picture.)</p>\n"
                 f"<pre>{html.escape(self.text)}</pre>")

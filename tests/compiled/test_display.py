@@ -112,7 +112,8 @@ def test_svg_is_valid_xml_with_the_node_labels(mlp):
     labels = {t.text for t in root.iter("{http://www.w3.org/2000/svg}text")}
     assert labels == {"MseLossBackward", "MatMulWithBiasBackward", "SigmoidBackward", "AccumulateGrad",
                       "W1", "b1", "W2", "b2"}
-    assert mlp.graph._repr_html_().startswith("<svg")
+    inline = mlp.graph._repr_html_()  # the SVG, in a block MathJax leaves alone
+    assert inline.startswith('<div class="tex2jax_ignore mathjax_ignore"><svg') and inline.endswith("</svg>\n</div>")
 
 
 def test_without_dot_the_graph_is_the_tree_not_dot_text(mlp, monkeypatch):
@@ -172,8 +173,10 @@ HOSTILE_NAMES = [
 
 def _math_blocks(text: str) -> list[str]:
     """The $$...$$ a renderer typesets: outside code (MathJax skips <code> and
-    <pre>; Jupyter's Markdown takes code spans and fences out before math)."""
-    for code in (r"<code>.*?</code>", r"<pre>.*?</pre>", r"```.*?```", r"`[^`\n]*`"):
+    <pre>, and elements of its ignore classes; Jupyter's Markdown takes code
+    spans and fences out before math)."""
+    ignored = r'<div class="tex2jax_ignore mathjax_ignore">.*?</div>'
+    for code in (ignored, r"<code>.*?</code>", r"<pre>.*?</pre>", r"```.*?```", r"`[^`\n]*`"):
         text = re.sub(code, "", text, flags=re.DOTALL)
     return re.findall(r"\$\$(.*?)\$\$", text, re.DOTALL)
 
