@@ -15,6 +15,7 @@ geometry; symbackprop.ops.conv lowers them to the IR ops.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -25,23 +26,26 @@ from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
 
 
-def out_size(size: int, kernel: int, stride: int, padding: int) -> int:
-    """The output length of a window of `kernel` sliding by `stride` over
-    `size` entries padded by `padding` on both sides (PyTorch's floor rule)."""
-    return (size + 2 * padding - kernel) // stride + 1
+def out_size(size: int, kernel: int, stride: int, padding: int, dilation: int = 1) -> int:
+    """The output length of a window of `kernel` entries `dilation` apart
+    sliding by `stride` over `size` entries padded by `padding` on both
+    sides (PyTorch's floor rule)."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _conv_cols(channels: int, height: int, width: int, out: int, kh: int, kw: int, stride: int, padding: int) -> int:
-    return out * out_size(height, kh, stride, padding) * out_size(width, kw, stride, padding)
+def _conv_cols(channels: int, height: int, width: int, out: int, kh: int, kw: int, sh: int, sw: int, ph: int,
+               pw: int, dh: int, dw: int) -> int:
+    return out * out_size(height, kh, sh, ph, dh) * out_size(width, kw, sw, pw, dw)
 
 
-def _pool_cols(channels: int, height: int, width: int, k: int, stride: int) -> int:
-    return channels * out_size(height, k, stride, 0) * out_size(width, k, stride, 0)
+def _pool_cols(channels: int, height: int, width: int, kh: int, kw: int, sh: int, sw: int, ph: int, pw: int) -> int:
+    return channels * out_size(height, kh, sh, ph) * out_size(width, kw, sw, pw)
 
 
 # Each image op's result columns from its geometry (the one place this is
 # written; the IR ops read it too): a convolution's (C, H, W, F, kh, kw,
-# stride, padding), a pool's (C, H, W, k, stride), a channel op's (C, P).
+# sh, sw, ph, pw, dh, dw: strides, paddings and dilations per axis), a
+# pool's (C, H, W, kh, kw, sh, sw, ph, pw), a channel op's (C, P).
 _OUT_COLS: dict[str, Callable[..., int]] = {
     "conv2d": _conv_cols,
     "max_pool2d": _pool_cols,
@@ -91,19 +95,19 @@ class ImageOp(Standing, sp.MatrixExpr):
 
 
 class Conv2d(ImageOp):
-    """conv2d(x, w): geometry (C_in, H, W, C_out, kh, kw, stride, padding)."""
+    """conv2d(x, w): geometry (C_in, H, W, C_out, kh, kw, sh, sw, ph, pw, dh, dw)."""
 
     op, arity = "conv2d", 2
 
 
 class MaxPool2d(ImageOp):
-    """The maximum of each k x k window: geometry (C, H, W, k, stride)."""
+    """The maximum of each kh x kw window (-inf outside the image): geometry (C, H, W, kh, kw, sh, sw, ph, pw)."""
 
     op, arity = "max_pool2d", 1
 
 
 class AvgPool2d(ImageOp):
-    """The mean of each k x k window: geometry (C, H, W, k, stride)."""
+    """The sum of each kh x kw window (zero outside the image) over kh*kw: geometry (C, H, W, kh, kw, sh, sw, ph, pw)."""
 
     op, arity = "avg_pool2d", 1
 
@@ -224,59 +228,119 @@ def _rows(m: sp.MatrixExpr, rows: sp.Expr | int) -> sp.MatrixExpr:
     return sp.OneMatrix(rows, 1) * m
 
 
-def conv2d(x: Images, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None, stride: int = 1, padding: int = 0) -> Images:
+Pair = int | tuple[int, int]
+
+
+def pair(what: str, value: Pair, least: int = 1) -> tuple[int, int]:
+    """An int (the same along both axes) or an (h, w) pair, each entry an int >= least, as (h, w)."""
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(items) != 2:
+        raise ModelError(f"{what} must be an int or an (h, w) pair; got {value!r}, of {len(items)} entries")
+    for item in items:
+        if not isinstance(item, int) or isinstance(item, bool) or item < least:
+            raise ModelError(f"{what} must be an int >= {least} or a pair of them; got {value!r}")
+    return items[0], items[1]
+
+
+def _kernel_size(x: Images, w: sp.MatrixExpr, kernel_size: Pair | None) -> tuple[int, int, int]:
+    """(C_out, kh, kw) of convolution weights w, C_out x (C_in*kh*kw); a square kernel unless kernel_size says."""
+    out_channels, per = w.shape
+    if not isinstance(out_channels, (int, sp.Integer)) or not isinstance(per, (int, sp.Integer)) or per % x.channels:
+        raise ModelError(f"conv2d's weights {w} must be C_out x (C_in*kh*kw) with C_in = {x.channels}; "
+                         f"they are {out_channels} x {per}")
+    area = int(per) // x.channels
+    if kernel_size is None:
+        k = math.isqrt(area)
+        if k * k != area:
+            raise ModelError(f"conv2d's weights {w}: {per} columns are C_in*{area} for C_in = {x.channels}, not "
+                             f"C_in*k*k; for a kh x kw kernel pass kernel_size=(kh, kw)")
+        return int(out_channels), k, k
+    kh, kw = pair("conv2d's kernel_size", kernel_size)
+    if kh * kw != area:
+        raise ModelError(f"conv2d's weights {w} are {out_channels} x {per}, not C_out x (C_in*kh*kw) = "
+                         f"{out_channels} x {x.channels * kh * kw} for C_in = {x.channels} and kernel_size "
+                         f"({kh}, {kw})")
+    return int(out_channels), kh, kw
+
+
+def conv2d(x: Images, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None, stride: Pair = 1, padding: Pair = 0,
+           kernel_size: Pair | None = None, dilation: Pair = 1) -> Images:
     """2-D cross-correlation (PyTorch's Conv2d), zero padding:
-    y[i, o, p, q] = b[o] + sum_{c, u, v} w[o, c, u, v] * x[i, c, p*stride + u - padding, q*stride + v - padding].
+    y[i, o, p, q] = b[o] + sum_{c, u, v} w[o, c, u, v] * x[i, c, p*sh + u*dh - ph, q*sw + v*dw - pw].
 
     Args:
         x: a batch of images (C_in channels).
-        w: C_out x (C_in*k*k) (conv_weight: a square kernel of side k).
+        w: C_out x (C_in*kh*kw) (conv_weight).
         b: 1 x C_out, or None.
-        stride: the window's step (an int, the same along both axes).
-        padding: zeros added on each side (an int, the same along both axes).
+        stride: the window's step: an int (both axes) or (sh, sw).
+        padding: zeros added on each side: an int or (ph, pw).
+        kernel_size: (kh, kw), or an int; None: the square kernel w's columns
+            give (a rectangular one must be named).
+        dilation: the spacing of the window's entries: an int or (dh, dw).
 
     Raises:
-        ModelError: shapes that do not fit, or a window larger than the padded image.
+        ModelError: shapes that do not fit, a stride, padding or dilation
+            that is not an int or a pair of them (ints >= 1; padding >= 0),
+            or a window larger than the padded image.
     """
     x = _checked(x, "conv2d")
-    whole_number("conv2d's stride", stride)
-    whole_number("conv2d's padding", padding, 0)
-    out_channels, per = w.shape
-    if not isinstance(out_channels, (int, sp.Integer)) or per % x.channels:
-        raise ModelError(f"conv2d's weights {w} must be C_out x (C_in*k*k) with C_in = {x.channels}; "
-                         f"they are {out_channels} x {per}")
-    k = int(sp.sqrt(per // x.channels))
-    if k * k * x.channels != per:
-        raise ModelError(f"conv2d's weights {w}: {per} columns are not C_in*k*k for C_in = {x.channels}")
-    height, width = (out_size(s, k, stride, padding) for s in (x.height, x.width))
+    sh, sw = pair("conv2d's stride", stride)
+    ph, pw = pair("conv2d's padding", padding, 0)
+    dh, dw = pair("conv2d's dilation", dilation)
+    out_channels, kh, kw = _kernel_size(x, w, kernel_size)
+    height, width = out_size(x.height, kh, sh, ph, dh), out_size(x.width, kw, sw, pw, dw)
     if height < 1 or width < 1:
-        raise ModelError(f"conv2d's {k}x{k} window is larger than the padded {x.height}x{x.width} image")
-    geometry = (x.channels, x.height, x.width, int(out_channels), k, k, stride, padding)
+        spread = f" (dilation ({dh}, {dw}): it spans {dh * (kh - 1) + 1}x{dw * (kw - 1) + 1})" if (dh, dw) != (1, 1) else ""
+        raise ModelError(f"conv2d's {kh}x{kw} window{spread} is larger than the {x.height}x{x.width} image padded "
+                         f"by ({ph}, {pw}): {x.height + 2 * ph}x{x.width + 2 * pw}")
+    geometry = (x.channels, x.height, x.width, out_channels, kh, kw, sh, sw, ph, pw, dh, dw)
     y = Conv2d(x.matrix, w, *geometry)
     if b is not None:
-        y = y + _rows(_per_channel(Images(y, int(out_channels), height, width), b), x.matrix.shape[0])
-    return Images(y, int(out_channels), height, width)
+        y = y + _rows(_per_channel(Images(y, out_channels, height, width), b), x.matrix.shape[0])
+    return Images(y, out_channels, height, width)
 
 
-def _pool(cls: type[ImageOp], x: Images, k: int, stride: int | None) -> Images:
-    x = _checked(x, cls.op)
-    whole_number(f"{cls.op}'s window", k)
-    stride = whole_number(f"{cls.op}'s stride", k if stride is None else stride)
-    if k > min(x.height, x.width):
-        raise ModelError(f"{cls.op}'s {k}x{k} window is larger than the {x.height}x{x.width} image")
-    y = cls(x.matrix, x.channels, x.height, x.width, k, stride)
-    return Images(y, x.channels, out_size(x.height, k, stride, 0), out_size(x.width, k, stride, 0))
+def pool_geometry(what: str, x: Images, k: Pair, stride: Pair | None, padding: Pair) -> tuple[int, ...]:
+    """A pool's geometry (C, H, W, kh, kw, sh, sw, ph, pw) from PyTorch's
+    arguments (stride None: the window), checked as PyTorch checks them."""
+    kh, kw = pair(f"{what}'s window", k)
+    sh, sw = pair(f"{what}'s stride", (kh, kw) if stride is None else stride)
+    ph, pw = pair(f"{what}'s padding", padding, 0)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ModelError(f"{what}'s padding ({ph}, {pw}) is more than half its {kh}x{kw} window (as PyTorch, "
+                         "at most (kh // 2, kw // 2))")
+    if out_size(x.height, kh, sh, ph) < 1 or out_size(x.width, kw, sw, pw) < 1:
+        raise ModelError(f"{what}'s {kh}x{kw} window is larger than the {x.height}x{x.width} image padded by "
+                         f"({ph}, {pw}): {x.height + 2 * ph}x{x.width + 2 * pw}")
+    return (x.channels, x.height, x.width, kh, kw, sh, sw, ph, pw)
 
 
-def max_pool2d(x: Images, k: int, stride: int | None = None) -> Images:
-    """The maximum of each k x k window (stride: k by default), no padding.
-    Its gradient goes to the window's first largest entry (as PyTorch)."""
-    return _pool(MaxPool2d, x, k, stride)
+def _pool(cls: type[ImageOp], x: Images, k: Pair, stride: Pair | None, padding: Pair) -> Images:
+    geometry = pool_geometry(cls.op, _checked(x, cls.op), k, stride, padding)
+    _, height, width, kh, kw, sh, sw, ph, pw = geometry
+    return Images(cls(x.matrix, *geometry), x.channels, out_size(height, kh, sh, ph), out_size(width, kw, sw, pw))
 
 
-def avg_pool2d(x: Images, k: int, stride: int | None = None) -> Images:
-    """The mean of each k x k window (stride: k by default), no padding."""
-    return _pool(AvgPool2d, x, k, stride)
+def max_pool2d(x: Images, k: Pair, stride: Pair | None = None, padding: Pair = 0) -> Images:
+    """The maximum of each k x k window (PyTorch's MaxPool2d): k, stride
+    (default: k) and padding an int or an (h, w) pair. The padding is -inf
+    (at most half the window, as PyTorch). Its gradient goes to the window's
+    first largest entry (as PyTorch)."""
+    return _pool(MaxPool2d, x, k, stride, padding)
+
+
+def avg_pool2d(x: Images, k: Pair, stride: Pair | None = None, padding: Pair = 0,
+               count_include_pad: bool = True) -> Images:
+    """The mean of each k x k window (PyTorch's AvgPool2d): k, stride
+    (default: k) and padding an int or an (h, w) pair. The padding is zeros
+    counted in the mean (PyTorch's default count_include_pad=True: every
+    window's sum over kh*kw); count_include_pad=False with padding is a
+    ModelError."""
+    if not count_include_pad and pair("avg_pool2d's padding", padding, 0) != (0, 0):
+        raise ModelError("avg_pool2d with count_include_pad=False and padding: a mean over only the window's "
+                         "entries inside the image is not supported; the padding's zeros are counted "
+                         "(count_include_pad=True, PyTorch's default)")
+    return _pool(AvgPool2d, x, k, stride, padding)
 
 
 def batch_stats(x: Images) -> tuple[sp.MatrixExpr, sp.MatrixExpr]:

@@ -16,7 +16,7 @@ from typing import Any
 import sympy as sp
 
 from symbackprop.declare import nn
-from symbackprop.declare.conv import AvgPool2d, Conv2d, Images, MaxPool2d, channel_broadcast, channel_sum, out_size
+from symbackprop.declare.conv import Images, channel_broadcast, channel_sum, pair, pool_geometry
 from symbackprop.declare.tensor import gather
 from symbackprop.errors import ModelError
 from symbackprop.interop.torch_values import Kernel, as_matrix, expand, is_number, shape_of, torch_module
@@ -31,104 +31,81 @@ def _images(x: Any, what: str) -> Images:
     return x
 
 
-def _pair(value: Any, what: str) -> tuple[int, int]:
-    """An int or an (h, w) pair of torch's arguments, as (h, w)."""
-    pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
-    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
-        raise ModelError(f"{what} {value!r}: an int or a pair of ints")
-    return pair
-
-
-def _same(value: Any, what: str, name: str) -> int:
-    """One int for both axes: the image ops take the same stride, padding and window along each."""
-    h, w = _pair(value, f"{what}'s {name}")
-    if h != w:
-        raise ModelError(f"{what} with {name}={value!r}: a different {name} along each axis is not translated "
-                         f"(symbackprop's image ops take one {name} for both)")
-    return h
-
-
 def _rows(row: sp.MatrixExpr, x: Images) -> sp.MatrixExpr:
     """A 1 x C per-channel row as n x C*H*W: over each channel's pixels, then over the batch."""
     return nn.ones(x.matrix.shape[0], 1) * channel_broadcast(row, x.channels, x.pixels)
 
 
+def _pair(value: Any, what: str) -> tuple[int, int]:
+    """An int or an (h, w) pair of torch's arguments, as (h, w)."""
+    return pair(what, value, 0)
+
+
 def conv2d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
            groups: int = 1) -> Images:
-    """F.conv2d: zero padding, kh x kw windows, one stride and padding for both axes."""
+    """F.conv2d: zero padding, kh x kw windows, a stride, padding and dilation per axis (groups=1)."""
     x = _images(input, "conv2d")
     if not isinstance(weight, Kernel):
         raise ModelError(f"conv2d's weight must be a 4-D parameter (C_out, C_in, kh, kw); got {weight!r}")
     if groups != 1:
         raise ModelError(f"Conv2d with groups={groups}: grouped (and depthwise) convolutions are not translated; "
-                         "only groups=1")
-    if _pair(dilation, "conv2d's dilation") != (1, 1):
-        raise ModelError(f"Conv2d with dilation={dilation!r}: dilated convolutions are not translated; only dilation=1")
-    out, per, kh, kw = weight.shape
+                         "use groups=1 (a Conv2d whose weight is zero between the groups' channels computes the same)")
+    _, per, kh, kw = weight.shape
     if per != x.channels:
         raise ModelError(f"Conv2d takes {per} channels; its input has {x.channels}")
-    step = _same(stride, "Conv2d", "stride")
+    dh, dw = pair("Conv2d's dilation", dilation)
     if padding == "valid":
         padding = 0
     elif padding == "same":
-        if kh % 2 == 0 or kw % 2 == 0:
-            raise ModelError(f"Conv2d with padding='same' and a {kh}x{kw} kernel: torch pads unevenly there, "
-                             "which is not translated")
-        padding = (kh // 2, kw // 2)
-    pad = _same(padding, "Conv2d", "padding")
-    height, width = out_size(x.height, kh, step, pad), out_size(x.width, kw, step, pad)
-    if height < 1 or width < 1:
-        raise ModelError(f"Conv2d's {kh}x{kw} window is larger than the padded {x.height}x{x.width} image")
-    y = Images(Conv2d(x.matrix, weight.matrix, x.channels, x.height, x.width, out, kh, kw, step, pad), out, height,
-               width)
+        if (dh * (kh - 1)) % 2 or (dw * (kw - 1)) % 2:
+            raise ModelError(f"Conv2d with padding='same', a {kh}x{kw} kernel and dilation ({dh}, {dw}): torch "
+                             "pads unevenly there, which is not translated")
+        padding = (dh * (kh - 1) // 2, dw * (kw - 1) // 2)
+    y = nn.conv2d(x, weight.matrix, None, stride, padding, (kh, kw), (dh, dw))
     if bias is not None:
         y = y.map(lambda m: m + _rows(as_matrix(bias, "conv2d's bias"), y))
     return y
 
 
-def _pool_args(x: Images, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool, what: str) -> tuple[int, int]:
-    """(window, stride) of a pool torch computes as the op does: square, no
-    padding, and ceil_mode only where it keeps the floor rule's size."""
-    k = _same(kernel_size, what, "kernel_size")
-    step = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else _same(stride, what, "stride")
-    if _pair(padding, f"{what}'s padding") != (0, 0):
-        raise ModelError(f"{what} with padding={padding!r}: padded pooling is not translated; only padding=0")
-    if k > min(x.height, x.width):
-        raise ModelError(f"{what}'s {k}x{k} window is larger than the {x.height}x{x.width} image")
+def _pool_args(x: Images, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool, what: str) -> tuple:
+    """(window, stride, padding) of a pool torch computes as the op does:
+    ceil_mode only where it keeps the floor rule's size."""
+    if stride is None or (isinstance(stride, (tuple, list)) and not stride):
+        stride = kernel_size
+    geometry = pool_geometry(what, x, kernel_size, stride, padding)
+    _, height, width, kh, kw, sh, sw, ph, pw = geometry
     if ceil_mode:
-        for size in (x.height, x.width):
-            if (size - k) % step:  # ceil mode adds a partial window at the end
-                raise ModelError(f"{what} with ceil_mode=True over {x.height}x{x.width} images with a {k}x{k} "
-                                 f"window and stride {step}: the last, partial window is not translated; "
-                                 "only ceil_mode=False (or sizes where the windows tile exactly)")
-    return k, step
-
-
-def _pooled(cls: type, x: Images, k: int, step: int) -> Images:
-    return Images(cls(x.matrix, x.channels, x.height, x.width, k, step), x.channels,
-                  out_size(x.height, k, step, 0), out_size(x.width, k, step, 0))
+        for size, k, step, pad in ((height, kh, sh, ph), (width, kw, sw, pw)):
+            if (size + 2 * pad - k) % step:  # ceil mode adds a partial window at the end
+                raise ModelError(f"{what} with ceil_mode=True over {height}x{width} images with a {kh}x{kw} "
+                                 f"window, stride ({sh}, {sw}) and padding ({ph}, {pw}): the last, partial window "
+                                 "is not translated; only ceil_mode=False (or sizes where the windows tile exactly)")
+    return (kh, kw), (sh, sw), (ph, pw)
 
 
 def max_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False, return_indices: bool = False) -> Images:
-    """F.max_pool2d: the largest entry of each square window (no padding, dilation nor indices)."""
+    """F.max_pool2d: the largest entry of each window, -inf padding (no dilation nor indices)."""
     x = _images(input, "max_pool2d")
     if return_indices:
         raise ModelError("MaxPool2d with return_indices=True is not translated")
     if _pair(dilation, "max_pool2d's dilation") != (1, 1):
-        raise ModelError(f"MaxPool2d with dilation={dilation!r} is not translated; only dilation=1")
-    k, step = _pool_args(x, kernel_size, stride, padding, ceil_mode, "MaxPool2d")
-    return _pooled(MaxPool2d, x, k, step)
+        raise ModelError(f"MaxPool2d with dilation={dilation!r} is not translated; only dilation=1 (a Conv2d "
+                         "takes dilation)")
+    return nn.max_pool2d(x, *_pool_args(x, kernel_size, stride, padding, ceil_mode, "MaxPool2d"))
 
 
 def avg_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: Any = None) -> Images:
-    """F.avg_pool2d: the mean of each square window (no padding nor divisor_override)."""
+    """F.avg_pool2d: the mean of each window, its padding's zeros counted (count_include_pad=True)."""
     x = _images(input, "avg_pool2d")
     if divisor_override is not None:
         raise ModelError(f"AvgPool2d with divisor_override={divisor_override!r} is not translated")
-    k, step = _pool_args(x, kernel_size, stride, padding, ceil_mode, "AvgPool2d")
-    return _pooled(AvgPool2d, x, k, step)
+    k, step, pad = _pool_args(x, kernel_size, stride, padding, ceil_mode, "AvgPool2d")
+    if not count_include_pad and pad != (0, 0):
+        raise ModelError(f"AvgPool2d with count_include_pad=False and padding={padding!r}: a mean over only the "
+                         "entries inside the image is not translated; use count_include_pad=True (the default)")
+    return nn.avg_pool2d(x, k, step, pad)
 
 
 def adaptive_avg_pool2d(input: Any, output_size: Any) -> Images:
@@ -143,8 +120,7 @@ def adaptive_avg_pool2d(input: Any, output_size: Any) -> Images:
             or x.height % sizes[0] or x.width % sizes[1] or x.height // sizes[0] != x.width // sizes[1]):
         raise ModelError(f"AdaptiveAvgPool2d to {output_size!r} of {x.height}x{x.width} images: only output sizes "
                          "that divide the image into equal square windows are translated")
-    k = x.height // sizes[0]
-    return _pooled(AvgPool2d, x, k, k)
+    return nn.avg_pool2d(x, x.height // sizes[0])
 
 
 def _batch_norm2d(x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: float) -> Images:

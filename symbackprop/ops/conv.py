@@ -3,13 +3,13 @@
 Every value is still a matrix: a batch of images is n x (C*H*W), NCHW
 order. The ops and their geometry attrs:
 
-    conv2d(x, w)             (C, H, W, F, kh, kw, stride, pad)  n x F*Ho*Wo
+    conv2d(x, w)             (C, H, W, F, kh, kw, sh, sw, ph, pw, dh, dw)  n x F*Ho*Wo
     conv2d_input_grad(g, w)  the same geometry                  n x C*H*W
     conv2d_weight_grad(g, x) the same geometry                  F x C*kh*kw
-    max_pool2d(x, t)         (C, H, W, k, stride)   t's entry where x is largest in each window
+    max_pool2d(x, t)         (C, H, W, kh, kw, sh, sw, ph, pw)  t's entry where x is largest in each window
     max_unpool2d(x, g)       the same               g sent back to those entries
-    avg_pool2d(x)            (C, H, W, k, stride)   each window's mean
-    avg_unpool2d(g)          the same               g/k^2 sent back over each window
+    avg_pool2d(x)            (C, H, W, kh, kw, sh, sw, ph, pw)  each window's sum / (kh*kw)
+    avg_unpool2d(g)          the same               g/(kh*kw) sent back over each window
     channel_sum(a)           (C, P)                 r x C*P -> r x C
     channel_broadcast(a)     (C, P)                 r x C -> r x C*P
 
@@ -18,6 +18,10 @@ trilinear form <y, conv(x, w)>, read three ways; the pools and channel ops
 are pairs of transposes), so gradients of gradients exist too. A max pool
 is max_pool2d(x, x): the argmax is piecewise constant, so only the second
 argument carries a derivative.
+
+Per axis: s the stride, p the padding (zeros; a max pool's is -inf), d a
+convolution's dilation. The geometry and the numpy references are in
+symbackprop.ops.conv_numpy.
 
 The C of each is a loop nest over the batch (kernel_conv.c.j2), its bounds
 numbers but the batch size's, never unrolled over pixels; built with
@@ -31,7 +35,6 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import sympy as sp
 
 from symbackprop.base.registry import OpRecord, attrs_of, plain_grad_fn, register
@@ -40,53 +43,11 @@ from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrin
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
+from symbackprop.ops import conv_numpy as reference
+from symbackprop.ops.conv_numpy import Conv, Pool
 from symbackprop.schedule.kernel import Equation, latex_name
 
 A0, A1 = placeholder(0), placeholder(1)
-
-# --- geometry -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Conv:
-    """A convolution's geometry: C in-channels of H x W, F out-channels, a kh x kw window."""
-
-    C: int
-    H: int
-    W: int
-    F: int  # the out-channels (filters)
-    KH: int
-    KW: int
-    S: int
-    P: int
-
-    @property
-    def HO(self) -> int:
-        return declared.out_size(self.H, self.KH, self.S, self.P)
-
-    @property
-    def WO(self) -> int:
-        return declared.out_size(self.W, self.KW, self.S, self.P)
-
-
-@dataclass(frozen=True)
-class Pool:
-    """A pool's geometry: C channels of H x W, a k x k window moved by S."""
-
-    C: int
-    H: int
-    W: int
-    K: int
-    S: int
-
-    @property
-    def HO(self) -> int:
-        return declared.out_size(self.H, self.K, self.S, 0)
-
-    @property
-    def WO(self) -> int:
-        return declared.out_size(self.W, self.K, self.S, 0)
-
 
 # --- constructors ---------------------------------------------------------------
 
@@ -121,7 +82,9 @@ def max_unpool2d(x: Node, g: Node, geometry: tuple) -> Node:
 
 def avg_pool2d(x: Node, geometry: tuple) -> Node:
     shape = (x.shape[0], declared.out_cols("avg_pool2d", geometry))
-    return const(x.attrs[0], shape) if is_const(x) else op_node("avg_pool2d", (x,), shape, geometry)
+    if is_const(x) and not Pool(*geometry).padded:  # a padded window's mean counts its zeros
+        return const(x.attrs[0], shape)
+    return op_node("avg_pool2d", (x,), shape, geometry)
 
 
 def avg_unpool2d(g: Node, geometry: tuple) -> Node:
@@ -210,116 +173,6 @@ def _linear(forward: Callable[[Node, tuple], Node], back: Callable[[Node, tuple]
     return vjp, jvp
 
 
-# --- numpy references ---------------------------------------------------------------
-
-
-def _images(a: np.ndarray, rows: int, channels: int, height: int, width: int) -> np.ndarray:
-    return np.broadcast_to(a, (rows, channels * height * width)).reshape(rows, channels, height, width)
-
-
-def _windows(x4: np.ndarray, kh: int, kw: int, stride: int, height: int, width: int):
-    """(ky, kx, the slice of x4 that window entry (ky, kx) reads for every output pixel)."""
-    for ky in range(kh):
-        for kx in range(kw):
-            yield ky, kx, (slice(None), slice(None), slice(ky, ky + stride * (height - 1) + 1, stride),
-                           slice(kx, kx + stride * (width - 1) + 1, stride))
-
-
-def _padded(x4: np.ndarray, pad: int) -> np.ndarray:
-    return np.pad(x4, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-
-
-def _eval_conv(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    c = Conv(*node.attrs)
-    n = context.shape(node)[0]
-    x = _padded(_images(args[0], n, c.C, c.H, c.W), c.P)
-    w = np.broadcast_to(args[1], (c.F, c.C * c.KH * c.KW)).reshape(c.F, c.C, c.KH, c.KW)
-    y = np.zeros((n, c.F, c.HO, c.WO))
-    for ky, kx, at in _windows(x, c.KH, c.KW, c.S, c.HO, c.WO):
-        y += np.einsum("nchw,oc->nohw", x[at], w[:, :, ky, kx])
-    return y.reshape(n, -1)
-
-
-def _eval_input_grad(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    c = Conv(*node.attrs)
-    n = context.shape(node)[0]
-    g = _images(args[0], n, c.F, c.HO, c.WO)
-    w = np.broadcast_to(args[1], (c.F, c.C * c.KH * c.KW)).reshape(c.F, c.C, c.KH, c.KW)
-    dx = np.zeros((n, c.C, c.H + 2 * c.P, c.W + 2 * c.P))
-    for ky, kx, at in _windows(dx, c.KH, c.KW, c.S, c.HO, c.WO):
-        dx[at] += np.einsum("nohw,oc->nchw", g, w[:, :, ky, kx])
-    return dx[:, :, c.P:c.P + c.H, c.P:c.P + c.W].reshape(n, -1)
-
-
-def _eval_weight_grad(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    c = Conv(*node.attrs)
-    n = context.shape(node.args[0])[0]
-    g = _images(args[0], n, c.F, c.HO, c.WO)
-    x = _padded(_images(args[1], n, c.C, c.H, c.W), c.P)
-    dw = np.zeros((c.F, c.C, c.KH, c.KW))
-    for ky, kx, at in _windows(x, c.KH, c.KW, c.S, c.HO, c.WO):
-        dw[:, :, ky, kx] = np.einsum("nohw,nchw->oc", g, x[at])
-    return dw.reshape(c.F, -1)
-
-
-def _argmax(x4: np.ndarray, p: Pool) -> np.ndarray:
-    """Each window's first largest entry, as its (ky*k + kx): n x C x Ho x Wo."""
-    stacked = np.stack([x4[at] for _, _, at in _windows(x4, p.K, p.K, p.S, p.HO, p.WO)])
-    return np.argmax(stacked, axis=0)
-
-
-def _eval_max(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    p = Pool(*node.attrs)
-    n = context.shape(node)[0]
-    x, t = (_images(a, n, p.C, p.H, p.W) for a in args)
-    chosen = _argmax(x, p)
-    y = np.zeros((n, p.C, p.HO, p.WO))
-    for ky, kx, at in _windows(t, p.K, p.K, p.S, p.HO, p.WO):
-        y = np.where(chosen == ky * p.K + kx, t[at], y)
-    return y.reshape(n, -1)
-
-
-def _eval_unpool(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    p = Pool(*node.attrs)
-    n = context.shape(node)[0]
-    x = _images(args[0], n, p.C, p.H, p.W)
-    g = _images(args[1], n, p.C, p.HO, p.WO)
-    chosen = _argmax(x, p)
-    dx = np.zeros((n, p.C, p.H, p.W))
-    for ky, kx, at in _windows(dx, p.K, p.K, p.S, p.HO, p.WO):
-        dx[at] += np.where(chosen == ky * p.K + kx, g, 0.0)
-    return dx.reshape(n, -1)
-
-
-def _eval_avg(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    p = Pool(*node.attrs)
-    n = context.shape(node)[0]
-    x = _images(args[0], n, p.C, p.H, p.W)
-    return (sum(x[at] for _, _, at in _windows(x, p.K, p.K, p.S, p.HO, p.WO)) / p.K**2).reshape(n, -1)
-
-
-def _eval_avg_unpool(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    p = Pool(*node.attrs)
-    n = context.shape(node)[0]
-    g = _images(args[0], n, p.C, p.HO, p.WO) / p.K**2
-    dx = np.zeros((n, p.C, p.H, p.W))
-    for _, _, at in _windows(dx, p.K, p.K, p.S, p.HO, p.WO):
-        dx[at] += g
-    return dx.reshape(n, -1)
-
-
-def _eval_channel_sum(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    channels, pixels = node.attrs
-    rows = context.shape(node)[0]
-    return np.broadcast_to(args[0], (rows, channels * pixels)).reshape(rows, channels, pixels).sum(axis=2)
-
-
-def _eval_channel_broadcast(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    channels, pixels = node.attrs
-    rows = context.shape(node)[0]
-    return np.repeat(np.broadcast_to(args[0], (rows, channels)), pixels, axis=1)
-
-
 # --- kernels ------------------------------------------------------------------------
 
 
@@ -396,24 +249,23 @@ class ImageKernel:
         if self.attrs.nest == "channel":
             return sp.Integer(0), rows * self.geometry[0] * self.geometry[1]
         p = Pool(*self.geometry)
-        return sp.Integer(0), rows * p.C * p.HO * p.WO * p.K * p.K
+        return sp.Integer(0), rows * p.C * p.HO * p.WO * p.KH * p.KW
 
 
 # What each op's comment says it computes: (the entry written, =/+=, its
 # value), {0} and {1} its arguments' labels, as the loops of kernel_conv.c.j2 name them.
 _MATH = {
-    "conv2d": ("[i,oc,oy,ox]", "=", "sum_{{ic,ky,kx}} {1}[oc,ic,ky,kx] * {0}[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] "
+    "conv2d": ("[i,oc,oy,ox]", "=", "sum_{{ic,ky,kx}} {1}[oc,ic,ky,kx] * {0}[i,ic,{Y},{X}] "
                "(conv2d; zero outside the image)"),
-    "conv2d_input_grad": ("[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}]", "+=", "{1}[oc,ic,ky,kx] * {0}[i,oc,oy,ox] "
+    "conv2d_input_grad": ("[i,ic,{Y},{X}]", "+=", "{1}[oc,ic,ky,kx] * {0}[i,oc,oy,ox] "
                           "(conv2d's gradient by its images)"),
-    "conv2d_weight_grad": ("[oc,ic,ky,kx]", "=", "sum_{{i,oy,ox}} {0}[i,oc,oy,ox] * {1}[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] "
+    "conv2d_weight_grad": ("[oc,ic,ky,kx]", "=", "sum_{{i,oy,ox}} {0}[i,oc,oy,ox] * {1}[i,ic,{Y},{X}] "
                            "(conv2d's gradient by its weights)"),
-    "max_pool2d": ("[i,ch,oy,ox]", "=", "{1}[i,ch,best], best: the first largest {0}[i,ch,oy*{S}+ky,ox*{S}+kx], "
-                   "ky,kx < {K}"),
-    "max_unpool2d": ("[i,ch,best]", "+=", "{1}[i,ch,oy,ox], best: the first largest {0}[i,ch,oy*{S}+ky,ox*{S}+kx], "
-                     "ky,kx < {K} (zero elsewhere)"),
-    "avg_pool2d": ("[i,ch,oy,ox]", "=", "sum_{{ky,kx < {K}}} {0}[i,ch,oy*{S}+ky,ox*{S}+kx] / {K}^2"),
-    "avg_unpool2d": ("[i,ch,oy*{S}+ky,ox*{S}+kx]", "+=", "{0}[i,ch,oy,ox] / {K}^2, ky,kx < {K}"),
+    "max_pool2d": ("[i,ch,oy,ox]", "=", "{1}[i,ch,best], best: the first largest {0}[i,ch,{Y},{X}], {WIN}{PAD}"),
+    "max_unpool2d": ("[i,ch,best]", "+=", "{1}[i,ch,oy,ox], best: the first largest {0}[i,ch,{Y},{X}], "
+                     "{WIN}{PAD} (zero elsewhere)"),
+    "avg_pool2d": ("[i,ch,oy,ox]", "=", "sum_{{{WIN}{PAD}}} {0}[i,ch,{Y},{X}] / {AREA}"),
+    "avg_unpool2d": ("[i,ch,{Y},{X}]", "+=", "{0}[i,ch,oy,ox] / {AREA}, {WIN}{PAD}"),
     "channel_sum": ("[i,ch]", "=", "sum_at {0}[i,ch,at] (over each channel's pixels)"),
     "channel_broadcast": ("[i,ch,at]", "=", "{0}[i,ch] (over each channel's pixels)"),
 }
@@ -475,15 +327,21 @@ def batch_blocks(rows: object) -> int:
 
 
 def _constants(op: str, geometry: tuple) -> dict:
-    """The numbers a comment names: stride S, padding P, window K."""
+    """What a comment names: the input coordinates Y and X a window entry
+    (ky, kx) of output pixel (oy, ox) reads; a pool's window WIN, its size
+    AREA and PAD (where the padding is not read)."""
     nest = attrs_of(op, ImageAttrs).nest
     if nest == "im2col":
         c = Conv(*geometry)
-        return {"S": c.S, "P": c.P}
+        dilated = ("" if c.DH == 1 else f"*{c.DH}", "" if c.DW == 1 else f"*{c.DW}")
+        return {"Y": f"oy*{c.SH}+ky{dilated[0]}-{c.PH}", "X": f"ox*{c.SW}+kx{dilated[1]}-{c.PW}"}
     if nest == "channel":
         return {}
     p = Pool(*geometry)
-    return {"S": p.S, "K": p.K}
+    square = p.KH == p.KW
+    return {"Y": f"oy*{p.SH}+ky" + (f"-{p.PH}" if p.PH else ""), "X": f"ox*{p.SW}+kx" + (f"-{p.PW}" if p.PW else ""),
+            "WIN": f"ky,kx < {p.KH}" if square else f"ky < {p.KH}, kx < {p.KW}",
+            "AREA": f"{p.KH}^2" if square else f"{p.KH}*{p.KW}", "PAD": " inside the image" if p.padded else ""}
 
 
 def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
@@ -495,39 +353,40 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
     if kernel.attrs.nest == "im2col":
         c = Conv(*kernel.geometry)
         fields.update(asdict(c), HO=c.HO, WO=c.WO)
-        fields["iy"] = _offset("oy", c.S, "ky", c.P)
-        fields["ix"] = _offset("ox", c.S, "kx", c.P)
-        fields["lo"], fields["hi"] = _inside_columns(c) if c.P else (None, None)
+        fields["iy"] = _offset("oy", c.SH, "ky", c.PH, c.DH)
+        fields["ix"] = _offset("ox", c.SW, "kx", c.PW, c.DW)
+        fields["lo"], fields["hi"] = _inside_columns(c) if c.PH or c.PW else (None, None)
         fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
     elif kernel.attrs.nest == "channel":
         fields["C"], fields["P"] = kernel.geometry
     else:
         p = Pool(*kernel.geometry)
         fields.update(asdict(p), HO=p.HO, WO=p.WO)
-        fields["iy"] = _offset("oy", p.S, "ky", 0)
-        fields["ix"] = _offset("ox", p.S, "kx", 0)
+        fields["iy"] = _offset("oy", p.SH, "ky", p.PH)
+        fields["ix"] = _offset("ox", p.SW, "kx", p.PW)
+        fields["padded"] = p.padded  # the window's rows and columns clipped to the image
         # a max unpool writes each window's entries once where the windows do
         # not overlap, and zeroes nothing first where they also cover the image
-        fields["disjoint"] = p.S >= p.K
-        fields["tiles"] = p.S == p.K and p.H == p.HO * p.K and p.W == p.WO * p.K
+        fields["disjoint"] = p.SH >= p.KH and p.SW >= p.KW
+        fields["tiles"] = (p.SH, p.SW) == (p.KH, p.KW) and not p.padded and (p.H, p.W) == (p.HO * p.KH, p.WO * p.KW)
     return fields
 
 
 def _inside_columns(c: Conv) -> tuple[list[int], list[int]]:
     """For each kernel column kx, the output columns [lo, hi) whose input
-    column ox*S + kx - P is inside the image (the rest read the padding)."""
+    column ox*SW + kx*DW - PW is inside the image (the rest read the padding)."""
     lo, hi = [], []
     for kx in range(c.KW):
-        inside = [ox for ox in range(c.WO) if 0 <= ox * c.S + kx - c.P < c.W]
+        inside = [ox for ox in range(c.WO) if 0 <= ox * c.SW + kx * c.DW - c.PW < c.W]
         lo.append(inside[0] if inside else 0)
         hi.append(inside[-1] + 1 if inside else 0)
     return lo, hi
 
 
-def _offset(out: str, stride: int, k: str, pad: int) -> str:
-    """The C of an input coordinate: out*stride + k - pad."""
+def _offset(out: str, stride: int, k: str, pad: int, dilation: int = 1) -> str:
+    """The C of an input coordinate: out*stride + k*dilation - pad."""
     text = out if stride == 1 else f"{out} * {stride}"
-    return f"{text} + {k}" + (f" - {pad}" if pad else "")
+    return f"{text} + {k}" + (f" * {dilation}" if dilation != 1 else "") + (f" - {pad}" if pad else "")
 
 
 def _lowering(build: Callable[..., Node]) -> Callable:
@@ -551,21 +410,21 @@ def _op(name: str, attrs: ImageAttrs, vjp, jvp, evaluate, grad_fn: str, lowers: 
                       **more))  # type: ignore[arg-type]
 
 
-_op("conv2d", ImageAttrs("im2col", image="a"), _conv_vjp, bilinear_jvp(conv2d), _eval_conv, "Conv2d",
+_op("conv2d", ImageAttrs("im2col", image="a"), _conv_vjp, bilinear_jvp(conv2d), reference.eval_conv, "Conv2d",
     declared.Conv2d, conv2d)
 _op("conv2d_input_grad", ImageAttrs("im2col", scatter=True), _input_grad_vjp, bilinear_jvp(conv2d_input_grad),
-    _eval_input_grad, "Conv2dInputGrad")
+    reference.eval_input_grad, "Conv2dInputGrad")
 _op("conv2d_weight_grad", ImageAttrs("im2col", image="b", batch_sum=True), _weight_grad_vjp,
-    bilinear_jvp(conv2d_weight_grad), _eval_weight_grad, "Conv2dWeightGrad")
-_op("max_pool2d", ImageAttrs("window", window="max"), _max_vjp, _max_jvp, _eval_max, "MaxPool2d",
+    bilinear_jvp(conv2d_weight_grad), reference.eval_weight_grad, "Conv2dWeightGrad")
+_op("max_pool2d", ImageAttrs("window", window="max"), _max_vjp, _max_jvp, reference.eval_max, "MaxPool2d",
     declared.MaxPool2d, lambda x, geometry: max_pool2d(x, x, geometry))  # x's argmax, x's entry there
 _op("max_unpool2d", ImageAttrs("window", scatter=True, window="max", argmax="select"), _unpool_vjp, _unpool_jvp,
-    _eval_unpool, "MaxUnpool2d")
-_op("avg_pool2d", ImageAttrs("window", window="mean"), *_linear(avg_pool2d, avg_unpool2d), _eval_avg, "AvgPool2d",
+    reference.eval_unpool, "MaxUnpool2d")
+_op("avg_pool2d", ImageAttrs("window", window="mean"), *_linear(avg_pool2d, avg_unpool2d), reference.eval_avg, "AvgPool2d",
     declared.AvgPool2d, avg_pool2d)
 _op("avg_unpool2d", ImageAttrs("window", scatter=True, window="mean"), *_linear(avg_unpool2d, avg_pool2d),
-    _eval_avg_unpool, "AvgUnpool2d")
-_op("channel_sum", ImageAttrs("channel"), *_linear(channel_sum, channel_broadcast), _eval_channel_sum, "ChannelSum",
+    reference.eval_avg_unpool, "AvgUnpool2d")
+_op("channel_sum", ImageAttrs("channel"), *_linear(channel_sum, channel_broadcast), reference.eval_channel_sum, "ChannelSum",
     declared.ChannelSum, channel_sum)
 _op("channel_broadcast", ImageAttrs("channel", scatter=True), *_linear(channel_broadcast, channel_sum),
-    _eval_channel_broadcast, "ChannelBroadcast", declared.ChannelBroadcast, channel_broadcast)
+    reference.eval_channel_broadcast, "ChannelBroadcast", declared.ChannelBroadcast, channel_broadcast)

@@ -120,6 +120,9 @@ class _Conv(tnn.Module):
     ({"kernel_size": (3, 5), "stride": 1, "padding": 2, "bias": False}, 3 * 9 * 9),
     ({"kernel_size": 3, "padding": "same"}, 3 * 7 * 9),
     ({"kernel_size": 1, "stride": (2, 2), "padding": (1, 1), "bias": False}, 3 * 5 * 6),
+    ({"kernel_size": (3, 5), "stride": (2, 3), "padding": (1, 2)}, 3 * 4 * 3),
+    ({"kernel_size": (5, 2), "stride": (1, 2), "padding": (2, 0), "dilation": (1, 2)}, 3 * 7 * 4),
+    ({"kernel_size": 3, "padding": "same", "dilation": 2, "bias": False}, 3 * 7 * 9),
 ])
 def test_conv2d_stride_padding_kernel_and_bias_variants(conv, features):
     torch.manual_seed(2)
@@ -148,6 +151,15 @@ class _Pools(tnn.Module):
 def test_avg_pool_adaptive_pool_and_residual_on_images():
     torch.manual_seed(3)
     _check(_Pools(), (2, 2, 9, 9), 3, "from_torch_cnn_pools")
+
+
+def test_padded_rectangular_pools():
+    """MaxPool2d pads with -inf, AvgPool2d counts its padding's zeros (count_include_pad=True)."""
+    torch.manual_seed(5)
+    net = tnn.Sequential(tnn.Conv2d(2, 3, 3, padding=1), tnn.MaxPool2d((3, 2), stride=(2, 1), padding=1),
+                         tnn.AvgPool2d((2, 3), stride=1, padding=(1, 1)), tnn.Tanh(),
+                         tnn.AvgPool2d(2, count_include_pad=False), tnn.Flatten(), tnn.Linear(3 * 2 * 5, 4))
+    _check(net, (2, 2, 7, 9), 4, "from_torch_cnn_padded_pools")
 
 
 def _batch_norm_net(affine: bool):
@@ -249,17 +261,19 @@ def _train_bn():
 
 
 @pytest.mark.parametrize("net, shape, message", [
-    (_Grouped(tnn.Conv2d(2, 4, 3, groups=2)), (1, 2, 3, 3), r"^stem\.conv: Conv2d with groups=2: grouped"),
-    (_Grouped(tnn.Conv2d(2, 4, 2, dilation=2)), (1, 2, 3, 3), r"^stem\.conv: Conv2d with dilation=\(2, 2\): dilated"),
+    (_Grouped(tnn.Conv2d(2, 4, 3, groups=2)), (1, 2, 3, 3), r"^stem\.conv: Conv2d with groups=2: grouped .*; use groups=1"),
+    (_Grouped(tnn.Conv2d(2, 4, 3, dilation=2)), (1, 2, 3, 3),
+     r"^stem\.conv: conv2d's 3x3 window \(dilation \(2, 2\): it spans 5x5\) is larger than the 3x3 image"),
     (_train_bn(), (2, 1, 5, 5), r"^bn: BatchNorm2d in training mode .*\.eval\(\).*nn\.batch_norm"),
     (tnn.Sequential(OrderedDict(conv=tnn.Conv2d(1, 2, 3), bn=tnn.BatchNorm2d(2, track_running_stats=False),
                                 flat=tnn.Flatten())).eval(), (2, 1, 5, 5), r"^bn: BatchNorm2d\(track_running_stats=False\)"),
     (_Unsupported(), (1, 1, 2, 2), r"^up: Upsample is not supported yet; from_torch converts the layers .*Conv2d"),
     (tnn.Sequential(tnn.Conv2d(1, 2, 3, padding_mode="reflect"), tnn.Flatten()), (1, 1, 4, 4),
      r"^0: Conv2d with padding_mode='reflect'"),
-    (tnn.Sequential(tnn.Conv2d(1, 2, 3, stride=(1, 2)), tnn.Flatten()), (1, 1, 4, 4),
-     r"^0: Conv2d with stride=\(1, 2\): a different stride along each axis"),
-    (tnn.Sequential(tnn.MaxPool2d(2, padding=1), tnn.Flatten()), (1, 1, 4, 4), r"^0: MaxPool2d with padding=1"),
+    (tnn.Sequential(tnn.MaxPool2d(2, padding=(1, 2)), tnn.Flatten()), (1, 1, 4, 4),
+     r"^0: MaxPool2d's padding \(1, 2\) is more than half its 2x2 window"),
+    (tnn.Sequential(tnn.AvgPool2d(3, padding=1, count_include_pad=False), tnn.Flatten()), (1, 1, 4, 4),
+     r"^0: AvgPool2d with count_include_pad=False and padding=1: .*count_include_pad=True"),
     (tnn.Sequential(tnn.MaxPool2d(2, ceil_mode=True), tnn.Flatten()), (1, 1, 5, 5),
      r"^0: MaxPool2d with ceil_mode=True .*partial window"),
     (tnn.Sequential(tnn.AvgPool2d(2, divisor_override=3), tnn.Flatten()), (1, 1, 4, 4),

@@ -49,6 +49,7 @@ a = sp.Symbol("a", real=True)
 idx = sbp.Index("idx", n)
 IMG = sbp.images("IMG", n, 2, 5, 4)  # n x 40: 2 channels of 5 x 4
 KER, KB = sbp.conv_weight("KER", 3, 2, 3), sp.MatrixSymbol("KB", 1, 3)
+KRECT = sbp.conv_weight("KRECT", 3, 2, 3, 2)  # a 3 x 2 kernel
 GAMMA, BETA = sp.MatrixSymbol("GAMMA", 1, 2), sp.MatrixSymbol("BETA", 1, 2)
 SQ, SK, SV = (sbp.sequences(name, n, 3, 4) for name in ("SQ", "SK", "SV"))  # n = 5 rows: sequences of 3, then 2
 LNG, LNB = sp.MatrixSymbol("LNG", 1, 3), sp.MatrixSymbol("LNB", 1, 3)
@@ -170,6 +171,17 @@ CASES = [
          lambda d: np.sin(_np_pool(d["IMG"], 2, 1, np.max)).sum()),
     Case("avg_pool2d", lambda: _model(_sum(nn.avg_pool2d(IMG, 3, 2).matrix.applyfunc(sp.exp)), params=(IMG,), inputs=()),
          lambda d: np.exp(_np_pool(d["IMG"], 3, 2, np.mean)).sum()),
+    Case("conv2d_rect", lambda: _model(_sum(nn.conv2d(IMG, KRECT, KB, stride=(2, 1), padding=(1, 2), kernel_size=(3, 2),
+                                                      dilation=(1, 2)).matrix.applyfunc(sp.sin)),
+                                       params=(IMG, KRECT, KB), inputs=()),
+         lambda d: np.sin(np.einsum("ncyxuv,ocuv->noyx", _np_windows(d["IMG"], (3, 2), (2, 1), (1, 2), (1, 2)),
+                                    d["KRECT"].reshape(3, 2, 3, 2)) + d["KB"].reshape(1, 3, 1, 1)).sum()),
+    Case("max_pool2d_padded", lambda: _model(_sum(nn.max_pool2d(IMG, (3, 2), (2, 1), 1).matrix.applyfunc(sp.sin)),
+                                             params=(IMG,), inputs=()),
+         lambda d: np.sin(_np_windows(d["IMG"], (3, 2), (2, 1), (1, 1), fill=-np.inf).max(axis=(4, 5))).sum()),
+    Case("avg_pool2d_padded", lambda: _model(_sum(nn.avg_pool2d(IMG, (2, 3), (1, 2), 1).matrix.applyfunc(sp.exp)),
+                                             params=(IMG,), inputs=()),
+         lambda d: np.exp(_np_windows(d["IMG"], (2, 3), (1, 2), (1, 1)).mean(axis=(4, 5))).sum()),
     Case("batch_norm", lambda: _model(_sum(nn.batch_norm(IMG, GAMMA, BETA).matrix.applyfunc(sp.sin)),
                                       params=(IMG, GAMMA, BETA), inputs=()),
          lambda d: np.sin(_np_batch_norm(d["IMG"], d["GAMMA"], d["BETA"])).sum()),
@@ -247,6 +259,9 @@ CASES += [
     _second_order("conv2d_grads", "conv2d_stride2_pad1", ["IMG", "KER"]),
     _second_order("max_unpool2d", "max_pool2d", ["IMG"]),
     _second_order("avg_unpool2d", "avg_pool2d", ["IMG"]),
+    _second_order("conv2d_rect_grads", "conv2d_rect", ["IMG", "KRECT"]),
+    _second_order("max_unpool2d_padded", "max_pool2d_padded", ["IMG"]),
+    _second_order("avg_unpool2d_padded", "avg_pool2d_padded", ["IMG"]),
     _second_order("attention_grads", "causal_attention", ["SK"]),
     _second_order("normalize_rows_vjp", "layer_norm", ["X"]),
 ]
@@ -269,6 +284,18 @@ def _np_pool(x, k, stride, reduce):
     out = np.zeros((x.shape[0], 2, rows, cols))
     for i, ch, r, c in np.ndindex(*out.shape):
         out[i, ch, r, c] = reduce(x[i, ch, r * stride:r * stride + k, c * stride:c * stride + k])
+    return out
+
+
+def _np_windows(x, kernel, stride, pad, dilation=(1, 1), fill=0.0):
+    """IMG's windows, n x C x Ho x Wo x kh x kw, of the image padded by `fill`
+    (zeros for a convolution and a mean, -inf for PyTorch's max pool)."""
+    x = np.pad(x.reshape(-1, 2, 5, 4), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])), constant_values=fill)
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    ho, wo = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1, (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    out = np.empty((x.shape[0], 2, ho, wo, kh, kw))
+    for u, v in np.ndindex(kh, kw):
+        out[..., u, v] = x[:, :, u * dh:u * dh + sh * (ho - 1) + 1:sh, v * dw:v * dw + sw * (wo - 1) + 1:sw]
     return out
 
 
@@ -395,6 +422,7 @@ def test_jvp_matches_directional_difference(case):
                                   "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
                                   "shift_down_fill", "shift_left_axis1",
                                   "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm",
+                                  "conv2d_rect", "max_pool2d_padded", "avg_pool2d_padded",
                                   "causal_attention", "layer_norm"])
 def test_compiled_module_agrees_with_the_interpreter(name):
     case = next(c for c in CASES if c.name == name)
