@@ -311,7 +311,7 @@ def _features(x: object, what: str) -> sp.Expr:
     return x.shape[0]
 
 
-def _inverse_deviation(var: sp.MatrixExpr, eps: float) -> sp.MatrixExpr:
+def inverse_deviation(var: sp.MatrixExpr, eps: float) -> sp.MatrixExpr:
     """1 / sqrt(var + eps), entrywise (one channel's 1 x 1 too: SymPy's
     applyfunc would call the function on the 1 x 1 matrix itself)."""
     if var.shape == (1, 1):
@@ -336,11 +336,11 @@ def batch_norm(x: Images | sp.MatrixExpr, gamma: sp.MatrixExpr, beta: sp.MatrixE
             if row.shape != (1, channels):
                 raise ModelError(f"batch_norm's {what} must be 1 x {channels}; {row} is {row.shape[0]} x {row.shape[1]}")
         mean, var = batch_stats(x) if running is None else running
-        scale = sp.hadamard_product(gamma, _inverse_deviation(var, eps))
+        scale = sp.hadamard_product(gamma, inverse_deviation(var, eps))
         return sp.hadamard_product(x - _rows(mean, rows), _rows(scale, rows)) + _rows(beta, rows)
     n = x.matrix.shape[0]
     mean, var = batch_stats(x) if running is None else running
-    scale = sp.hadamard_product(gamma, _inverse_deviation(var, eps))
+    scale = sp.hadamard_product(gamma, inverse_deviation(var, eps))
     centred = x.matrix - _rows(_per_channel(x, mean), n)
     y = sp.hadamard_product(centred, _rows(_per_channel(x, scale), n)) + _rows(_per_channel(x, beta), n)
     return Images(y, x.channels, x.height, x.width)
