@@ -156,3 +156,26 @@ def test_a_batch_norm_called_twice_in_training_mode_is_refused():
 
     with pytest.raises(sbp.ModelError, match=r"^bn: BatchNorm1d called twice in training mode"):
         sbp.from_torch(Twice().double(), torch.zeros(2, 3))
+
+
+def test_train_epoch_in_training_mode_is_torchs_minibatch_steps():
+    """train_epoch over minibatches of a training-mode MLP: each step
+    normalizes by its minibatch's statistics, as torch's steps do."""
+    net = _mlp(5).train()
+    x = torch.randn(12, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    t = torch.randn(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    model, params = sbp.from_torch(net, x, loss="mse", name="ft_bn1d_epoch")
+    order = np.random.default_rng(13).permutation(12)
+    losses = sbp.compile(model, optimizer=sbp.SGD(lr=0.1)).train_epoch(4, order, X=x.numpy(), T=t.numpy(), **params)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for k, start in enumerate(range(0, 12, 4)):
+        rows = torch.from_numpy(order[start:start + 4])
+        optimizer.zero_grad()
+        expected = F.mse_loss(net(x[rows]), t[rows])
+        expected.backward()
+        optimizer.step()
+        assert abs(losses[k] - expected.item()) <= REL * expected.item()
+    for name, key in params.torch_names.items():
+        if name not in params.frozen:
+            want = net.state_dict()[key].numpy().reshape(params[name].shape)
+            np.testing.assert_allclose(params[name], want, rtol=REL, atol=1e-15, err_msg=key)
