@@ -15,10 +15,12 @@ torch's (out, in) layout (x @ W.T). The model's inputs are X
 labels for "cross_entropy_labels"); the batch is the symbolic dimension n;
 its output Y is the network's. An example input of (batch, C, H, W) is a
 batch of images: X is then its n x C*H*W matrix (torch's NCHW memory, pass
-x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d (eval)
-translate; one of (batch,) integers is an Index X of ids for an Embedding. Parameters are named after their state_dict
-keys, made identifiers ("0.weight" -> "l0_weight"); `params.torch_names`
-maps them back.
+x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d
+translate (a batch norm in training mode by the batch's statistics, what it
+writes into its running ones an output: TorchParams.running); one of
+(batch,) integers is an Index X of ids for an Embedding. Parameters are
+named after their state_dict keys, made identifiers ("0.weight" ->
+"l0_weight"); `params.torch_names` maps them back.
 """
 
 from __future__ import annotations
@@ -409,11 +411,11 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     else:
         T = sp.MatrixSymbol("T", BATCH, Y.shape[1])
         loss_expr, inputs = loss(Y, T), [X, T]
-    running = {f"{key}_new": value for key, value in builder.updates.items()}
+    running = {f"{key}_new": key for key in builder.updates}  # output -> the running statistic it updates
     model = Model(name, inputs=(*inputs, *builder.frozen), params=tuple(builder.symbols), loss=loss_expr,
-                  outputs={"Y": Y, **running})
+                  outputs={"Y": Y, **{out: builder.updates[key] for out, key in running.items()}})
     return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes,
-                              tuple(str(s) for s in builder.frozen), {key: key[:-4] for key in running})
+                              tuple(str(s) for s in builder.frozen), running)
 
 
 __all__ = ["BATCH", "LOSSES", "Loss", "TorchParams", "from_torch", "functions", "layers"]

@@ -1,7 +1,7 @@
 """What from_torch translates on images and ids: Conv2d, the pools,
 BatchNorm2d and BatchNorm1d (by the batch's statistics in training mode,
-with the running ones' update as outputs: running_updates), the mean over height and
-width, Embedding; the converters of the tables of symbackprop.interop.torch_ops
+with the running ones' update as outputs: running_updates), the mean over
+height and width, Embedding; the converters of the tables of symbackprop.interop.torch_ops
 (which see), each computing what torch computes or raising ModelError
 naming what it cannot translate.
 
