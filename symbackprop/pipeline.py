@@ -202,13 +202,13 @@ class _Planner:
         With `calls` (the module's value_and_grad), the step calls it for
         the loss and the gradient and schedules the update alone: the C of
         the forward and backward passes is in one place."""
-        params = self._leaf_targets("train_step")
+        self._leaf_targets("train_step")
         if calls is None:
             grads = self._grads([(self.lowered.loss, const(1, SCALAR))])[: len(self.targets)]
         else:  # each gradient as value_and_grad returns it, a leaf the update reads
             grads = [leaf(g, node.shape, "gradient") for g, (_, node) in zip(_grad_outputs(calls), self.targets)]
             self.naming.names.update((g, g.attrs[0]) for g in grads)
-        grads = [g for (n, node), g in zip(self.targets, grads) if node.op == "leaf"]
+        params, grads = _updated(self.model, self.targets, grads)
         extra, roles = [], []
 
         def add(stem: str, role: str, shape=SCALAR) -> Node:
@@ -239,6 +239,19 @@ class _Planner:
         fn = schedule("train_step", results, self.naming, inplace)
         return [FunctionPlan("train_step", fn, tuple(extra), (("loss", "loss", "loss"),), None, inplace, tuple(roles),
                              calls=calls)]
+
+
+def _updated(model: Model, targets: list[tuple[str, Node]],
+             grads: list[Node]) -> tuple[list[tuple[str, Node]], list[Node]]:
+    """The targets an optimizer updates, with their gradients: the model's
+    params only. A grad input (an adversarial example's X) is data the
+    caller owns: its gradient is value_and_grad's, never a step's write."""
+    names = {leaf_name(p) for p in model.params}
+    kept = [(target, g) for target, g in zip(targets, grads) if target[1].op == "leaf" and target[0] in names]
+    if not kept:
+        raise ModelError("train_step needs at least one param to update; the optimizer updates params, "
+                         "never inputs (grad_inputs are differentiated, not trained)")
+    return [target for target, _ in kept], [g for _, g in kept]
 
 
 def _grad_outputs(gradient: FunctionPlan) -> list[str]:

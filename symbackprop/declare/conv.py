@@ -343,17 +343,22 @@ def avg_pool2d(x: Images, k: Pair, stride: Pair | None = None, padding: Pair = 0
     return _pool(AvgPool2d, x, k, stride, padding)
 
 
-def batch_stats(x: Images) -> tuple[sp.MatrixExpr, sp.MatrixExpr]:
+def batch_stats(x: Images | sp.MatrixExpr) -> tuple[sp.MatrixExpr, sp.MatrixExpr]:
     """The batch's per-channel mean and (biased) variance, 1 x C each, over
-    the examples and pixels (what batch_norm normalizes with in training;
-    make them outputs to update running statistics)."""
-    x = _checked(x, "batch_stats")
+    the examples and pixels of Images, or over the rows of a plain n x C
+    matrix (what batch_norm normalizes with in training; make them outputs
+    to update running statistics)."""
+    from symbackprop.declare.tensor import reduce
+
+    if not isinstance(x, Images):
+        rows = _features(x, "batch_stats")
+        mu = reduce("sum", x, 0) / rows
+        centred = x - _rows(mu, rows)
+        return mu, reduce("sum", sp.hadamard_product(centred, centred), 0) / rows
     n = x.matrix.shape[0]
     count = n * x.pixels
 
     def mean(m: sp.MatrixExpr) -> sp.MatrixExpr:
-        from symbackprop.declare.tensor import reduce
-
         return channel_sum(reduce("sum", m, 0), x.channels, x.pixels) / count
 
     mu = mean(x.matrix)
@@ -361,19 +366,45 @@ def batch_stats(x: Images) -> tuple[sp.MatrixExpr, sp.MatrixExpr]:
     return mu, mean(sp.hadamard_product(centred, centred))
 
 
-def batch_norm(x: Images, gamma: sp.MatrixExpr, beta: sp.MatrixExpr, eps: float = 1e-5,
-               running: tuple[sp.MatrixExpr, sp.MatrixExpr] | None = None) -> Images:
-    """Batch normalization (PyTorch's BatchNorm2d): per channel,
+def _features(x: object, what: str) -> sp.Expr:
+    """The rows of a plain n x C matrix given where Images may be (a
+    BatchNorm1d's batch of feature rows)."""
+    if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
+        raise ModelError(f"{what} takes Images (sbp.images(...) or a layer's result) or an n x C matrix; "
+                         f"got {type(x).__name__}")
+    return x.shape[0]
+
+
+def inverse_deviation(var: sp.MatrixExpr, eps: float) -> sp.MatrixExpr:
+    """1 / sqrt(var + eps), entrywise (one channel's 1 x 1 too: SymPy's
+    applyfunc would call the function on the 1 x 1 matrix itself)."""
+    if var.shape == (1, 1):
+        return sp.ImmutableMatrix([[1 / sp.sqrt(var[0, 0] + eps)]])
+    return var.applyfunc(lambda v: 1 / sp.sqrt(v + eps))
+
+
+def batch_norm(x: Images | sp.MatrixExpr, gamma: sp.MatrixExpr, beta: sp.MatrixExpr, eps: float = 1e-5,
+               running: tuple[sp.MatrixExpr, sp.MatrixExpr] | None = None) -> Images | sp.MatrixExpr:
+    """Batch normalization: per channel (BatchNorm2d, of Images) or per
+    column (BatchNorm1d, of a plain n x C matrix: the result is one too),
     y = gamma * (x - mean) / sqrt(var + eps) + beta.
 
     Training mode (running=None): mean and var are the batch's (batch_stats),
     and the gradient flows through them. Inference mode: running = (mean, var),
     1 x C inputs (the running statistics).
     """
-    x = _checked(x, "batch_norm")
+    if not isinstance(x, Images):
+        rows = _features(x, "batch_norm")
+        channels = x.shape[1]
+        for what, row in (("gamma", gamma), ("beta", beta), *zip(("mean", "var"), running or ())):
+            if row.shape != (1, channels):
+                raise ModelError(f"batch_norm's {what} must be 1 x {channels}; {row} is {row.shape[0]} x {row.shape[1]}")
+        mean, var = batch_stats(x) if running is None else running
+        scale = sp.hadamard_product(gamma, inverse_deviation(var, eps))
+        return sp.hadamard_product(x - _rows(mean, rows), _rows(scale, rows)) + _rows(beta, rows)
     n = x.matrix.shape[0]
     mean, var = batch_stats(x) if running is None else running
-    scale = sp.hadamard_product(gamma, var.applyfunc(lambda v: 1 / sp.sqrt(v + eps)))
+    scale = sp.hadamard_product(gamma, inverse_deviation(var, eps))
     centred = x.matrix - _rows(_per_channel(x, mean), n)
     y = sp.hadamard_product(centred, _rows(_per_channel(x, scale), n)) + _rows(_per_channel(x, beta), n)
     return Images(y, x.channels, x.height, x.width)

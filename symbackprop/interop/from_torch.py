@@ -15,10 +15,12 @@ torch's (out, in) layout (x @ W.T). The model's inputs are X
 labels for "cross_entropy_labels"); the batch is the symbolic dimension n;
 its output Y is the network's. An example input of (batch, C, H, W) is a
 batch of images: X is then its n x C*H*W matrix (torch's NCHW memory, pass
-x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d (eval)
-translate; one of (batch,) integers is an Index X of ids for an Embedding. Parameters are named after their state_dict
-keys, made identifiers ("0.weight" -> "l0_weight"); `params.torch_names`
-maps them back.
+x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d
+translate (a batch norm in training mode by the batch's statistics, what it
+writes into its running ones an output: TorchParams.running); one of
+(batch,) integers is an Index X of ids for an Embedding. Parameters are
+named after their state_dict keys, made identifiers ("0.weight" ->
+"l0_weight"); `params.torch_names` maps them back.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from symbackprop.declare.model import Model
 from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
 from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
+from symbackprop.interop.torch_images import running_updates
 from symbackprop.interop.torch_ops import functions, layers, method, op_name
 from symbackprop.interop.torch_values import Kernel
 
@@ -101,14 +104,31 @@ class TorchParams(dict):
         frozen: the names of the parameters of requires_grad=False, the
             model's inputs (passed as the others are, never differentiated
             nor updated by train_step).
+        running: {output name: running statistic}: the outputs holding
+            what a batch norm in training mode writes into its running
+            mean and variance (see update_running).
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], torch_names: dict[str, str],
-                 torch_shapes: dict[str, tuple[int, ...]], frozen: tuple[str, ...] = ()) -> None:
+                 torch_shapes: dict[str, tuple[int, ...]], frozen: tuple[str, ...] = (),
+                 running: dict[str, str] | None = None) -> None:
         super().__init__(arrays)
         self.torch_names = dict(torch_names)
         self.torch_shapes = dict(torch_shapes)
         self.frozen = tuple(frozen)
+        self.running = dict(running or {})
+
+    def update_running(self, outputs: dict[str, Any]) -> None:
+        """Copy the new running statistics of a forward pass (the outputs
+        `running` names) into their arrays here, in place, as torch's
+        forward in training mode updates its buffers.
+
+        Args:
+            outputs: the outputs of mod.forward(...) (or value_and_grad's
+                outputs) by name.
+        """
+        for output, name in self.running.items():
+            self[name][...] = np.asarray(outputs[output]).reshape(self[name].shape)
 
     def state_dict(self, arrays: dict[str, Any]) -> dict[str, Any]:
         """Arrays by our names (gradients, trained params) as float64 torch
@@ -137,6 +157,7 @@ class _Builder:
         self.torch_names: dict[str, str] = {}
         self.torch_shapes: dict[str, tuple[int, ...]] = {}
         self.seen: dict[int, sp.MatrixSymbol] = {}  # id(tensor) -> its symbol: a shared weight is one param
+        self.updates: dict[str, sp.MatrixExpr] = {}  # a running statistic -> its new value (batch norm, training)
 
     def param(self, torch_key: str, tensor: Any) -> sp.MatrixSymbol:
         if id(tensor) in self.seen:
@@ -175,7 +196,13 @@ class _Builder:
             tensor = getattr(module, key, None)
             return None if tensor is None else self.param(f"{path}.{key}" if path else key, tensor)
 
-        return convert(module, args[0], param)
+        out = convert(module, args[0], param)
+        for name, value in running_updates(module, args[0], param):
+            if name in self.updates:
+                raise ModelError(f"{kind.__name__} called twice in training mode: torch updates its running "
+                                 "statistics at each call, which is not translated")
+            self.updates[name] = value
+        return out
 
 
 def _identifier(key: str) -> str:
@@ -384,10 +411,11 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     else:
         T = sp.MatrixSymbol("T", BATCH, Y.shape[1])
         loss_expr, inputs = loss(Y, T), [X, T]
+    running = {f"{key}_new": key for key in builder.updates}  # output -> the running statistic it updates
     model = Model(name, inputs=(*inputs, *builder.frozen), params=tuple(builder.symbols), loss=loss_expr,
-                  outputs={"Y": Y})
+                  outputs={"Y": Y, **{out: builder.updates[key] for out, key in running.items()}})
     return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes,
-                              tuple(str(s) for s in builder.frozen))
+                              tuple(str(s) for s in builder.frozen), running)
 
 
 __all__ = ["BATCH", "LOSSES", "Loss", "TorchParams", "from_torch", "functions", "layers"]

@@ -1,6 +1,7 @@
 """What from_torch translates on images and ids: Conv2d, the pools,
-BatchNorm2d (and BatchNorm1d) in eval mode, the mean over height and
-width, Embedding; the converters of the tables of symbackprop.interop.torch_ops
+BatchNorm2d and BatchNorm1d (by the batch's statistics in training mode,
+with the running ones' update as outputs: running_updates), the mean over
+height and width, Embedding; the converters of the tables of symbackprop.interop.torch_ops
 (which see), each computing what torch computes or raising ModelError
 naming what it cannot translate.
 
@@ -16,7 +17,14 @@ from typing import Any
 import sympy as sp
 
 from symbackprop.declare import nn
-from symbackprop.declare.conv import Images, channel_broadcast, channel_sum, pair, pool_geometry
+from symbackprop.declare.conv import (
+    Images,
+    channel_broadcast,
+    channel_sum,
+    inverse_deviation,
+    pair,
+    pool_geometry,
+)
 from symbackprop.declare.tensor import gather
 from symbackprop.errors import ModelError
 from symbackprop.interop.torch_values import Kernel, as_matrix, expand, is_number, shape_of, torch_module
@@ -123,10 +131,9 @@ def adaptive_avg_pool2d(input: Any, output_size: Any) -> Images:
     return nn.avg_pool2d(x, x.height // sizes[0])
 
 
-def _batch_norm2d(x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: float) -> Images:
-    """BatchNorm2d in eval mode, per channel: (x - running_mean) / sqrt(running_var + eps) * weight + bias."""
-    x = _images(x, "BatchNorm2d")
-    scale = as_matrix(var, "batch_norm").applyfunc(lambda v: 1 / sp.sqrt(v + sp.Float(eps)))
+def _batch_norm2d(x: Images, mean: Any, var: Any, weight: Any, bias: Any, eps: float) -> Images:
+    """BatchNorm2d per channel: (x - mean) / sqrt(var + eps) * weight + bias."""
+    scale = inverse_deviation(as_matrix(var, "batch_norm"), eps)
     if weight is not None:
         scale = sp.HadamardProduct(as_matrix(weight, "batch_norm"), scale)
     y = sp.HadamardProduct(x.matrix - _rows(as_matrix(mean, "batch_norm"), x), _rows(scale, x))
@@ -135,41 +142,65 @@ def _batch_norm2d(x: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: floa
     return Images(y, x.channels, x.height, x.width)
 
 
-def _eval_mode(m: Any) -> None:
-    """Refuse a batch norm that normalizes by the batch's statistics (training mode, or no running ones)."""
-    kind = type(m).__name__
-    if m.training:
-        raise ModelError(f"{kind} in training mode (statistics of the batch, running ones updated) is not "
-                         "translated; call .eval() on the network first (running statistics)"
-                         + (", or declare the model with symbackprop's nn.batch_norm" if kind == "BatchNorm2d" else ""))
-    if m.running_mean is None:
-        raise ModelError(f"{kind}(track_running_stats=False) normalizes by the batch's statistics even in eval "
-                         "mode, which is not translated")
+def batch_statistics(m: Any) -> bool:
+    """Whether a batch norm normalizes by the batch's statistics, as torch's
+    forward does: in training mode, and without running statistics in
+    either mode (track_running_stats=False)."""
+    return bool(m.training or m.running_mean is None)
+
+
+def _statistics(m: Any, x: Any, param: Callable[[str], Any]) -> tuple[Any, Any]:
+    """The mean and variance a batch norm normalizes by: the batch's (biased,
+    nn.batch_stats) or its running ones (frozen inputs of the model)."""
+    if m.training and m.running_mean is not None and m.momentum is None:
+        raise ModelError(f"{type(m).__name__}(momentum=None) in training mode (a cumulative average of the running "
+                         "statistics, by num_batches_tracked) is not translated; give it a momentum")
+    if batch_statistics(m):
+        return nn.batch_stats(x)
+    return param("running_mean"), param("running_var")
+
+
+def running_updates(m: Any, x: Any, param: Callable[[str], Any]) -> list[tuple[str, sp.MatrixExpr]]:
+    """What a batch norm in training mode writes into its running statistics,
+    as torch's forward does: (1 - momentum) * running + momentum * the
+    batch's, its variance unbiased (times N / (N - 1), N = batch * pixels).
+    (The running statistic's name, its new value); none in eval mode or
+    without running statistics."""
+    if not (m.training and getattr(m, "running_mean", None) is not None):  # (of any layer: a batch norm's only)
+        return []
+    mean, var = nn.batch_stats(x)
+    count = (x.matrix.shape[0] * x.pixels) if isinstance(x, Images) else x.shape[0]
+    momentum = sp.Float(m.momentum)
+    new_mean = (1 - momentum) * param("running_mean") + momentum * mean
+    new_var = (1 - momentum) * param("running_var") + (momentum * count / (count - 1)) * var
+    return [(str(param("running_mean")), new_mean), (str(param("running_var")), new_var)]
 
 
 def batch_norm1d_layer(m: Any, x: Any, param: Callable[[str], Any]) -> sp.MatrixExpr:
-    """BatchNorm1d of (batch, features) in eval mode: per feature,
-    (x - running_mean) / sqrt(running_var + eps) * weight + bias."""
-    _eval_mode(m)
+    """BatchNorm1d of (batch, features): per feature,
+    (x - mean) / sqrt(var + eps) * weight + bias, by the batch's statistics
+    in training mode, else by the running ones."""
     x = as_matrix(x, "BatchNorm1d")
     rows, cols = x.shape
     if m.num_features != cols:
         raise ModelError(f"BatchNorm1d of {m.num_features} features; its input has {cols}")
-    scale = as_matrix(param("running_var"), "batch_norm").applyfunc(lambda v: 1 / sp.sqrt(v + sp.Float(m.eps)))
+    mean, var = _statistics(m, x, param)
+    scale = inverse_deviation(as_matrix(var, "batch_norm"), m.eps)
     weight, bias = param("weight"), param("bias")
     if weight is not None:
         scale = sp.HadamardProduct(weight, scale)
-    y = sp.HadamardProduct(x - expand(param("running_mean"), rows, cols), expand(scale, rows, cols))
+    y = sp.HadamardProduct(x - expand(mean, rows, cols), expand(scale, rows, cols))
     return y + expand(bias, rows, cols) if bias is not None else y
 
 
 def batch_norm_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
-    """BatchNorm2d in eval mode (its running statistics, frozen inputs of the model)."""
-    _eval_mode(m)
+    """BatchNorm2d: by the batch's statistics in training mode, else by the
+    running ones (frozen inputs of the model)."""
     images = _images(x, "BatchNorm2d")
     if m.num_features != images.channels:
         raise ModelError(f"BatchNorm2d of {m.num_features} channels; its input has {images.channels}")
-    return _batch_norm2d(images, param("running_mean"), param("running_var"), param("weight"), param("bias"), m.eps)
+    mean, var = _statistics(m, images, param)
+    return _batch_norm2d(images, mean, var, param("weight"), param("bias"), m.eps)
 
 
 def conv_layer(m: Any, x: Any, param: Callable[[str], Any]) -> Images:
@@ -217,5 +248,5 @@ def embedding(input: Any, weight: Any, padding_idx: Any = None, max_norm: Any = 
     return gather(as_matrix(weight, "embedding"), input)
 
 
-__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm1d_layer", "batch_norm_layer", "conv2d", "conv_layer",
-           "embedding", "max_pool2d", "mean"]
+__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm1d_layer", "batch_norm_layer", "batch_statistics", "conv2d",
+           "conv_layer", "embedding", "max_pool2d", "mean", "running_updates"]
