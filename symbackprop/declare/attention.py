@@ -142,7 +142,9 @@ def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
     Keys after the query are excluded exactly (weight 0, as -inf scores).
 
     Args:
-        q, k, v: the queries, keys and values, Sequences of one length and shape.
+        q: the queries, Sequences (m x d).
+        k: the keys, Sequences of q's length and shape.
+        v: the values, Sequences of q's length and shape.
         heads: the number of heads.
         weights: also return the attention weights (the probabilities), an
             m x (heads*L) matrix: row (e, t) and column h*L + s hold query
@@ -187,7 +189,10 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
 
     Args:
         x: the Sequences attended over (m x d).
-        wq, wk, wv, wo: the d x d weights.
+        wq: the queries' d x d weight.
+        wk: the keys' d x d weight.
+        wv: the values' d x d weight.
+        wo: the output's d x d weight.
         heads: the number of heads.
         biases: (bq, bk, bv, bo), each a 1 x d row or None (no bias there);
             PyTorch's in_proj_bias (a 1 x 3d row b) is b[:, 0:d], b[:, d:2d],

@@ -92,3 +92,40 @@ def test_slices_it_cannot_compile_are_named(make, message):
     expr = make(w, x)
     with pytest.raises(sbp.ModelError, match=message):
         sbp.compile(sbp.Model("slices_refused", inputs=[x], params=[w], loss=nn.sum_all(x * w) + nn.sum_all(expr)))
+
+
+def test_an_lstms_stacked_gates_sliced_inside_a_scan_match_torch_lstm():
+    """torch.nn.LSTM's weight_ih, weight_hh (4H x in, gates i, f, g, o
+    stacked) and bias as one parameter each, sliced per gate inside a
+    scan's step (nn.lstm_cell's gate order is torch's)."""
+    steps, hidden, features = sp.Symbol("T", integer=True, positive=True), 3, 2
+    x_seq, target = sp.MatrixSymbol("X", steps, features), sp.MatrixSymbol("target", steps, 1)
+    w_ih, w_hh = sp.MatrixSymbol("Wih", 4 * hidden, features), sp.MatrixSymbol("Whh", 4 * hidden, hidden)
+    b_ih, v = sp.MatrixSymbol("bih", 1, 4 * hidden), sp.MatrixSymbol("v", hidden, 1)
+    gates = [slice(g * hidden, (g + 1) * hidden) for g in range(4)]
+    h, c, x = sp.MatrixSymbol("h", 1, hidden), sp.MatrixSymbol("c", 1, hidden), sp.MatrixSymbol("x", 1, features)
+    h_next, c_next = nn.lstm_cell(x, h, c, [w_ih[g, :].T for g in gates], [w_hh[g, :].T for g in gates],
+                                  [b_ih[:, g] for g in gates])
+    zero = sp.ZeroMatrix(1, hidden)
+    y = sbp.scan((h_next, c_next), h_next * v, (h, c), x, (zero, zero), x_seq)
+    model = sbp.Model("slices_lstm", inputs=[x_seq, target], params=[w_ih, w_hh, b_ih, v], loss=nn.mse(y, target))
+    rng = np.random.default_rng(0)
+    arrays = {"X": rng.standard_normal((7, features)), "target": rng.standard_normal((7, 1))}
+    arrays.update({p.name: rng.uniform(-0.5, 0.5, p.shape) for p in model.params})
+    loss, grads = sbp.compile(model).value_and_grad(**arrays)
+
+    lstm = torch.nn.LSTM(features, hidden).double()
+    with torch.no_grad():
+        lstm.weight_ih_l0.copy_(torch.tensor(arrays["Wih"]))
+        lstm.weight_hh_l0.copy_(torch.tensor(arrays["Whh"]))
+        lstm.bias_ih_l0.copy_(torch.tensor(arrays["bih"][0]))
+        lstm.bias_hh_l0.zero_()
+    tv = torch.tensor(arrays["v"], requires_grad=True)
+    out, _ = lstm(torch.tensor(arrays["X"])[:, None, :])
+    expected = torch.nn.functional.mse_loss(out[:, 0, :] @ tv, torch.tensor(arrays["target"]))
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-12)
+    for key, want in (("Wih", lstm.weight_ih_l0.grad), ("Whh", lstm.weight_hh_l0.grad), ("bih", lstm.bias_ih_l0.grad),
+                      ("v", tv.grad)):
+        want = want.numpy().reshape(grads[key].shape)
+        np.testing.assert_allclose(grads[key], want, rtol=1e-12, atol=1e-12 * np.abs(want).max(), err_msg=key)
