@@ -196,9 +196,9 @@ CASES += [
          lambda d: np.sin((1 - np.tanh(d["X"] @ d["W"]) ** 2) * (d["X"] @ d["V"].T)).sum()),
     Case("reshape", None, lambda d: np.sin(np.sin(d["R"]).reshape(2, 6) @ d["Q"]).sum(), graph=lambda: _reshape_graph()),
     # an input's columns, a param's first rows, an intermediate's middle rows, steps, a transpose's last rows
-    Case("slice", lambda: _model(_sum((X[:, 1:3] * W[0:2, :]).applyfunc(sp.sin)) + _sum((X * W)[1:3, :].applyfunc(sp.cos))
-                                 + _sum((S4[0:4:2, 1:3] * S4.T[2:4, :]).applyfunc(sp.sin)), params=(W, X, S4), inputs=()),
-         lambda d: (np.sin(d["X"][:, 1:3] @ d["W"][0:2]).sum() + np.cos((d["X"] @ d["W"])[1:3]).sum()
+    Case("slice", lambda: _model(_sum((X[:, 1:3] * W[0:2, :]).applyfunc(sp.sin)) + _sum((W * V)[1:3, 0:2].applyfunc(sp.cos))
+                                 + _sum((S4[0:4:2, 1:3] * S4.T[2:4, :]).applyfunc(sp.sin)), params=(W, V, X, S4), inputs=()),
+         lambda d: (np.sin(d["X"][:, 1:3] @ d["W"][0:2]).sum() + np.cos((d["W"] @ d["V"])[1:3, 0:2]).sum()
                     + np.sin(d["S4"][0:4:2, 1:3] @ d["S4"].T[2:4]).sum())),
 ]
 

@@ -20,10 +20,11 @@ torch = pytest.importorskip("torch")
 n = sp.Symbol("n", integer=True, positive=True)
 
 
-def _fused_projection(d: int, rows: int, name: str):
+def _fused_projection(d: int, name: str):
     """q, k, v from one fused (3d x d) weight and (1 x 3d) bias, as
     PyTorch's in_proj_weight: q k^T v-like mixing of them, a step slice
-    and a slice of a transpose; returns the model and torch's loss."""
+    slices of a transpose and of an intermediate of fixed rows; returns
+    the model and torch's loss."""
     x, w, b = sp.MatrixSymbol("X", n, d), sp.MatrixSymbol("Win", 3 * d, d), sp.MatrixSymbol("bin", 1, 3 * d)
     u = sp.MatrixSymbol("U", d, d)
     ones = nn.ones(n, 1)
@@ -32,21 +33,21 @@ def _fused_projection(d: int, rows: int, name: str):
     v = x * w[2 * d:3 * d, :].T + ones * b[:, 2 * d:3 * d]  # last rows, last columns of the bias
     h = sp.HadamardProduct(q.applyfunc(sp.tanh), k) + v * u.T[:, 0:d]  # a slice of a transpose (all of it)
     stepped = x[:, 0:d:2] * w.T[0:d:2, d:2 * d]  # steps of 2 (d even), a transpose's middle columns
-    loss = nn.sum_all(h.applyfunc(sp.sin)) + nn.sum_all(stepped.applyfunc(sp.cos)) + nn.sum_all(h[1:rows, d - 2:d])
+    loss = nn.sum_all(h.applyfunc(sp.sin)) + nn.sum_all(stepped.applyfunc(sp.cos)) + nn.sum_all((u * w.T)[d - 2:d, d:3 * d:2])
     model = sbp.Model(name, inputs=[x], params=[w, b, u], loss=loss, outputs={"Q": q, "Wk": w[d:2 * d, :]})
 
     def reference(tx, tw, tb, tu):
         tq, tk, tv = (tx @ tw[i * d:(i + 1) * d].T + tb[:, i * d:(i + 1) * d] for i in range(3))
         th = torch.tanh(tq) * tk + tv @ tu.T
         ts = tx[:, 0:d:2] @ tw.T[0:d:2, d:2 * d]
-        return torch.sin(th).sum() + torch.cos(ts).sum() + th[1:rows, d - 2:d].sum(), tq
+        return torch.sin(th).sum() + torch.cos(ts).sum() + (tu @ tw.T)[d - 2:d, d:3 * d:2].sum(), tq
 
     return model, reference
 
 
 @pytest.mark.parametrize(("d", "batch"), [(2, 3), (4, 5), (32, 64)], ids=["tiny", "small", "blas"])
 def test_slices_of_a_fused_weight_match_pytorch(d, batch):
-    model, reference = _fused_projection(d, 3, f"slices_fused_{d}")
+    model, reference = _fused_projection(d, f"slices_fused_{d}")
     rng = np.random.default_rng(d)
     arrays = {"X": rng.normal(size=(batch, d)), "Win": rng.normal(size=(3 * d, d)) / np.sqrt(d),
               "bin": rng.normal(size=(1, 3 * d)), "U": rng.normal(size=(d, d)) / np.sqrt(d)}
@@ -66,7 +67,7 @@ def test_slices_of_a_fused_weight_match_pytorch(d, batch):
 
 def test_a_slice_hessian_vector_product_matches_pytorch():
     """Second order: the slice's adjoint (slice_scatter) differentiated again."""
-    model, reference = _fused_projection(4, 3, "slices_hvp")
+    model, reference = _fused_projection(4, "slices_hvp")
     rng = np.random.default_rng(7)
     arrays = {"X": rng.normal(size=(5, 4)), "Win": rng.normal(size=(12, 4)) / 2, "bin": rng.normal(size=(1, 12)),
               "U": rng.normal(size=(4, 4)) / 2}
@@ -85,7 +86,8 @@ def test_a_slice_hessian_vector_product_matches_pytorch():
 @pytest.mark.parametrize(("make", "message"), [
     (lambda w, x: x[:, sp.Symbol("r", integer=True):2], "start must be a number"),
     (lambda w, x: w[0:3:2, :], "step 2 does not divide its length 3"),
-    (lambda w, x: x[1:, :], "dimension n - 1"),
+    (lambda w, x: x[1:, :].T * x[1:, :], r"takes rows 1:n:1 of n, which is bound at call time: a call with fewer rows"),
+    (lambda w, x: (x * w)[0:2, :], r"takes rows 0:2:1 of n"),
 ])
 def test_slices_it_cannot_compile_are_named(make, message):
     x, w = sp.MatrixSymbol("X", n, 3), sp.MatrixSymbol("W", 3, 3)
