@@ -135,35 +135,92 @@ def _head_size(d: object, heads: int, what: str) -> int:
     return int(d) // heads
 
 
-def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int) -> Sequences:
+def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
+                     weights: bool = False) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
     """softmax(Q K^T / sqrt(dh), keys s <= t) V per sequence and per head
     (dh = d / heads: head h reads and writes columns h*dh .. h*dh+dh-1).
     Keys after the query are excluded exactly (weight 0, as -inf scores).
 
+    Args:
+        q: the queries, Sequences (m x d).
+        k: the keys, Sequences of q's length and shape.
+        v: the values, Sequences of q's length and shape.
+        heads: the number of heads.
+        weights: also return the attention weights (the probabilities), an
+            m x (heads*L) matrix: row (e, t) and column h*L + s hold query
+            t's weight on key s in head h (0 for s > t); PyTorch's
+            (n, heads, L, L) weights of MultiheadAttention(...,
+            average_attn_weights=False) are its
+            `.reshape(n, L, heads, L).transpose(1, 2)`.
+
+    Returns:
+        The Sequences of the mixed values, and with `weights` the weights.
+
     Raises:
         ModelError: q, k, v differ in shape or length, or d is not a multiple of heads.
     """
+    out, probabilities = _attend(q, k, v, heads)
+    return (out, probabilities) if weights else out
+
+
+def _attend(q: Sequences, k: Sequences, v: Sequences, heads: int) -> tuple[Sequences, sp.MatrixExpr]:
+    """causal_attention's values and weights."""
     q, k, v = (_checked(s, "causal_attention") for s in (q, k, v))
     if not q.length == k.length == v.length or not q.matrix.shape == k.matrix.shape == v.matrix.shape:
         raise ModelError("causal_attention's q, k and v must be sequences of one length and shape")
     dh = _head_size(q.features, heads, "causal_attention")
     # the scale on the queries (on a weight, where q is a product: schedule-free), not on every score
     scores = AttentionScores(q.matrix / sp.sqrt(dh), k.matrix, q.length, heads)
-    weights = CausalSoftmax(scores, q.length, heads)
-    return Sequences(AttentionMix(weights, v.matrix, q.length, heads), q.length)
+    probabilities = CausalSoftmax(scores, q.length, heads)
+    return Sequences(AttentionMix(probabilities, v.matrix, q.length, heads), q.length), probabilities
+
+
+Biases = Sequence["sp.MatrixExpr | None"]
 
 
 def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.MatrixExpr, wo: sp.MatrixExpr,
-                   heads: int) -> Sequences:
-    """Multi-head causal self-attention: causal_attention(x Wq, x Wk, x Wv) Wo,
-    the four d x d (PyTorch's in_proj and out_proj weights transposed, no biases)."""
+                   heads: int, biases: Biases | None = None,
+                   weights: bool = False) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
+    """Multi-head causal self-attention: causal_attention(x Wq + bq, x Wk + bk,
+    x Wv + bv) Wo + bo, with PyTorch's MultiheadAttention's projections
+    transposed: Wq, Wk, Wv are in_proj_weight's three d x d blocks of rows
+    transposed (slices of one fused parameter: `W[0:d, :].T`, ...), Wo is
+    out_proj.weight transposed.
+
+    Args:
+        x: the Sequences attended over (m x d).
+        wq: the queries' d x d weight.
+        wk: the keys' d x d weight.
+        wv: the values' d x d weight.
+        wo: the output's d x d weight.
+        heads: the number of heads.
+        biases: (bq, bk, bv, bo), each a 1 x d row or None (no bias there);
+            PyTorch's in_proj_bias (a 1 x 3d row b) is b[:, 0:d], b[:, d:2d],
+            b[:, 2d:3d], out_proj.bias is bo. None: no biases.
+        weights: also return the attention weights (see causal_attention).
+
+    Raises:
+        ModelError: a weight is not d x d or a bias not 1 x d.
+    """
     x = _checked(x, "self_attention")
+    d = x.features
     for w in (wq, wk, wv, wo):
-        if w.shape != (x.features, x.features):
-            raise ModelError(f"self_attention's weights are {x.features} x {x.features}; {w} is {w.shape}")
-    q, k, v = (Sequences(x.matrix * w, x.length) for w in (wq, wk, wv))
-    out = causal_attention(q, k, v, heads)
-    return Sequences(out.matrix * wo, out.length)
+        if w.shape != (d, d):
+            raise ModelError(f"self_attention's weights are {d} x {d}; {w} is {w.shape}")
+    bq, bk, bv, bo = (None,) * 4 if biases is None else tuple(biases)
+    for b in (bq, bk, bv, bo):
+        if b is not None and b.shape != (1, d):
+            raise ModelError(f"self_attention's biases are rows of 1 x {d}; {b} is {b.shape}")
+    q, k, v = (Sequences(_affine(x.matrix, w, b), x.length) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+    out, probabilities = _attend(q, k, v, heads)
+    mixed = Sequences(_affine(out.matrix, wo, bo), out.length)
+    return (mixed, probabilities) if weights else mixed
+
+
+def _affine(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None) -> sp.MatrixExpr:
+    """x w, plus the row b on every row where b is given."""
+    product = x * w
+    return product if b is None else product + sp.OneMatrix(x.shape[0], 1) * b
 
 
 class RowNormalize(Standing, sp.MatrixExpr):

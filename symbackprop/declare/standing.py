@@ -9,6 +9,8 @@ from typing import Any
 import sympy as sp
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
+from symbackprop.declare import explicit  # noqa: F401  (an explicit matrix's doit over its entries' DAG)
+
 
 class Standing:
     """A declaration of symbackprop's own (a map, a gather, a loop, a layer's

@@ -51,7 +51,9 @@ BATCH = sp.Symbol("n", integer=True, positive=True)
 BUILT_INS = {
     "Conv1d": "nn.conv2d on images of height 1 (sbp.images, nn.conv_weight)",
     "Embedding": "nn.embedding (with an sbp.Index of token ids)",
-    "MultiheadAttention": "nn.self_attention or nn.causal_attention (on sbp.sequences)",
+    "MultiheadAttention": ("nn.self_attention on sbp.sequences (causal: attn_mask the upper triangle), weights "
+                           "W[0:d, :].T, W[d:2*d, :].T, W[2*d:, :].T of in_proj_weight W and biases= slices of "
+                           "in_proj_bias (docs/from_torch.md, Attention)"),
     "LSTM": "nn.lstm_cell inside sbp.scan",
     "LSTMCell": "nn.lstm_cell",
     "GRU": "nn.gru_cell inside sbp.scan",
@@ -74,10 +76,11 @@ def _refuse_by_layer(module: Any, shape: tuple) -> None:
     for path, sub in module.named_modules() if hasattr(module, "named_modules") else ():
         kind = type(sub)
         if kind.__name__ in BUILT_INS and (kind not in known or kind.__name__ == "Embedding"):
-            what = "an Embedding of (batch,) integer ids" if kind in known else "it"
+            what = (", or an Embedding of (batch,) integer ids" if kind in known
+                    else f", and no {kind.__name__} on any input")
             raise ModelError(f"{path or 'the module'}: {kind.__name__} of an example input of shape {shape} is not "
                              f"supported by from_torch, which converts networks of (batch, features) or (batch, C, "
-                             f"H, W) inputs, or {what}{built_in_hint(kind.__name__)}")
+                             f"H, W) inputs{what}{built_in_hint(kind.__name__)}")
 
 
 class Loss(NamedTuple):
@@ -186,9 +189,10 @@ class _Builder:
         kind = type(module)
         convert = layers().get(kind)
         if convert is None:
-            raise ModelError(f"{kind.__name__} is not supported yet; from_torch converts the layers "
-                             f"{', '.join(sorted(t.__name__ for t in layers()))} and the functions of torch_ops.functions()"
-                             + built_in_hint(kind.__name__))
+            known = ("the layers of torch_ops.layers()" if kind.__name__ in BUILT_INS  # the hint is what to read
+                     else f"the layers {', '.join(sorted(t.__name__ for t in layers()))}")
+            raise ModelError(f"{kind.__name__} is not supported yet; from_torch converts {known} and the functions "
+                             "of torch_ops.functions()" + built_in_hint(kind.__name__))
         if len(args) != 1 or kwargs:
             raise ModelError(f"{kind.__name__} called with {len(args) + len(kwargs)} arguments; it takes one")
 

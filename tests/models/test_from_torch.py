@@ -371,6 +371,10 @@ class _Tokens(tnn.Module):
 @pytest.mark.parametrize("net, example, message", [
     (tnn.Sequential(OrderedDict(emb=tnn.Embedding(10, 3))), np.zeros((2, 3, 4)), r"^emb: Embedding .*nn\.embedding"),
     (tnn.Sequential(OrderedDict(c=tnn.Conv1d(1, 1, 3))), np.zeros((2, 1, 8)), r"^c: Conv1d .*\(2, 1, 8\).*nn\.conv2d"),
+    (tnn.Sequential(OrderedDict(block=_Attention())), np.zeros((2, 3, 3)),
+     r"^block\.attn: MultiheadAttention .*\(2, 3, 3\).*, and no MultiheadAttention on any input; "
+     r".*nn\.self_attention on sbp\.sequences \(causal: .*W\[0:d, :\]\.T, .* of in_proj_weight W "
+     r"and biases= slices of in_proj_bias"),
     (_Tokens(), np.zeros((2, 5), dtype=np.int64), r"^embed: Embedding of \(n, 5\): .*one id per example.*nn\.embedding"),
     (tnn.Sequential(OrderedDict(rnn=tnn.GRUCell(3, 3))), np.zeros((2, 3)), r"^rnn: GRUCell .*nn\.gru_cell"),
 ])

@@ -53,6 +53,7 @@ KRECT = sbp.conv_weight("KRECT", 3, 2, 3, 2)  # a 3 x 2 kernel
 GAMMA, BETA = sp.MatrixSymbol("GAMMA", 1, 2), sp.MatrixSymbol("BETA", 1, 2)
 SQ, SK, SV = (sbp.sequences(name, n, 3, 4) for name in ("SQ", "SK", "SV"))  # n = 5 rows: sequences of 3, then 2
 LNG, LNB = sp.MatrixSymbol("LNG", 1, 3), sp.MatrixSymbol("LNB", 1, 3)
+S4 = sp.MatrixSymbol("S4", 4, 4)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,11 @@ CASES += [
     Case("jvp_tanh", lambda: _model(_sum(sbp.jvp((X * W).applyfunc(sp.tanh), W, V.T).applyfunc(sp.sin)), params=(W, V)),
          lambda d: np.sin((1 - np.tanh(d["X"] @ d["W"]) ** 2) * (d["X"] @ d["V"].T)).sum()),
     Case("reshape", None, lambda d: np.sin(np.sin(d["R"]).reshape(2, 6) @ d["Q"]).sum(), graph=lambda: _reshape_graph()),
+    # an input's columns, a param's first rows, an intermediate's middle rows, steps, a transpose's last rows
+    Case("slice", lambda: _model(_sum((X[:, 1:3] * W[0:2, :]).applyfunc(sp.sin)) + _sum((W * V)[1:3, 0:2].applyfunc(sp.cos))
+                                 + _sum((S4[0:4:2, 1:3] * S4.T[2:4, :]).applyfunc(sp.sin)), params=(W, V, X, S4), inputs=()),
+         lambda d: (np.sin(d["X"][:, 1:3] @ d["W"][0:2]).sum() + np.cos((d["W"] @ d["V"])[1:3, 0:2]).sum()
+                    + np.sin(d["S4"][0:4:2, 1:3] @ d["S4"].T[2:4]).sum())),
 ]
 
 
@@ -264,6 +270,7 @@ CASES += [
     _second_order("avg_unpool2d_padded", "avg_pool2d_padded", ["IMG"]),
     _second_order("attention_grads", "causal_attention", ["SK"]),
     _second_order("normalize_rows_vjp", "layer_norm", ["X"]),
+    _second_order("slice_scatter", "slice", ["W", "S4"]),
 ]
 
 
@@ -423,7 +430,7 @@ def test_jvp_matches_directional_difference(case):
                                   "shift_down_fill", "shift_left_axis1",
                                   "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm",
                                   "conv2d_rect", "max_pool2d_padded", "avg_pool2d_padded",
-                                  "causal_attention", "layer_norm"])
+                                  "causal_attention", "layer_norm", "slice", "slice_scatter"])
 def test_compiled_module_agrees_with_the_interpreter(name):
     case = next(c for c in CASES if c.name == name)
     model = case.build()

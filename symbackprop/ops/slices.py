@@ -1,0 +1,185 @@
+"""slice: SymPy's MatrixSlice (A[r0:r1:rs, c0:c1:cs]) of any matrix of a
+model, a view (read through its argument's memory at an offset and wider
+strides, never stored: a product of a slice of a fused weight reads the
+weight in place); and its adjoint, slice_scatter: a matrix of the parent's
+shape, zero but at the sliced entries, which hold the slice's adjoint (the
+gradient of each slice of a fused weight lands in its own rows).
+
+A node's attrs are (r0, rs, c0, cs): the first row and column taken and
+the steps between them; its shape is the slice's. slice_scatter's are the
+same, its shape the parent's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import sympy as sp
+
+from symbackprop.base.registry import OpRecord, ViewRule, plain_grad_fn, register
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import const, is_const
+from symbackprop.ir.interpret import Context
+from symbackprop.ir.lower import shape_of
+from symbackprop.ir.node import Node, Shape, op_node
+from symbackprop.messages import short
+from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
+
+Steps = tuple[int, int, int, int]  # (r0, rs, c0, cs)
+
+
+def slice_view(a: Node, steps: Steps, shape: Shape) -> Node:
+    """Rows r0, r0 + rs, ... and columns c0, c0 + cs, ... of `a`, `shape` of them."""
+    if tuple(shape) == tuple(a.shape) and steps == (0, 1, 0, 1):
+        return a
+    if is_const(a):
+        return const(a.attrs[0], shape)
+    return op_node("slice", (a,), shape, tuple(steps))
+
+
+def slice_scatter(g: Node, steps: Steps, shape: Shape) -> Node:
+    """A zero matrix of `shape` with g at the entries slice_view(., steps) reads."""
+    if tuple(shape) == tuple(g.shape) and steps == (0, 1, 0, 1):
+        return g
+    return op_node("slice_scatter", (g,), shape, tuple(steps))
+
+
+def _picked(steps: Steps, shape: tuple[int, int]) -> tuple[slice, slice]:
+    r0, rs, c0, cs = steps
+    return slice(r0, r0 + rs * shape[0], rs), slice(c0, c0 + cs * shape[1], cs)
+
+
+def _slice_evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarray:
+    return args[0][_picked(node.attrs, context.shape(node))].copy()
+
+
+def _scatter_evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarray:
+    out = np.zeros(context.shape(node))
+    out[_picked(node.attrs, args[0].shape)] = args[0]
+    return out
+
+
+def _strides(inner: View, node: Node) -> View:
+    r0, rs, c0, cs = node.attrs
+    rows, cols = node.shape
+    zero = sp.Integer(0)
+    return View(inner.buffer, inner.at(sp.Integer(r0), sp.Integer(c0)),
+                inner.row_stride * rs if rows != 1 else zero, inner.col_stride * cs if cols != 1 else zero)
+
+
+def _label(steps: Steps, shape: Shape) -> str:
+    """[r0:r1:rs, c0:c1:cs] as Python writes it (a step of 1 left out)."""
+    def part(start: int, step: int, count: object) -> str:
+        stop = sp.sympify(start) + step * sp.sympify(count)
+        return f"{start}:{stop}" + (f":{step}" if step != 1 else "")
+    r0, rs, c0, cs = steps
+    return f"[{part(r0, rs, shape[0])}, {part(c0, cs, shape[1])}]"
+
+
+def _bound(value: sp.Basic, expr: sp.MatrixSlice, what: str) -> int:
+    if not sp.sympify(value).is_Integer:
+        raise ModelError(f"a slice's {what} must be a number; {value} in {short(expr)}")
+    return int(value)
+
+
+def _lower_slice(lowerer, expr: sp.MatrixSlice) -> Node:
+    """parent[r0:r1:rs, c0:c1:cs]: the starts and steps numbers; along a
+    dimension bound at call time (a batch), all of it (X[:, 1:3] of a batch
+    X): no call can then make a slice read past its parent."""
+    parent = lowerer.lower(expr.parent)
+    for start, stop, step in (expr.rowslice, expr.colslice):
+        if step != 1 and sp.sympify((stop - start) % step).is_Integer and (stop - start) % step:
+            raise ModelError(f"a slice's step {step} does not divide its length {stop - start} in {short(expr)}: "
+                             f"SymPy counts {(stop - start) // step} where Python counts {-(-(stop - start) // step)}; "
+                             "write the stop as start + step * count")
+    for (start, stop, step), size, what in zip((expr.rowslice, expr.colslice), parent.shape, ("rows", "columns")):
+        if isinstance(size, sp.Symbol) and not (start == 0 and stop == size and step == 1):
+            raise ModelError(f"{short(expr)} takes {what} {start}:{stop}:{step} of {size}, which is bound at call time: "
+                             f"a call with fewer {what} would read past them; slice a matrix of fixed {what} "
+                             f"or take all {size} of them")
+    (r0, _, rs), (c0, _, cs) = expr.rowslice, expr.colslice
+    steps = (_bound(r0, expr, "start"), _bound(rs, expr, "step"), _bound(c0, expr, "start"), _bound(cs, expr, "step"))
+    return slice_view(parent, steps, shape_of(expr))
+
+
+register(OpRecord(
+    "slice",
+    vjp=lambda node, g, needed: (slice_scatter(g, node.attrs, node.args[0].shape),),
+    jvp=lambda node, tangents: slice_view(tangents[0], node.attrs, node.shape) if tangents[0] is not None else None,
+    evaluate=_slice_evaluate,
+    grad_fn=plain_grad_fn("Slice"),
+    view=ViewRule(
+        strides=_strides,
+        label=lambda inner, node: inner + _label(node.attrs, node.shape),
+        symbol=lambda inner, node: sp.MatrixSymbol(f"{inner}_slice", *node.shape),
+    ),
+    lowering=((sp.MatrixSlice, _lower_slice),),
+))
+
+
+# --- slice_scatter: the adjoint ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScatterKernel:
+    """out (rows x cols, contiguous) = 0 but at the sliced entries, which are g's."""
+
+    out: str
+    shape: Shape
+    g: View | sp.Expr  # where g is, or its value where it is a constant
+    g_shape: Shape
+    steps: Steps
+    equations: tuple[Equation, ...]
+    kind: str = "slice_scatter"
+    title = "a slice's adjoint into its parent's shape"
+
+    def reads(self) -> list[str]:
+        return [self.g.buffer] if isinstance(self.g, View) else []
+
+    def writes(self) -> list[str]:
+        return [self.out]
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """Copies only."""
+        return sp.Integer(0), sp.Integer(0)
+
+
+def _scatter_kernel(sched, node: Node, out: str) -> ScatterKernel:
+    (g,) = node.args
+    where, label = _label(node.attrs, g.shape), str(g.attrs[0]) if is_const(g) else sched.label(g)
+    text = f"0 ({node.shape[0]} x {node.shape[1]}), {label} at {where}"
+    latex = rf"{latex_name(out)} = \operatorname{{scatter}}_{{{where}}}\left({latex_name(label)}\right)"
+    source = g.attrs[0] if is_const(g) else sched.view(g)  # a constant has no buffer
+    return ScatterKernel(out, node.shape, source, g.shape, node.attrs, (Equation(out, text, latex),))
+
+
+def _scatter_emit(em: FunctionEmitter, kernel: ScatterKernel) -> dict:
+    rows, cols = (sp.sympify(d) for d in kernel.shape)
+    r0, rs, c0, cs = kernel.steps
+    out = em.namer.name(kernel.out)
+    zero = sp.Integer(0)
+    target = View(kernel.out, r0 * cols + c0 if rows != 1 else sp.Integer(c0),
+                  rs * cols if kernel.g_shape[0] != 1 else zero, sp.Integer(cs) if kernel.g_shape[1] != 1 else zero)
+    return {
+        "out": out,
+        "size": em.dim(rows * cols),
+        "rows": em.dim(kernel.g_shape[0]),
+        "cols": em.dim(kernel.g_shape[1]),
+        "dst": em.access(target, LOOP_I, LOOP_J),
+        "src": em.access(kernel.g, LOOP_I, LOOP_J) if isinstance(kernel.g, View)
+        else CheckedPrinter(ScalarPrinter({}, em.real), kernel).doprint(kernel.g),
+    }
+
+
+register(OpRecord(
+    "slice_scatter",
+    vjp=lambda node, g, needed: (slice_view(g, node.attrs, node.args[0].shape),),
+    jvp=lambda node, tangents: slice_scatter(tangents[0], node.attrs, node.shape) if tangents[0] is not None else None,
+    evaluate=_scatter_evaluate,
+    kernel=_scatter_kernel,
+    emit=_scatter_emit,
+    template="slice_scatter_kernel",
+    grad_fn=plain_grad_fn("SliceScatter"),
+))
