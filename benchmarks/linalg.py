@@ -140,7 +140,8 @@ def run(ops: list[str], sizes: list[int], wanted: list[str], rounds: int, per_ro
                   + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()))
             if max(errors.values()) > 1e-8:
                 raise SystemExit(f"{op} n={size}: the peers disagree, not timing")
-            timed = {peer: (lambda call=call: call(**arrays)) for peer, call in calls.items() if peer in wanted}
+            timed = {peer: (lambda call=call, arrays=arrays: call(**arrays)) for peer, call in calls.items()
+                     if peer in wanted}
             result = interleave(timed, rounds, per_round, clock=clock)
             row = {"label": f"{op}, n = {size}", "seconds": {k: v[0] for k, v in result.items()},
                    "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
@@ -158,8 +159,9 @@ def threshold(sizes: list[int], rounds: int, per_round: int, clock: str) -> None
                                                                        "-DSYMBACKPROP_LAPACK_MIN=1000000000")))
         for size in sizes:
             arrays = data(op, size)
-            result = interleave({"loops": lambda: loops.value_and_grad(**arrays),
-                                 "lapack": lambda: lapack.value_and_grad(**arrays)}, rounds, per_round, clock=clock)
+            timed = {label: (lambda mod=mod, arrays=arrays: mod.value_and_grad(**arrays))
+                     for label, mod in (("loops", loops), ("lapack", lapack))}
+            result = interleave(timed, rounds, per_round, clock=clock)
             print(f"{op} n={size:4}: loops {result['loops'][0] * 1e6:8.2f} us, LAPACK {result['lapack'][0] * 1e6:8.2f} us"
                   f" (LAPACK / loops {result['lapack'][1][0]:.2f}, {result['lapack'][1][1]:.2f}-"
                   f"{result['lapack'][1][2]:.2f})")
