@@ -9,7 +9,11 @@ compiled in (-DSYMBACKPROP_LAPACK_COUNT) that says which path ran.
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -18,7 +22,7 @@ import sympy as sp
 import symbackprop as sbp
 from symbackprop.declare import nn
 from symbackprop.emit.codegen import LAPACK_MIN_SIZE, runtime_header
-from symbackprop.toolchain.blas import find_blas
+from symbackprop.toolchain.blas import BLAS_ENV, FINDERS, find_blas
 from symbackprop.toolchain.builder import default_flags
 
 n, k = sp.symbols("n k", integer=True, positive=True)
@@ -187,3 +191,45 @@ def test_float32_above_the_size():
     expected, expected_grads = _expected(a, b)
     np.testing.assert_allclose(loss, expected, rtol=1e-4)
     np.testing.assert_allclose(grads["A"], expected_grads["A"], rtol=1e-3, atol=1e-4 * abs(expected_grads["A"]).max())
+
+
+# In a child process (the BLAS is chosen once per process): det, logdet and
+# solve above the size, float64 and float32, through that BLAS's LAPACK.
+CHILD = textwrap.dedent("""
+    import json
+    import numpy as np, sympy as sp
+    import symbackprop as sbp
+    from symbackprop import nn
+    from symbackprop.toolchain.blas import find_blas
+
+    n = sp.Symbol("n", integer=True, positive=True)
+    A, B = sp.MatrixSymbol("A", n, n), sp.MatrixSymbol("B", n, 2)
+    loss = sbp.logdet(A) + sbp.det(A) + sbp.as_scalar(nn.sum_all(sbp.solve(A, B)))
+    rng = np.random.default_rng(5)
+    a = np.eye(100) + 0.4 * rng.standard_normal((100, 100)) / 10
+    b = rng.standard_normal((100, 2))
+    inv_t = np.linalg.inv(a).T
+    grad_b = np.linalg.solve(a.T, np.ones((100, 2)))
+    expected = inv_t + np.linalg.det(a) * inv_t - grad_b @ np.linalg.solve(a, b).T
+    errors = {}
+    for dtype in ("float64", "float32"):
+        mod = sbp.compile(sbp.Model("lapack_choice", params=[A, B], loss=loss), dtype=dtype)
+        _, grads = mod.value_and_grad(A=a.astype(dtype), B=b.astype(dtype))
+        errors[dtype] = float(np.abs(grads["A"] - expected).max() / np.abs(expected).max())
+    print(json.dumps({"name": find_blas().name, "errors": errors}))
+""")
+
+
+@pytest.mark.parametrize("name", sorted(FINDERS))
+def test_each_installed_blas_links_its_lapack(name, tmp_path):
+    """oneMKL through its link stub (dgetrf_), OpenBLAS under its prefix (scipy_dgetrf_)."""
+    if FINDERS[name]() is None:
+        pytest.skip(f"{name} is not installed")
+    env = dict(os.environ, **{BLAS_ENV: name, "SYMBACKPROP_CACHE_DIR": str(tmp_path)})
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["name"] == name, result
+    assert result["errors"]["float64"] < 1e-11 and result["errors"]["float32"] < 1e-3, result
+    libraries = list(tmp_path.rglob("_sbp_lapack_choice_*.so"))
+    assert libraries and all(b"getrf_" in path.read_bytes() for path in libraries), libraries
