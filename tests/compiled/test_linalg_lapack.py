@@ -233,3 +233,28 @@ def test_each_installed_blas_links_its_lapack(name, tmp_path):
     assert result["errors"]["float64"] < 1e-11 and result["errors"]["float32"] < 1e-3, result
     libraries = list(tmp_path.rglob("_sbp_lapack_choice_*.so"))
     assert libraries and all(b"getrf_" in path.read_bytes() for path in libraries), libraries
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("defines", [[], ["-DSYMBACKPROP_CBLAS", "-DSYMBACKPROP_LAPACK"],
+                                     ["-DSYMBACKPROP_CBLAS", "-DSYMBACKPROP_LAPACK", COUNT]])
+def test_the_c_compiles_without_warnings_with_and_without_lapack(dtype, defines, tmp_path):
+    """gcc -O3 -Wall -Wextra -Wpedantic (as test_c_warnings) on det, logdet and solve's C."""
+    import shutil
+
+    from c_driver import write_runtime_header
+
+    from symbackprop.pipeline import generate
+
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc on PATH (the warnings are GCC's)")
+    emitted, _ = generate(_model("lapack_warnings"), dtype)
+    write_runtime_header(tmp_path)
+    (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    source = tmp_path / f"{emitted.prefix}.c"
+    source.write_text(emitted.source)
+    done = subprocess.run(["gcc", "-std=c99", "-O3", "-Wall", "-Wextra", "-Wpedantic", *defines, f"-I{tmp_path}",
+                           "-c", str(source), "-o", str(tmp_path / "out.o")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    named = (tmp_path / "out.o").read_bytes()
+    assert (b"dgetrf_" in named or b"sgetrf_" in named) == ("-DSYMBACKPROP_LAPACK" in defines)
