@@ -33,23 +33,24 @@ from __future__ import annotations
 
 import os
 
-for _name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
-    os.environ.setdefault(_name, "1")
+if __name__ == "__main__":  # before numpy loads its BLAS (imported by the tests: no side effect there)
+    for _name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
 
-import argparse  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import sympy as sp  # noqa: E402
+import numpy as np
+import sympy as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import symbackprop as sbp  # noqa: E402
-from benchmarks.real_sizes import CLOCKS, interleave  # noqa: E402
-from symbackprop import nn  # noqa: E402
-from symbackprop.toolchain.builder import default_flags  # noqa: E402
+import symbackprop as sbp
+from benchmarks.real_sizes import CLOCKS, interleave
+from symbackprop import nn
+from symbackprop.toolchain.builder import default_flags
 
 OPS = ("det", "logdet", "solve")
 n = sp.Symbol("n", integer=True, positive=True)
