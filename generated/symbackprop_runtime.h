@@ -235,6 +235,11 @@ void SYMBACKPROP_CBLAS_DGEMM(int order, int trans_a, int trans_b, int m, int n, 
 #endif
 void SYMBACKPROP_CBLAS_DTRMM(int order, int side, int uplo, int trans_a, int diag, int m, int n, double alpha,
                             const double *a, int lda, double *b, int ldb);
+#ifndef SYMBACKPROP_CBLAS_DTRSM
+#define SYMBACKPROP_CBLAS_DTRSM cblas_dtrsm
+#endif
+void SYMBACKPROP_CBLAS_DTRSM(int order, int side, int uplo, int trans_a, int diag, int m, int n, double alpha,
+                            const double *a, int lda, double *b, int ldb);
 #ifndef SYMBACKPROP_CBLAS_SGEMM
 #define SYMBACKPROP_CBLAS_SGEMM cblas_sgemm
 #endif
@@ -246,6 +251,53 @@ void SYMBACKPROP_CBLAS_SGEMM(int order, int trans_a, int trans_b, int m, int n, 
 #endif
 void SYMBACKPROP_CBLAS_STRMM(int order, int side, int uplo, int trans_a, int diag, int m, int n, float alpha,
                             const float *a, int lda, float *b, int ldb);
+#ifndef SYMBACKPROP_CBLAS_STRSM
+#define SYMBACKPROP_CBLAS_STRSM cblas_strsm
+#endif
+void SYMBACKPROP_CBLAS_STRSM(int order, int side, int uplo, int trans_a, int diag, int m, int n, float alpha,
+                            const float *a, int lda, float *b, int ldb);
+#endif
+
+/* LU factorizations (det, logdet, solve) from n = SYMBACKPROP_LAPACK_MIN up
+ * call LAPACK's Fortran dgetrf_ and dtrtri_ (sgetrf_, strtri_) and the BLAS's
+ * cblas_dtrsm (cblas_strsm) when compiled with -DSYMBACKPROP_LAPACK, which implies
+ * -DSYMBACKPROP_CBLAS (names: -DSYMBACKPROP_LAPACK_DGETRF=name, ..._SGETRF, ..._DTRTRI,
+ * -DSYMBACKPROP_CBLAS_DTRSM=name, ..._STRSM); below that size, or without
+ * it, loops of the runtime header (templates/linalg.c.j2). */
+#ifdef SYMBACKPROP_LAPACK
+#ifndef SYMBACKPROP_CBLAS
+#error "-DSYMBACKPROP_LAPACK needs -DSYMBACKPROP_CBLAS (the solves call cblas trsm)"
+#endif
+#ifndef SYMBACKPROP_LAPACK_MIN
+#define SYMBACKPROP_LAPACK_MIN 80
+#endif
+#ifndef SYMBACKPROP_LAPACK_DGETRF
+#define SYMBACKPROP_LAPACK_DGETRF dgetrf_
+#endif
+void SYMBACKPROP_LAPACK_DGETRF(const int *m, const int *n, double *a, const int *lda, int *ipiv, int *info);
+#ifndef SYMBACKPROP_LAPACK_DTRTRI
+#define SYMBACKPROP_LAPACK_DTRTRI dtrtri_
+#endif
+/* (Fortran's hidden lengths of the two one-character arguments last) */
+void SYMBACKPROP_LAPACK_DTRTRI(const char *uplo, const char *diag, const int *n, double *a, const int *lda,
+                          int *info, size_t uplo_length, size_t diag_length);
+#ifndef SYMBACKPROP_LAPACK_SGETRF
+#define SYMBACKPROP_LAPACK_SGETRF sgetrf_
+#endif
+void SYMBACKPROP_LAPACK_SGETRF(const int *m, const int *n, float *a, const int *lda, int *ipiv, int *info);
+#ifndef SYMBACKPROP_LAPACK_STRTRI
+#define SYMBACKPROP_LAPACK_STRTRI strtri_
+#endif
+/* (Fortran's hidden lengths of the two one-character arguments last) */
+void SYMBACKPROP_LAPACK_STRTRI(const char *uplo, const char *diag, const int *n, float *a, const int *lda,
+                          int *info, size_t uplo_length, size_t diag_length);
+/* -DSYMBACKPROP_LAPACK_COUNT counts the LAPACK paths taken (the tests read it) */
+#ifdef SYMBACKPROP_LAPACK_COUNT
+__attribute__((weak, visibility("default"))) long long symbackprop_lapack_calls = 0;
+#define SYMBACKPROP_COUNT_LAPACK() (++symbackprop_lapack_calls)
+#else
+#define SYMBACKPROP_COUNT_LAPACK() ((void)0)
+#endif
 #endif
 
 /* --- float64 (double) helpers --- */
@@ -908,82 +960,91 @@ SYMBACKPROP_HELPER void symbackprop_f64_band(const double *x, int64_t rows, int6
     }
 }
 
-/* LU factorization with partial pivoting, P A = L U, of the n x n matrix a
- * (a[i, j] at a[i*rs + j*cs]) into lu (row-major): U on and above the
- * diagonal, L's multipliers (unit diagonal) below it. Column c's pivot is
- * its largest |entry| on or below the diagonal (a NaN is taken first, so it
- * spreads). When x is not NULL (n x k, row-major), its rows are swapped and
- * eliminated alongside: x <- L^{-1} P x. A zero pivot means the column is
- * zero from the diagonal down: nothing to eliminate, U[c, c] = 0 stays.
- * Returns the sign of P (+1 or -1). */
-SYMBACKPROP_HELPER int symbackprop_f64_lu(const double *a, int64_t n, int64_t rs, int64_t cs, double *lu, double *x, int64_t k)
+/* The LU factors of a n x n matrix a (a[i, j] at a[i*rs + j*cs]) that det,
+ * logdet and solve read, in LAPACK's getrf form for a^T: f holds a's rows
+ * (row-major: a^T column-major) factored in place, P a^T = L U, U on and
+ * above the diagonal, L's multipliers (unit diagonal) below it, column-major;
+ * then n ints (past the n*n reals), the 1-based pivots: row c of a^T was
+ * swapped with row ipiv[c]. Column c's pivot is its largest |entry| on or
+ * below the diagonal (LAPACK's idamax; the loops take a NaN first, so it
+ * spreads). A zero pivot means the column is zero from the diagonal down:
+ * nothing to eliminate, U[c, c] = 0 stays. From n = SYMBACKPROP_LAPACK_MIN
+ * up, where compiled with -DSYMBACKPROP_LAPACK (and linked to a LAPACK),
+ * getrf (blocked: its products are the BLAS's); below, or without one,
+ * these loops (column by column, the inner loop contiguous). */
+SYMBACKPROP_HELPER void symbackprop_f64_lu(const double *a, int64_t n, int64_t rs, int64_t cs, double *f)
 {
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < n; ++j) {
-            lu[i * n + j] = a[i * rs + j * cs];
+            f[i * n + j] = a[i * rs + j * cs];
         }
     }
-    int sign = 1;
+    int *ipiv = (int *)(f + n * n);
+#ifdef SYMBACKPROP_LAPACK
+    if (n >= SYMBACKPROP_LAPACK_MIN && n <= INT_MAX / 2) {
+        const int size = (int)n;
+        int info = 0;
+        SYMBACKPROP_LAPACK_DGETRF(&size, &size, f, &size, ipiv, &info);
+        SYMBACKPROP_COUNT_LAPACK();
+        return;
+    }
+#endif
     for (int64_t c = 0; c < n; ++c) {
+        double *column = f + c * n;
         int64_t p = c;
-        double best = fabs(lu[c * n + c]);
+        double best = fabs(column[c]);
         for (int64_t i = c + 1; i < n && !isnan(best); ++i) {
-            const double size = fabs(lu[i * n + c]);
+            const double size = fabs(column[i]);
             if (size > best || isnan(size)) {
                 best = size;
                 p = i;
             }
         }
+        ipiv[c] = (int)(p + 1);
         if (p != c) {
-            sign = -sign;
             for (int64_t j = 0; j < n; ++j) {
-                const double t = lu[c * n + j];
-                lu[c * n + j] = lu[p * n + j];
-                lu[p * n + j] = t;
-            }
-            for (int64_t j = 0; x != NULL && j < k; ++j) {
-                const double t = x[c * k + j];
-                x[c * k + j] = x[p * k + j];
-                x[p * k + j] = t;
+                const double t = f[j * n + c];
+                f[j * n + c] = f[j * n + p];
+                f[j * n + p] = t;
             }
         }
-        const double pivot = lu[c * n + c];
+        const double pivot = column[c];
         if (pivot == 0) {
             continue;
         }
         for (int64_t i = c + 1; i < n; ++i) {
-            /* row i -= (lu[i, c] / pivot) * row c, the multiplier kept in lu[i, c] */
-            const double factor = lu[i * n + c] / pivot;
-            lu[i * n + c] = factor;
-            for (int64_t j = c + 1; j < n; ++j) {
-                lu[i * n + j] -= factor * lu[c * n + j];
-            }
-            for (int64_t j = 0; x != NULL && j < k; ++j) {
-                x[i * k + j] -= factor * x[c * k + j];
+            column[i] /= pivot;
+        }
+        for (int64_t j = c + 1; j < n; ++j) {
+            /* column j -= U[c, j] * L's column c, below the diagonal */
+            double *target = f + j * n;
+            const double factor = target[c];
+            for (int64_t i = c + 1; i < n; ++i) {
+                target[i] -= factor * column[i];
             }
         }
     }
-    return sign;
 }
 
-/* det(a) = sign(P) * prod_c U[c, c]: 0 for a singular a, NaN for a NaN entry. */
-SYMBACKPROP_HELPER double symbackprop_f64_det(const double *a, int64_t n, int64_t rs, int64_t cs, double *lu)
+/* det(a) from its factors f (symbackprop_f64_lu): sign(P) * prod_c U[c, c]:
+ * 0 for a singular a, NaN for a NaN entry. */
+SYMBACKPROP_HELPER double symbackprop_f64_det(int64_t n, const double *f)
 {
-    double result = (double)symbackprop_f64_lu(a, n, rs, cs, lu, NULL, 0);
+    const int *ipiv = (const int *)(f + n * n);
+    double result = 1;
     for (int64_t c = 0; c < n; ++c) {
-        result *= lu[c * n + c];
+        result *= ipiv[c] == c + 1 ? f[c * n + c] : -f[c * n + c];
     }
     return result;
 }
 
-/* log|det(a)| = sum_c log|U[c, c]| (numpy's slogdet(a)[1]): -inf for a
- * singular a, NaN for a NaN entry. */
-SYMBACKPROP_HELPER double symbackprop_f64_logdet(const double *a, int64_t n, int64_t rs, int64_t cs, double *lu)
+/* log|det(a)| from its factors f = sum_c log|U[c, c]| (numpy's
+ * slogdet(a)[1]): -inf for a singular a, NaN for a NaN entry. */
+SYMBACKPROP_HELPER double symbackprop_f64_logdet(int64_t n, const double *f)
 {
-    symbackprop_f64_lu(a, n, rs, cs, lu, NULL, 0);
     double result = 0;
     for (int64_t c = 0; c < n; ++c) {
-        result += log(fabs(lu[c * n + c]));
+        result += log(fabs(f[c * n + c]));
     }
     return result;
 }
@@ -1026,15 +1087,106 @@ SYMBACKPROP_HELPER void symbackprop_f64_copy_rhs(const double *b, int64_t n, int
     }
 }
 
-/* x = a^{-1} b (a n x n, b n x k): LU with partial pivoting, b's rows
- * permuted and eliminated alongside (L^{-1} P b), then back substitution
- * with U. A singular a gives inf or NaN entries (a zero U[c, c]). */
-SYMBACKPROP_HELPER void symbackprop_f64_solve(const double *a, int64_t n, int64_t rs, int64_t cs,
-                                             const double *b, int64_t k, int64_t brs, int64_t bcs, double *x, double *lu)
+/* Rows c and ipiv[c] - 1 of the n x k x swapped, c from 0 up (forward) or down. */
+SYMBACKPROP_HELPER void symbackprop_f64_swap_rows(const int *ipiv, int64_t n, int forward, double *x, int64_t k)
 {
+    for (int64_t step = 0; step < n; ++step) {
+        const int64_t c = forward ? step : n - 1 - step;
+        const int64_t p = ipiv[c] - 1;
+        for (int64_t j = 0; p != c && j < k; ++j) {
+            const double t = x[c * k + j];
+            x[c * k + j] = x[p * k + j];
+            x[p * k + j] = t;
+        }
+    }
+}
+
+#ifdef SYMBACKPROP_LAPACK
+/* Whether the n x n b (b[i, j] at b[i*brs + j*bcs]) is the identity. */
+SYMBACKPROP_HELPER int symbackprop_f64_is_identity(const double *b, int64_t n, int64_t brs, int64_t bcs)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            if (b[i * brs + j * bcs] != (i == j)) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* x = a^{-T} = U^{-1} L^{-1} P from a's factors f (symbackprop_f64_solve's
+ * notation): L^{-1} by LAPACK's trtri (n^3/6 multiply-adds), U^{-1} times
+ * it by trsm (n^3/2), then P's column swaps: 2/3 n^3, where the solves of
+ * the identity take n^3 (getri's count, without its workspace). */
+SYMBACKPROP_HELPER void symbackprop_f64_inverse_t(int64_t n, const double *f, const int *ipiv, double *x)
+{
+    /* x = L, row-major: L[i, j] = R[j, i] below the diagonal, ones on it, zeros above */
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            x[i * n + j] = i > j ? f[j * n + i] : (i == j ? 1 : 0);
+        }
+    }
+    const int size = (int)n;
+    int info = 0;
+    /* row-major unit lower is column-major unit upper: inverted in place */
+    SYMBACKPROP_LAPACK_DTRTRI("U", "U", &size, x, &size, &info, 1, 1);
+    /* x <- U^{-1} x, U = R's lower triangle transposed (see the solve below) */
+    SYMBACKPROP_CBLAS_DTRSM(101, 141, 122, 112, 131, size, size, 1, f, size, x, size);
+    /* x <- x P = x P_{n-1} ... P_0: columns c and ipiv[c] - 1 swapped, c from n - 1 down */
+    for (int64_t c = n - 1; c >= 0; --c) {
+        const int64_t p = ipiv[c] - 1;
+        for (int64_t i = 0; p != c && i < n; ++i) {
+            const double t = x[i * n + c];
+            x[i * n + c] = x[i * n + p];
+            x[i * n + p] = t;
+        }
+    }
+}
+#endif
+
+/* x = a^{-1} b, or a^{-T} b (trans), a n x n by its factors f
+ * (symbackprop_f64_lu: P a^T = L U), b n x k. Read row-major, f's first n*n
+ * reals are R = (L U packed)^T: U^T on and below its diagonal, L^T above.
+ * a = U^T L^T P:  x = P^T L^{-T} U^{-T} b;  a^T = P^T L U:  x = U^{-1} L^{-1} P b.
+ * The substitutions are the BLAS's trsm from n = SYMBACKPROP_LAPACK_MIN up
+ * where LAPACK is linked, and a^{-T} of the identity (det's and logdet's
+ * gradient) is symbackprop_f64_inverse_t there. A singular a gives inf or NaN
+ * entries (a zero U[c, c]). */
+SYMBACKPROP_HELPER void symbackprop_f64_solve(int64_t n, const double *b, int64_t k, int64_t brs, int64_t bcs,
+                                             const double *f, int trans, double *x)
+{
+    const int *ipiv = (const int *)(f + n * n);
+#ifdef SYMBACKPROP_LAPACK
+    if (trans && k == n && n >= SYMBACKPROP_LAPACK_MIN && n <= INT_MAX / 2 && symbackprop_f64_is_identity(b, n, brs, bcs)) {
+        symbackprop_f64_inverse_t(n, f, ipiv, x);
+        SYMBACKPROP_COUNT_LAPACK();
+        return;
+    }
+#endif
     symbackprop_f64_copy_rhs(b, n, k, brs, bcs, x);
-    symbackprop_f64_lu(a, n, rs, cs, lu, x, k);
-    symbackprop_f64_substitute(lu, n, n, 1, 0, 0, x, k);
+    if (trans) {
+        symbackprop_f64_swap_rows(ipiv, n, 1, x, k);
+    }
+#ifdef SYMBACKPROP_LAPACK
+    if (n >= SYMBACKPROP_LAPACK_MIN && n <= INT_MAX / 2 && k <= INT_MAX && k > 0) {
+        /* 101 row-major, 141 left, 121/122 upper/lower, 111/112 (no) transpose, 131/132
+         * (non-)unit */
+        SYMBACKPROP_CBLAS_DTRSM(101, 141, trans ? 121 : 122, trans ? 112 : 111, trans ? 132 : 131,
+                         (int)n, (int)k, 1, f, (int)n, x, (int)k);
+        SYMBACKPROP_CBLAS_DTRSM(101, 141, trans ? 122 : 121, trans ? 112 : 111, trans ? 131 : 132,
+                         (int)n, (int)k, 1, f, (int)n, x, (int)k);
+        SYMBACKPROP_COUNT_LAPACK();
+    } else
+#endif
+    {
+        /* R read as is: U^T (its lower triangle), then L^T (upper, unit); transposed: L, then U */
+        symbackprop_f64_substitute(f, n, trans ? 1 : n, trans ? n : 1, 1, trans, x, k);
+        symbackprop_f64_substitute(f, n, trans ? 1 : n, trans ? n : 1, 0, !trans, x, k);
+    }
+    if (!trans) {
+        symbackprop_f64_swap_rows(ipiv, n, 0, x, k);
+    }
 }
 
 /* x = T^{-1} b, T the lower (lower != 0) or upper triangle of t; the other
@@ -1859,82 +2011,91 @@ SYMBACKPROP_HELPER void symbackprop_f32_band(const float *x, int64_t rows, int64
     }
 }
 
-/* LU factorization with partial pivoting, P A = L U, of the n x n matrix a
- * (a[i, j] at a[i*rs + j*cs]) into lu (row-major): U on and above the
- * diagonal, L's multipliers (unit diagonal) below it. Column c's pivot is
- * its largest |entry| on or below the diagonal (a NaN is taken first, so it
- * spreads). When x is not NULL (n x k, row-major), its rows are swapped and
- * eliminated alongside: x <- L^{-1} P x. A zero pivot means the column is
- * zero from the diagonal down: nothing to eliminate, U[c, c] = 0 stays.
- * Returns the sign of P (+1 or -1). */
-SYMBACKPROP_HELPER int symbackprop_f32_lu(const float *a, int64_t n, int64_t rs, int64_t cs, float *lu, float *x, int64_t k)
+/* The LU factors of a n x n matrix a (a[i, j] at a[i*rs + j*cs]) that det,
+ * logdet and solve read, in LAPACK's getrf form for a^T: f holds a's rows
+ * (row-major: a^T column-major) factored in place, P a^T = L U, U on and
+ * above the diagonal, L's multipliers (unit diagonal) below it, column-major;
+ * then n ints (past the n*n reals), the 1-based pivots: row c of a^T was
+ * swapped with row ipiv[c]. Column c's pivot is its largest |entry| on or
+ * below the diagonal (LAPACK's idamax; the loops take a NaN first, so it
+ * spreads). A zero pivot means the column is zero from the diagonal down:
+ * nothing to eliminate, U[c, c] = 0 stays. From n = SYMBACKPROP_LAPACK_MIN
+ * up, where compiled with -DSYMBACKPROP_LAPACK (and linked to a LAPACK),
+ * getrf (blocked: its products are the BLAS's); below, or without one,
+ * these loops (column by column, the inner loop contiguous). */
+SYMBACKPROP_HELPER void symbackprop_f32_lu(const float *a, int64_t n, int64_t rs, int64_t cs, float *f)
 {
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < n; ++j) {
-            lu[i * n + j] = a[i * rs + j * cs];
+            f[i * n + j] = a[i * rs + j * cs];
         }
     }
-    int sign = 1;
+    int *ipiv = (int *)(f + n * n);
+#ifdef SYMBACKPROP_LAPACK
+    if (n >= SYMBACKPROP_LAPACK_MIN && n <= INT_MAX / 2) {
+        const int size = (int)n;
+        int info = 0;
+        SYMBACKPROP_LAPACK_SGETRF(&size, &size, f, &size, ipiv, &info);
+        SYMBACKPROP_COUNT_LAPACK();
+        return;
+    }
+#endif
     for (int64_t c = 0; c < n; ++c) {
+        float *column = f + c * n;
         int64_t p = c;
-        float best = fabsf(lu[c * n + c]);
+        float best = fabsf(column[c]);
         for (int64_t i = c + 1; i < n && !isnan(best); ++i) {
-            const float size = fabsf(lu[i * n + c]);
+            const float size = fabsf(column[i]);
             if (size > best || isnan(size)) {
                 best = size;
                 p = i;
             }
         }
+        ipiv[c] = (int)(p + 1);
         if (p != c) {
-            sign = -sign;
             for (int64_t j = 0; j < n; ++j) {
-                const float t = lu[c * n + j];
-                lu[c * n + j] = lu[p * n + j];
-                lu[p * n + j] = t;
-            }
-            for (int64_t j = 0; x != NULL && j < k; ++j) {
-                const float t = x[c * k + j];
-                x[c * k + j] = x[p * k + j];
-                x[p * k + j] = t;
+                const float t = f[j * n + c];
+                f[j * n + c] = f[j * n + p];
+                f[j * n + p] = t;
             }
         }
-        const float pivot = lu[c * n + c];
+        const float pivot = column[c];
         if (pivot == 0) {
             continue;
         }
         for (int64_t i = c + 1; i < n; ++i) {
-            /* row i -= (lu[i, c] / pivot) * row c, the multiplier kept in lu[i, c] */
-            const float factor = lu[i * n + c] / pivot;
-            lu[i * n + c] = factor;
-            for (int64_t j = c + 1; j < n; ++j) {
-                lu[i * n + j] -= factor * lu[c * n + j];
-            }
-            for (int64_t j = 0; x != NULL && j < k; ++j) {
-                x[i * k + j] -= factor * x[c * k + j];
+            column[i] /= pivot;
+        }
+        for (int64_t j = c + 1; j < n; ++j) {
+            /* column j -= U[c, j] * L's column c, below the diagonal */
+            float *target = f + j * n;
+            const float factor = target[c];
+            for (int64_t i = c + 1; i < n; ++i) {
+                target[i] -= factor * column[i];
             }
         }
     }
-    return sign;
 }
 
-/* det(a) = sign(P) * prod_c U[c, c]: 0 for a singular a, NaN for a NaN entry. */
-SYMBACKPROP_HELPER float symbackprop_f32_det(const float *a, int64_t n, int64_t rs, int64_t cs, float *lu)
+/* det(a) from its factors f (symbackprop_f32_lu): sign(P) * prod_c U[c, c]:
+ * 0 for a singular a, NaN for a NaN entry. */
+SYMBACKPROP_HELPER float symbackprop_f32_det(int64_t n, const float *f)
 {
-    float result = (float)symbackprop_f32_lu(a, n, rs, cs, lu, NULL, 0);
+    const int *ipiv = (const int *)(f + n * n);
+    float result = 1;
     for (int64_t c = 0; c < n; ++c) {
-        result *= lu[c * n + c];
+        result *= ipiv[c] == c + 1 ? f[c * n + c] : -f[c * n + c];
     }
     return result;
 }
 
-/* log|det(a)| = sum_c log|U[c, c]| (numpy's slogdet(a)[1]): -inf for a
- * singular a, NaN for a NaN entry. */
-SYMBACKPROP_HELPER float symbackprop_f32_logdet(const float *a, int64_t n, int64_t rs, int64_t cs, float *lu)
+/* log|det(a)| from its factors f = sum_c log|U[c, c]| (numpy's
+ * slogdet(a)[1]): -inf for a singular a, NaN for a NaN entry. */
+SYMBACKPROP_HELPER float symbackprop_f32_logdet(int64_t n, const float *f)
 {
-    symbackprop_f32_lu(a, n, rs, cs, lu, NULL, 0);
     float result = 0;
     for (int64_t c = 0; c < n; ++c) {
-        result += logf(fabsf(lu[c * n + c]));
+        result += logf(fabsf(f[c * n + c]));
     }
     return result;
 }
@@ -1977,15 +2138,106 @@ SYMBACKPROP_HELPER void symbackprop_f32_copy_rhs(const float *b, int64_t n, int6
     }
 }
 
-/* x = a^{-1} b (a n x n, b n x k): LU with partial pivoting, b's rows
- * permuted and eliminated alongside (L^{-1} P b), then back substitution
- * with U. A singular a gives inf or NaN entries (a zero U[c, c]). */
-SYMBACKPROP_HELPER void symbackprop_f32_solve(const float *a, int64_t n, int64_t rs, int64_t cs,
-                                             const float *b, int64_t k, int64_t brs, int64_t bcs, float *x, float *lu)
+/* Rows c and ipiv[c] - 1 of the n x k x swapped, c from 0 up (forward) or down. */
+SYMBACKPROP_HELPER void symbackprop_f32_swap_rows(const int *ipiv, int64_t n, int forward, float *x, int64_t k)
 {
+    for (int64_t step = 0; step < n; ++step) {
+        const int64_t c = forward ? step : n - 1 - step;
+        const int64_t p = ipiv[c] - 1;
+        for (int64_t j = 0; p != c && j < k; ++j) {
+            const float t = x[c * k + j];
+            x[c * k + j] = x[p * k + j];
+            x[p * k + j] = t;
+        }
+    }
+}
+
+#ifdef SYMBACKPROP_LAPACK
+/* Whether the n x n b (b[i, j] at b[i*brs + j*bcs]) is the identity. */
+SYMBACKPROP_HELPER int symbackprop_f32_is_identity(const float *b, int64_t n, int64_t brs, int64_t bcs)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            if (b[i * brs + j * bcs] != (i == j)) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* x = a^{-T} = U^{-1} L^{-1} P from a's factors f (symbackprop_f32_solve's
+ * notation): L^{-1} by LAPACK's trtri (n^3/6 multiply-adds), U^{-1} times
+ * it by trsm (n^3/2), then P's column swaps: 2/3 n^3, where the solves of
+ * the identity take n^3 (getri's count, without its workspace). */
+SYMBACKPROP_HELPER void symbackprop_f32_inverse_t(int64_t n, const float *f, const int *ipiv, float *x)
+{
+    /* x = L, row-major: L[i, j] = R[j, i] below the diagonal, ones on it, zeros above */
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            x[i * n + j] = i > j ? f[j * n + i] : (i == j ? 1 : 0);
+        }
+    }
+    const int size = (int)n;
+    int info = 0;
+    /* row-major unit lower is column-major unit upper: inverted in place */
+    SYMBACKPROP_LAPACK_STRTRI("U", "U", &size, x, &size, &info, 1, 1);
+    /* x <- U^{-1} x, U = R's lower triangle transposed (see the solve below) */
+    SYMBACKPROP_CBLAS_STRSM(101, 141, 122, 112, 131, size, size, 1, f, size, x, size);
+    /* x <- x P = x P_{n-1} ... P_0: columns c and ipiv[c] - 1 swapped, c from n - 1 down */
+    for (int64_t c = n - 1; c >= 0; --c) {
+        const int64_t p = ipiv[c] - 1;
+        for (int64_t i = 0; p != c && i < n; ++i) {
+            const float t = x[i * n + c];
+            x[i * n + c] = x[i * n + p];
+            x[i * n + p] = t;
+        }
+    }
+}
+#endif
+
+/* x = a^{-1} b, or a^{-T} b (trans), a n x n by its factors f
+ * (symbackprop_f32_lu: P a^T = L U), b n x k. Read row-major, f's first n*n
+ * reals are R = (L U packed)^T: U^T on and below its diagonal, L^T above.
+ * a = U^T L^T P:  x = P^T L^{-T} U^{-T} b;  a^T = P^T L U:  x = U^{-1} L^{-1} P b.
+ * The substitutions are the BLAS's trsm from n = SYMBACKPROP_LAPACK_MIN up
+ * where LAPACK is linked, and a^{-T} of the identity (det's and logdet's
+ * gradient) is symbackprop_f32_inverse_t there. A singular a gives inf or NaN
+ * entries (a zero U[c, c]). */
+SYMBACKPROP_HELPER void symbackprop_f32_solve(int64_t n, const float *b, int64_t k, int64_t brs, int64_t bcs,
+                                             const float *f, int trans, float *x)
+{
+    const int *ipiv = (const int *)(f + n * n);
+#ifdef SYMBACKPROP_LAPACK
+    if (trans && k == n && n >= SYMBACKPROP_LAPACK_MIN && n <= INT_MAX / 2 && symbackprop_f32_is_identity(b, n, brs, bcs)) {
+        symbackprop_f32_inverse_t(n, f, ipiv, x);
+        SYMBACKPROP_COUNT_LAPACK();
+        return;
+    }
+#endif
     symbackprop_f32_copy_rhs(b, n, k, brs, bcs, x);
-    symbackprop_f32_lu(a, n, rs, cs, lu, x, k);
-    symbackprop_f32_substitute(lu, n, n, 1, 0, 0, x, k);
+    if (trans) {
+        symbackprop_f32_swap_rows(ipiv, n, 1, x, k);
+    }
+#ifdef SYMBACKPROP_LAPACK
+    if (n >= SYMBACKPROP_LAPACK_MIN && n <= INT_MAX / 2 && k <= INT_MAX && k > 0) {
+        /* 101 row-major, 141 left, 121/122 upper/lower, 111/112 (no) transpose, 131/132
+         * (non-)unit */
+        SYMBACKPROP_CBLAS_STRSM(101, 141, trans ? 121 : 122, trans ? 112 : 111, trans ? 132 : 131,
+                         (int)n, (int)k, 1, f, (int)n, x, (int)k);
+        SYMBACKPROP_CBLAS_STRSM(101, 141, trans ? 122 : 121, trans ? 112 : 111, trans ? 131 : 132,
+                         (int)n, (int)k, 1, f, (int)n, x, (int)k);
+        SYMBACKPROP_COUNT_LAPACK();
+    } else
+#endif
+    {
+        /* R read as is: U^T (its lower triangle), then L^T (upper, unit); transposed: L, then U */
+        symbackprop_f32_substitute(f, n, trans ? 1 : n, trans ? n : 1, 1, trans, x, k);
+        symbackprop_f32_substitute(f, n, trans ? 1 : n, trans ? n : 1, 0, !trans, x, k);
+    }
+    if (!trans) {
+        symbackprop_f32_swap_rows(ipiv, n, 0, x, k);
+    }
 }
 
 /* x = T^{-1} b, T the lower (lower != 0) or upper triangle of t; the other
@@ -2078,6 +2330,8 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_exp_store symbackprop_f32_exp_store
 #define symbackprop_f64_exp_store1 symbackprop_f32_exp_store1
 #define symbackprop_f64_gemm symbackprop_f32_gemm
+#define symbackprop_f64_inverse_t symbackprop_f32_inverse_t
+#define symbackprop_f64_is_identity symbackprop_f32_is_identity
 #define symbackprop_f64_lane_sums symbackprop_f32_lane_sums
 #define symbackprop_f64_log_softmax_axis symbackprop_f32_log_softmax_axis
 #define symbackprop_f64_logdet symbackprop_f32_logdet
@@ -2101,6 +2355,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_sum symbackprop_f32_sum
 #define symbackprop_f64_sum_column_block symbackprop_f32_sum_column_block
 #define symbackprop_f64_sum_columns symbackprop_f32_sum_columns
+#define symbackprop_f64_swap_rows symbackprop_f32_swap_rows
 #define symbackprop_f64_triangular_solve symbackprop_f32_triangular_solve
 #endif
 

@@ -444,6 +444,14 @@ def min_rows_for_threads(work_per_row: int) -> int:
 # the C compiler unrolls for fixed small shapes; a BLAS call costs ~1 us.
 BLAS_MIN_MULTIPLY_ADDS = 4096
 
+# LU factorizations and their solves of matrices of at least this size call
+# LAPACK's getrf and the BLAS's trsm where linked (templates/linalg.c.j2);
+# smaller ones stay as the runtime header's loops, which were as fast up to
+# here (`taskset -c 1 python benchmarks/linalg.py --threshold`, OpenBLAS
+# 0.3.34, one thread, Zen 4, det's value_and_grad LAPACK / loops: n=48 1.05,
+# 64 1.01, 80 0.97, 96 0.89; solve's: 1.20, 1.04, 1.00, 0.92).
+LAPACK_MIN_SIZE = 80
+
 # With OpenMP, BLAS products of at least this many multiply-adds (about
 # 50 us on one core) are split across the threads (matmul.c.j2).
 PARALLEL_MIN_PRODUCT = 1 << 20
@@ -481,6 +489,7 @@ class RuntimeType:
     blas_min: int = BLAS_MIN_MULTIPLY_ADDS
     parallel_product_min: int = PARALLEL_MIN_PRODUCT
     parallel_sum_min: int = PARALLEL_MIN_WORK
+    lapack_min: int = LAPACK_MIN_SIZE
 
 
 def runtime_type(real: RealType) -> RuntimeType:

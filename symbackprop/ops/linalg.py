@@ -5,7 +5,12 @@ the triangle masks their rules need.
 Each op's kernel is one call of the runtime header's helper of its name
 (templates/linalg.c.j2: LU with partial pivoting, Cholesky, substitution),
 which reads its matrices through strides: a transposed argument (A^T in a
-rule) is a view, never a copy. The derivative rules are built from these
+rule) is a view, never a copy. det, logdet and solve read the factors of
+their matrix, the node lu(A) (LAPACK's getrf above a size where linked),
+their last argument: the forward pass's factors, which the gradients'
+solves with A^T read again (solve's `trans`), as JAX's and PyTorch's do.
+Their rules differentiate through A alone: the factors' adjoint and
+tangent are None (lu's rules say so), A carries the whole derivative. The derivative rules are built from these
 same ops (Giles 2008, "Collected matrix derivative results"; Murray 2016 for
 Cholesky), so the derivatives can be differentiated again:
 
@@ -17,7 +22,7 @@ Cholesky), so the derivatives can be differentiated again:
     cholesky of S = (A + A^T)/2, Phi(M) = lower triangle of M, diagonal halved:
             A-bar = sym(L^{-T} Phi(L^T L-bar) L^{-1})      dL = L Phi(L^{-1} sym(dA) L^{-T})
 
-A^{-T} is solve(A^T, I), I = band(1, diagonal only).
+A^{-T} is solve(A, I, trans=True), I = band(1, diagonal only).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class LinalgAttrs:
     madds: its multiply-adds of (n, k): the first operand's size and the
         last shape's columns (the right-hand sides).
     scalar: the helper returns the result (det, logdet), not writing it.
+    factored: its last operand is lu(A) of its first, A: the helper gets
+        A's size and the factors' pointer, not A's entries.
     entrywise: a mask of one m x n operand (band): the helper gets its
         rows and columns, its flags as real scales, and does one
         operation an entry (others: n).
@@ -60,28 +67,28 @@ class LinalgAttrs:
     madds: Callable[[sp.Expr, sp.Expr], sp.Expr]
     scalar: bool = False
     entrywise: bool = False
+    factored: bool = False
 
 
 @dataclass(frozen=True)
 class LinalgKernel:
     """`kind` (an op) of its `operands` (views, or a constant read at every
-    entry) into the contiguous `out`; `scratch`: an n x n workspace buffer
-    of its own (the LU factors), or None. `flags`: literal arguments after
-    the operands (band's scales, triangular_solve's lower)."""
+    entry) into the contiguous `out` (no workspace: det's, logdet's and
+    solve's factors are lu's output). `flags`: literal arguments after the
+    operands (band's scales, triangular_solve's lower, solve's trans)."""
 
     kind: str
     out: str
     operands: tuple[View | sp.Expr, ...]
     shapes: tuple[Shape, ...]
     flags: tuple[sp.Expr, ...]
-    scratch: str | None
     equations: tuple[Equation, ...]
 
     def reads(self) -> list[str]:
-        return [v.buffer for v in self.operands if isinstance(v, View)] + ([self.scratch] if self.scratch else [])
+        return [v.buffer for v in self.operands if isinstance(v, View)]
 
     def writes(self) -> list[str]:
-        return [self.out] + ([self.scratch] if self.scratch else [])
+        return [self.out]
 
     @property
     def attrs(self) -> LinalgAttrs:
@@ -103,7 +110,7 @@ def _lu(n: sp.Expr, k: sp.Expr) -> sp.Expr:
     return n**3 / 3
 
 
-def _kernel_builder(text: Callable[[list[str], Node], tuple[str, str]], scratch: bool) -> Callable:
+def _kernel_builder(text: Callable[[list[str], Node], tuple[str, str]]) -> Callable:
     """The kernel builder of an op; text(labels, node) -> (comment, LaTeX)."""
 
     def kernel(sched, node: Node, out: str) -> LinalgKernel:
@@ -111,11 +118,9 @@ def _kernel_builder(text: Callable[[list[str], Node], tuple[str, str]], scratch:
         comment, written = text(labels, node)
         equation = Equation(out, comment, f"{latex_name(out)} = {written}")
         operands = tuple(a.attrs[0] if is_const(a) else sched.view(a) for a in node.args)
-        n = node.args[0].shape[0]
-        work = sched.claim_scratch(f"{out}_lu", (n, n)) if scratch else None
         flags = tuple(sp.sympify(f) for f in node.attrs)
         return LinalgKernel(node.op, out, operands, tuple(a.shape for a in node.args) + (node.shape,), flags,
-                            work, (equation,))
+                            (equation,))
 
     return kernel
 
@@ -123,12 +128,22 @@ def _kernel_builder(text: Callable[[list[str], Node], tuple[str, str]], scratch:
 def _emit(em: FunctionEmitter, kernel: LinalgKernel) -> dict:
     """One helper call (templates/linalg.c.j2): each operand as (first entry,
     its size, row stride, column stride), the first one's size n (band's:
-    rows, cols), the second's its columns k; then the flags, the output and
-    the scratch; det and logdet return their value. A constant operand is a
-    compound literal read with strides 0."""
+    rows, cols), the second's its columns k; then the flags and the output;
+    det and logdet return their value. A constant operand is a
+    compound literal read with strides 0. A factored op's A is its size
+    alone, its factors (the last operand) a pointer alone."""
     printer = CheckedPrinter(ScalarPrinter({}, em.real), kernel)
     args: list[str] = []
+    factored = kernel.attrs.factored
     for index, (operand, shape) in enumerate(zip(kernel.operands, kernel.shapes)):
+        if factored and index == 0:  # A: its size (the helper reads its factors)
+            args.append(em.dim(shape[0]))
+            continue
+        if factored and index == len(kernel.operands) - 1:  # the factors: contiguous
+            assert isinstance(operand, View)
+            offset = "" if operand.offset == 0 else f" + {em.dim(operand.offset)}"
+            args.append(em.namer.name(operand.buffer) + offset)
+            continue
         if isinstance(operand, View):
             pointer = em.namer.name(operand.buffer) + ("" if operand.offset == 0 else f" + {em.dim(operand.offset)}")
             strides = [em.dim(operand.row_stride), em.dim(operand.col_stride)]
@@ -138,17 +153,17 @@ def _emit(em: FunctionEmitter, kernel: LinalgKernel) -> dict:
         args += [pointer, *(em.dim(s) for s in sizes), *strides]
     args += [printer.doprint(f) if kernel.attrs.entrywise else str(int(f)) for f in kernel.flags]
     scalar = kernel.attrs.scalar
-    args += ([] if scalar else [em.namer.name(kernel.out)]) + ([em.namer.name(kernel.scratch)] if kernel.scratch else [])
+    args += [] if scalar else [em.namer.name(kernel.out)]
     return {"loop": None, "columns": None, "out": f"{em.namer.name(kernel.out)}[0]" if scalar else None,
             "args": ", ".join(args)}
 
 
 def _linalg_op(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[..., np.ndarray],
                text: Callable[[list[str], Node], tuple[str, str]], grad_fn: str, attrs: LinalgAttrs,
-               scratch: bool = False, **more: object) -> OpRecord:
+               **more: object) -> OpRecord:
     return register(OpRecord(
         name, vjp=vjp, jvp=jvp, evaluate=lambda node, args, context: evaluate(*args, *node.attrs),
-        kernel=_kernel_builder(text, scratch), emit=_emit, template="reduce_kernel" if attrs.scalar else "axis_kernel",
+        kernel=_kernel_builder(text), emit=_emit, template="reduce_kernel" if attrs.scalar else "axis_kernel",
         grad_fn=plain_grad_fn(grad_fn), helper=True, attrs=attrs, **more,  # type: ignore[arg-type]
     ))
 
@@ -171,17 +186,29 @@ def _stored(a: Node) -> Node:
     return band(a, 1, 1, 1) if is_const(a) else a
 
 
+def lu(a: Node) -> Node:
+    """The LU factors of A with partial pivoting, (n + 1) x n: their layout
+    is the C helper's (templates/linalg.c.j2), read only by det, logdet and
+    solve of the same A (one node: the forward pass's factors serve the
+    gradient's solves)."""
+    n = a.shape[0]
+    return op_node("lu", (a,), (n + 1, n))
+
+
 def det(a: Node) -> Node:
-    return op_node("det", (_stored(a),), SCALAR)
+    a = _stored(a)
+    return op_node("det", (a, lu(a)), SCALAR)
 
 
 def logdet(a: Node) -> Node:
-    return op_node("logdet", (_stored(a),), SCALAR)
+    a = _stored(a)
+    return op_node("logdet", (a, lu(a)), SCALAR)
 
 
-def solve(a: Node, b: Node) -> Node:
-    """X with A X = B (A^T X = B: solve(transpose(A), B), a view)."""
-    return op_node("solve", (_stored(a), _stored(b)), b.shape)
+def solve(a: Node, b: Node, trans: bool = False) -> Node:
+    """X with A X = B, or A^T X = B (trans): both from the factors of A."""
+    a = _stored(a)
+    return op_node("solve", (a, _stored(b), lu(a)), b.shape, (int(bool(trans)),))
 
 
 def cholesky(a: Node) -> Node:
@@ -198,7 +225,7 @@ def _triangle(m: Node, lower: bool) -> Node:
 
 
 def _inverse_transpose(a: Node) -> Node:
-    return solve(transpose(a), identity(a.shape[0]))
+    return solve(a, identity(a.shape[0]), trans=True)
 
 
 def _sum_all(m: Node) -> Node:
@@ -234,8 +261,27 @@ def _band_value(x: np.ndarray, below: sp.Expr, diagonal: sp.Expr, above: sp.Expr
 # --- det, logdet ------------------------------------------------------------------------
 
 
+# --- lu: read by det, logdet and solve, which differentiate through A ----------------
+
+
+def _lu_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    return (None,)  # never reached: its readers give the factors no adjoint
+
+
+def _lu_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return None  # its readers' JVP rules take A's tangent, not the factors'
+
+
+def _lu_value(a: np.ndarray) -> np.ndarray:
+    """The C helper's layout: row-major, the factors of A^T (P A^T = L U)
+    packed and transposed, then the 1-based pivots."""
+    pivots: list[int] = []
+    packed, _, _ = lu_factor(np.asarray(a, dtype=float).T, pivots=pivots)
+    return np.vstack([packed.T, np.array(pivots, dtype=float)[None, :]])
+
+
 def _det_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    return (map_(A0 * A1 * A2, [g, node, _inverse_transpose(node.args[0])], node.args[0].shape),)
+    return map_(A0 * A1 * A2, [g, node, _inverse_transpose(node.args[0])], node.args[0].shape), None
 
 
 def _det_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
@@ -245,7 +291,7 @@ def _det_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
 
 
 def _logdet_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    return (map_(A0 * A1, [g, _inverse_transpose(node.args[0])], node.args[0].shape),)
+    return map_(A0 * A1, [g, _inverse_transpose(node.args[0])], node.args[0].shape), None
 
 
 def _logdet_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
@@ -254,11 +300,13 @@ def _logdet_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     return _sum_all(map_(A0 * A1, [_inverse_transpose(node.args[0]), tangents[0]]))
 
 
-def lu_factor(a: np.ndarray, rhs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, float]:
+def lu_factor(a: np.ndarray, rhs: np.ndarray | None = None,
+              pivots: list[int] | None = None) -> tuple[np.ndarray, np.ndarray | None, float]:
     """The C helper's LU with partial pivoting, in numpy: (LU packed, rhs
-    with its rows swapped alongside and eliminated, the permutation's sign).
-    A zero pivot (the column is zero on and below the diagonal) is skipped;
-    a NaN is chosen as the pivot, so it spreads."""
+    with its rows swapped alongside and eliminated, the permutation's sign);
+    `pivots` gets each column's pivot row, 1-based. A zero pivot (the
+    column is zero on and below the diagonal) is skipped; a NaN is chosen
+    as the pivot, so it spreads."""
     lu = np.array(a, dtype=float)
     x = None if rhs is None else np.array(rhs, dtype=float)
     n, sign = lu.shape[0], 1.0
@@ -267,6 +315,8 @@ def lu_factor(a: np.ndarray, rhs: np.ndarray | None = None) -> tuple[np.ndarray,
             column = np.abs(lu[c:, c])
             nan = np.flatnonzero(np.isnan(column))
             p = c + (int(nan[0]) if nan.size else int(np.argmax(column)))
+            if pivots is not None:
+                pivots.append(p + 1)
             if p != c:
                 lu[[c, p]] = lu[[p, c]]
                 if x is not None:
@@ -282,31 +332,38 @@ def lu_factor(a: np.ndarray, rhs: np.ndarray | None = None) -> tuple[np.ndarray,
     return lu, x, sign
 
 
-def _det_value(a: np.ndarray) -> np.ndarray:
-    lu, _, sign = lu_factor(a)
-    return np.array([[sign * np.prod(np.diag(lu))]])
+def _det_value(a: np.ndarray, factors: np.ndarray) -> np.ndarray:
+    packed, _, sign = lu_factor(a)
+    return np.array([[sign * np.prod(np.diag(packed))]])
 
 
-def _logdet_value(a: np.ndarray) -> np.ndarray:
-    lu, _, _ = lu_factor(a)
+def _logdet_value(a: np.ndarray, factors: np.ndarray) -> np.ndarray:
+    packed, _, _ = lu_factor(a)
     with np.errstate(divide="ignore"):
-        return np.array([[np.sum(np.log(np.abs(np.diag(lu))))]])
+        return np.array([[np.sum(np.log(np.abs(np.diag(packed))))]])
 
 
 # --- solve -------------------------------------------------------------------------------
 
 
 def _solve_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    a = node.args[0]
-    grad_b = solve(transpose(a), g)
-    grad_a = _neg(matmul(grad_b, transpose(node))) if needed[0] else None
-    return grad_a, grad_b if needed[1] else None
+    """op(A) X = B (op: A^T where trans): B-bar = op(A)^{-T} G from the same
+    factors, A-bar = -B-bar X^T (its transpose where trans)."""
+    a, trans = node.args[0], bool(node.attrs[0])
+    grad_b = solve(a, g, not trans)
+    grad_a = None
+    if needed[0]:
+        outer = matmul(grad_b, transpose(node)) if not trans else matmul(node, transpose(grad_b))
+        grad_a = _neg(outer)
+    return grad_a, grad_b if needed[1] else None, None
 
 
 def _solve_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
-    (a, _), (ta, tb) = node.args, tangents
-    terms = ([tb] if tb is not None else []) + ([_neg(matmul(ta, node))] if ta is not None else [])
-    return solve(a, add_all(terms)) if terms else None
+    a, ta, tb, trans = node.args[0], tangents[0], tangents[1], bool(node.attrs[0])
+    terms = [tb] if tb is not None else []
+    if ta is not None:
+        terms.append(_neg(matmul(transpose(ta) if trans else ta, node)))
+    return solve(a, add_all(terms), trans) if terms else None
 
 
 def _back_substitute(u: np.ndarray, x: np.ndarray, lower: bool, unit: bool = False) -> np.ndarray:
@@ -322,10 +379,10 @@ def _back_substitute(u: np.ndarray, x: np.ndarray, lower: bool, unit: bool = Fal
     return x
 
 
-def _solve_value(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lu, x, _ = lu_factor(a, b)
+def _solve_value(a: np.ndarray, b: np.ndarray, factors: np.ndarray, trans: int) -> np.ndarray:
+    packed, x, _ = lu_factor(np.asarray(a).T if trans else a, b)
     assert x is not None
-    return _back_substitute(lu, x, lower=False)  # the forward pass ran alongside the elimination
+    return _back_substitute(packed, x, lower=False)  # the forward pass ran alongside the elimination
 
 
 # --- triangular_solve -----------------------------------------------------------------------
@@ -399,6 +456,12 @@ def _texts(template: str, latex: str) -> Callable[[list[str], Node], tuple[str, 
     return text
 
 
+def _solve_text(labels: list[str], node: Node) -> tuple[str, str]:
+    t = "^T" if node.attrs[0] else ""
+    return (f"X with {labels[0]}{t} X = {labels[1]}, from the LU factors {labels[2]}",
+            f"{latex_name(labels[0])}^{{{'-T' if t else '-1'}}} {latex_name(labels[1])}")
+
+
 _BAND_WORDS = {(0, 1, 0): "the diagonal of {0}", (1, 1, 0): "the lower triangle of {0}",
                (0, 1, 1): "the upper triangle of {0}", (1, sp.Rational(1, 2), 0): "the lower triangle of {0}, diagonal halved",
                (1, 1, 1): "{0}"}
@@ -415,18 +478,20 @@ def _band_text(labels: list[str], node: Node) -> tuple[str, str]:
 
 _linalg_op("band", _band_vjp, _band_jvp, _band_value, _band_text, "Band",
            LinalgAttrs("triangle mask", lambda n, k: sp.Integer(0), entrywise=True))
+_linalg_op("lu", _lu_vjp, _lu_jvp, _lu_value,
+           _texts("the LU factors of {0}, partial pivoting", r"\operatorname{{lu}}\left({0}\right)"), "LU",
+           LinalgAttrs("LU factorization", _lu))
 _linalg_op("det", _det_vjp, _det_jvp, _det_value,
-           _texts("det({0}) by LU with partial pivoting", r"\det {0}"), "Det",
-           LinalgAttrs("determinant", _lu, scalar=True), scratch=True,
+           _texts("det({0}) from its LU factors {1}", r"\det {0}"), "Det",
+           LinalgAttrs("determinant", lambda n, k: n, scalar=True, factored=True),
            lowering=((Det, lambda lowerer, e: det(lowerer.lower(e.args[0]))),), shapes=((Det, lambda e, of: SCALAR),))
 _linalg_op("logdet", _logdet_vjp, _logdet_jvp, _logdet_value,
-           _texts("log|det({0})| by LU with partial pivoting", r"\log \left|\det {0}\right|"), "LogDet",
-           LinalgAttrs("log-determinant", _lu, scalar=True), scratch=True,
+           _texts("log|det({0})| from its LU factors {1}", r"\log \left|\det {0}\right|"), "LogDet",
+           LinalgAttrs("log-determinant", lambda n, k: n, scalar=True, factored=True),
            lowering=((LogDet, lambda lowerer, e: logdet(lowerer.lower(e.args[0]))),),
            shapes=((LogDet, lambda e, of: SCALAR),))
-_linalg_op("solve", _solve_vjp, _solve_jvp, _solve_value,
-           _texts("X with {0} X = {1}, by LU with partial pivoting", "{0}^{{-1}} {1}"), "Solve",
-           LinalgAttrs("linear solve", lambda n, k: n**3 / 3 + n**2 * k), scratch=True,
+_linalg_op("solve", _solve_vjp, _solve_jvp, _solve_value, _solve_text, "Solve",
+           LinalgAttrs("linear solve", lambda n, k: n**2 * k, factored=True),
            lowering=((Solve, lambda lowerer, e: solve(lowerer.lower(e.args[0]), lowerer.lower(e.args[1]))),),
            shapes=((Solve, lambda e, of: of(e.args[1])),))
 _linalg_op("cholesky", _cholesky_vjp, _cholesky_jvp, _cholesky_value,

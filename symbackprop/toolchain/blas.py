@@ -62,12 +62,28 @@ class Blas:
         return "".join(f"void {name}(void) {{}}\n" for name in self.symbols)
 
 
-CBLAS_CALLED = ("dgemm", "sgemm", "dtrmm", "strmm")  # what the runtime header calls
+CBLAS_CALLED = ("dgemm", "sgemm", "dtrmm", "strmm", "dtrsm", "strsm")  # what the runtime header calls
+# The LAPACK routines it calls (Fortran names: a trailing underscore), which
+# both libraries export beside their cblas: the LU factorization of det,
+# logdet and solve, and a triangle's inverse for A^-T (templates/linalg.c.j2).
+LAPACK_CALLED = ("dgetrf", "sgetrf", "dtrtri", "strtri")
+# What an object file that calls the BLAS (or its LAPACK) names: the cblas
+# entry points' prefix, and the LAPACK routines' names.
+SYMBOL_MARKS = (b"cblas_", *(name.encode() + b"_" for name in LAPACK_CALLED))
 
 
 def _cblas_names(prefix: str) -> tuple[str, ...]:
-    return ("-DSYMBACKPROP_CBLAS",
-            *(f"-DSYMBACKPROP_CBLAS_{name.upper()}={prefix}cblas_{name}" for name in CBLAS_CALLED))
+    """The compile flags that turn the BLAS (and LAPACK) calls on, each
+    entry point under the library's name for it (OpenBLAS's scipy_cblas_dgemm,
+    scipy_dgetrf_)."""
+    return ("-DSYMBACKPROP_CBLAS", "-DSYMBACKPROP_LAPACK",
+            *(f"-DSYMBACKPROP_CBLAS_{name.upper()}={prefix}cblas_{name}" for name in CBLAS_CALLED),
+            *(f"-DSYMBACKPROP_LAPACK_{name.upper()}={prefix}{name}_" for name in LAPACK_CALLED))
+
+
+def calls_blas(data: bytes) -> bool:
+    """Whether an object file or library (its bytes) calls the BLAS or its LAPACK."""
+    return any(mark in data for mark in SYMBOL_MARKS)
 
 
 def _mkl() -> Blas | None:
@@ -86,7 +102,7 @@ def _mkl() -> Blas | None:
         set_threads="MKL_Set_Num_Threads",
         get_threads="MKL_Get_Max_Threads",
         stub=files[-1].name,
-        symbols=tuple(f"cblas_{name}" for name in CBLAS_CALLED),
+        symbols=tuple(f"cblas_{name}" for name in CBLAS_CALLED) + tuple(f"{name}_" for name in LAPACK_CALLED),
     )
 
 

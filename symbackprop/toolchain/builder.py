@@ -65,6 +65,7 @@ from symbackprop.toolchain.blas import (
     INSTALL,
     STUB_FOLDER,
     Blas,
+    calls_blas,
     find_blas,
     prepare_blas,
     set_blas_threads,  # noqa: F401  (re-exported: older scripts import it here)
@@ -198,9 +199,6 @@ def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tupl
     return flags, libraries
 
 
-# The prefix of every cblas entry point a module may call (oneMKL's cblas_dgemm,
-# OpenBLAS's scipy_cblas_dgemm: blas._cblas_names), as its objects name it.
-BLAS_SYMBOL = b"cblas_"
 
 
 def _linked(libraries: tuple[str, ...], blas: tuple[str, ...], objects: list[Path]) -> tuple[str, ...]:
@@ -213,7 +211,7 @@ def _linked(libraries: tuple[str, ...], blas: tuple[str, ...], objects: list[Pat
     when optimizing)."""
     if not blas or libraries[:len(blas)] != blas:
         return libraries
-    if any(BLAS_SYMBOL in path.read_bytes() for path in objects):
+    if any(calls_blas(path.read_bytes()) for path in objects):
         return libraries
     return libraries[len(blas):]
 
@@ -522,7 +520,7 @@ def _one_blas_pool(library: Path) -> None:
     threads 38 ms; 62 ms with OMP_WAIT_POLICY=passive, which stop 25 had
     made the default while OpenBLAS ran its own pool)."""
     data = library.read_bytes()
-    if b"cblas_" in data:
+    if calls_blas(data):
         prepare_blas()
         if b"libgomp" in data:
             blas_beside_openmp()

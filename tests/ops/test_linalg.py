@@ -272,16 +272,19 @@ def test_helpers_are_memory_safe_on_singular_and_nan_input(tmp_path):
         size = a.shape[0]
         body.append(_c_array(f"a{number}", a) + _c_array(f"b{number}", np.ones((size, 2))))
         body.extend(f"double *{out}{number} = malloc({size * cols} * sizeof(double));\n"
-                    for out, cols in (("x", 2), ("t", 2), ("l", size), ("lu", size)))
+                    for out, cols in (("x", 2), ("xt", 2), ("t", 2), ("l", size), ("lu", size + 1)))
         for rs, cs, tag in ((size, 1, "row"), (1, size, "col")):
             call = f"a{number}, {size}, {rs}, {cs}"
             body.append(
-                f'printf("{number} {tag} det %.17g\\n", symbackprop_f64_det({call}, lu{number}));\n'
-                f'printf("{number} {tag} logdet %.17g\\n", symbackprop_f64_logdet({call}, lu{number}));\n'
-                f"symbackprop_f64_solve({call}, b{number}, 2, 2, 1, x{number}, lu{number});\n"
+                f"symbackprop_f64_lu({call}, lu{number});\n"
+                f'printf("{number} {tag} det %.17g\\n", symbackprop_f64_det({size}, lu{number}));\n'
+                f'printf("{number} {tag} logdet %.17g\\n", symbackprop_f64_logdet({size}, lu{number}));\n'
+                f"symbackprop_f64_solve({size}, b{number}, 2, 2, 1, lu{number}, 0, x{number});\n"
+                f"symbackprop_f64_solve({size}, b{number}, 2, 2, 1, lu{number}, 1, xt{number});\n"
                 f"symbackprop_f64_cholesky({call}, l{number});\n"
                 f"symbackprop_f64_triangular_solve({call}, b{number}, 2, 2, 1, 0, t{number});\n"
                 f'for (int i = 0; i < {2 * size}; ++i) printf("{number} {tag} solve %.17g\\n", x{number}[i]);\n'
+                f'for (int i = 0; i < {2 * size}; ++i) printf("{number} {tag} solve_t %.17g\\n", xt{number}[i]);\n'
                 f'for (int i = 0; i < {size * size}; ++i) printf("{number} {tag} cholesky %.17g\\n", l{number}[i]);\n'
                 f'for (int i = 0; i < {2 * size}; ++i) printf("{number} {tag} upper %.17g\\n", t{number}[i]);\n')
     source = ('#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include "symbackprop_runtime.h"\n'
@@ -300,12 +303,15 @@ def test_helpers_are_memory_safe_on_singular_and_nan_input(tmp_path):
             values.setdefault((int(number), tag, what), []).append(float(value))
     for number, a in enumerate(cases):
         for tag, m in (("row", a), ("col", a.T)):
-            got = {what: np.array(values[number, tag, what]) for what in ("det", "logdet", "solve", "cholesky", "upper")}
+            got = {what: np.array(values[number, tag, what])
+                   for what in ("det", "logdet", "solve", "solve_t", "cholesky", "upper")}
             size = m.shape[0]
             if number < 3:  # regular: numpy's values
                 np.testing.assert_allclose(got["det"], np.linalg.det(m), rtol=1e-12)
                 np.testing.assert_allclose(got["logdet"], np.linalg.slogdet(m)[1], rtol=1e-12, atol=1e-14)
                 np.testing.assert_allclose(got["solve"].reshape(size, 2), np.linalg.solve(m, np.ones((size, 2))), rtol=1e-10)
+                np.testing.assert_allclose(got["solve_t"].reshape(size, 2), np.linalg.solve(m.T, np.ones((size, 2))),
+                                           rtol=1e-10)
                 np.testing.assert_allclose(got["upper"].reshape(size, 2), np.linalg.solve(np.triu(m), np.ones((size, 2))),
                                            rtol=1e-10)
             elif number == 3:  # singular
