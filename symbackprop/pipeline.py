@@ -405,6 +405,8 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
         version=__version__,
         epoch=epoch,
         sizes=size_functions,
+        least=tuple(({str(d): c for d, c in dims.items()}[d], value, comment_text(why))
+                    for d, value, why in lowered.minimums),
     )
     module = share_products(module, namer.name)  # many matrix products: a function per kind
     module = share_maps(module, namer.name)  # element-wise loops that repeat: a function per kind

@@ -63,6 +63,9 @@ class FunctionSpec:
     inplace: tuple[str, ...] = ()  # arguments it overwrites (train_step)
     epoch_batch: str | None = None  # train_step: the batch dimension of train_epoch, if any
     epoch_data: tuple[str, ...] = ()  # train_step: the inputs train_epoch slices into minibatches
+    # (dimension, least value, why): a fixed entry or slice the model takes along a dimension bound
+    # at call time needs it that large (X[2, 0] of X (n x 3): n >= 3); the C returns status 1 below it
+    minimums: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def extra_roles(self) -> tuple[tuple[str, str, str], ...]:
@@ -204,7 +207,17 @@ def _function_from(data: Any, where: str) -> FunctionSpec:
                         tuple(_arg_from(a, f"{where}.inputs") for a in _list(d["inputs"], where)),
                         tuple(_return_from(r, f"{where}.outputs") for r in _list(d["outputs"], where)),
                         _bounds_from(d["index_bounds"], where), _strs(d["inplace"], where), batch,
-                        _strs(d["epoch_data"], where))
+                        _strs(d["epoch_data"], where), _minimums_from(d["minimums"], where))
+
+
+def _minimums_from(value: Any, where: str) -> tuple[tuple[str, int, str], ...]:
+    out = []
+    for item in _list(value, where):
+        triple = _list(item, where)
+        if len(triple) != 3 or type(triple[1]) is not int or triple[1] < 1:
+            raise _fail(where + ".minimums", "a triple (dimension, least value >= 1, why)", item)
+        out.append((_str(triple[0], where), triple[1], _str(triple[2], where)))
+    return tuple(out)
 
 
 def _module_from(data: Any) -> ModuleSpec:
@@ -231,7 +244,8 @@ def _module_from(data: Any) -> ModuleSpec:
 # (the self-describing ones of emit/describe.py too) returns is here.
 STATUS_TEXT = {
     0: "success",
-    1: "a dimension is below 1 (nothing written)",
+    1: "a dimension is below 1, or below the least value the model's fixed entries along it need "
+       "(the header lists them; nothing written)",
     2: "an Index holds a row number outside the array it gathers from (nothing written)",
     3: "no argument of that number (nothing written)",
     4: "a NULL pointer where an array is needed (nothing written)",

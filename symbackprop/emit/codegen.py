@@ -257,6 +257,13 @@ class CModule:
     products: tuple[Any, ...] = ()  # a function per kind of matrix product call (emit/products.py), where it has many
     maps: tuple[Any, ...] = ()  # a function per kind of element-wise loop that repeats (emit/maps.py)
     sizes: tuple[Any, ...] = ()  # a function per distinct size check (emit/sizes.py SizeFunction)
+    # (C name of a dimension, its least value, why): the model's fixed entries along dimensions
+    # bound at call time (ir.lower.Lowered.minimums); every other dimension's least value is 1
+    least: tuple[tuple[str, int, str], ...] = ()
+
+    def least_of(self, dim: str) -> int:
+        """The least value a call may bind the dimension (a C name) to."""
+        return next((value for name, value, _ in self.least if name == dim), 1)
 
     @property
     def shared(self) -> str:

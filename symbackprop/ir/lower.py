@@ -36,6 +36,9 @@ class Lowered:
     outputs: dict[str, Node]
     dims: tuple[sp.Symbol, ...]  # symbolic dimensions, in declaration order
     named: tuple[tuple[str, Node], ...] = ()  # the user's names of intermediates (Model.names)
+    # (dimension, least value, why): fixed entries taken along a dimension bound at call time
+    # (X[2, 0] of X (n x 3) needs n >= 3); each call checks them (the binder and the C)
+    minimums: tuple[tuple[str, int, str], ...] = ()
 
 
 def as_dim(d: sp.Expr, where: object) -> Dim:
@@ -80,7 +83,17 @@ def lower(model: Model) -> Lowered:
     loss = lowerer.scalar_result(model.loss, "the loss")
     outputs = {name: lowerer.lower(expr) for name, expr in model.outputs.items()}
     named = tuple((name, lowerer.lower(expr)) for name, expr in model.names.items())  # the memo's nodes
-    return Lowered(model, leaves, loss, outputs, tuple(dims), named)
+    return Lowered(model, leaves, loss, outputs, tuple(dims), named, least_values(lowerer.minimums))
+
+
+def least_values(needs: list[tuple[str, int, str]]) -> tuple[tuple[str, int, str], ...]:
+    """The largest need of each dimension (the first named where several
+    are as large), in the order the dimensions were first met."""
+    most: dict[str, tuple[str, int, str]] = {}
+    for need in needs:
+        if need[0] not in most or need[1] > most[need[0]][1]:
+            most[need[0]] = need
+    return tuple(most.values())
 
 
 class Lowerer:
@@ -99,6 +112,7 @@ class Lowerer:
         self.named_products = [e for e in named if isinstance(e, sp.MatMul) and e.as_coeff_matrices()[0] == 1]
         self.caches: dict[str, dict] = {}  # see cache()
         self.contexts: tuple[str, ...] = ()  # see nested()
+        self.minimums: list[tuple[str, int, str]] = []  # see need_at_least()
 
     def cache(self, owner: str) -> dict:
         """A dict that lives as long as this lowering, for an op defined
@@ -112,7 +126,41 @@ class Lowerer:
         `contexts` (so that an op can refuse to nest in itself)."""
         sub = Lowerer(leaves, tuple(self.dims))
         sub.contexts = self.contexts + (context,)
+        sub.minimums = self.minimums  # one list: a scan's step's entries are the model's
         return sub
+
+    def entry(self, atom: MatrixElement) -> Node:
+        """parent[i, j] of constant i and j: a negative one counts from the
+        end of a fixed size (as Python's); along a size bound at call time
+        the entry is a need of every call (need_at_least).
+
+        Raises:
+            ModelError: an index not a number, past a fixed size, or negative
+                along a size bound at call time.
+        """
+        parent, i, j = atom.args
+        if not (i.is_Integer and j.is_Integer):
+            raise ModelError(f"only constant indices are supported: {short(atom)}")
+        matrix = self.lower(parent)
+        at = []
+        for index, size, what in ((int(i), matrix.shape[0], "row"), (int(j), matrix.shape[1], "column")):
+            if isinstance(size, sp.Symbol):
+                if index < 0:
+                    raise ModelError(f"{short(atom)} takes {what} {index} of {short(parent)}, counted from the end of "
+                                     f"{size}, which is bound at call time: only a fixed entry is supported there")
+                self.need_at_least(size, index + 1, f"the model reads {what} {index} of {short(parent)}")
+            else:
+                index = index + int(size) if index < 0 else index
+                if not 0 <= index < int(size):
+                    raise ModelError(f"{short(atom)} takes {what} {index} of {short(parent)}, which has {size}")
+            at.append(index)
+        return element(matrix, at[0], at[1])
+
+    def need_at_least(self, size: Dim, least: int, why: str) -> None:
+        """A fixed entry or part of a dimension bound at call time: every
+        call must bind it to at least `least` (checked by the binder and the C)."""
+        if isinstance(size, sp.Symbol) and least > 1:
+            self.minimums.append((str(size), least, why))
 
     def scalar_result(self, expr: sp.Basic, what: str) -> Node:
         node = self.lower(expr)
@@ -177,10 +225,7 @@ class Lowerer:
         subs: dict[sp.Basic, sp.Expr] = {}
         for atom in atoms:
             if isinstance(atom, MatrixElement):
-                parent, i, j = atom.args
-                if not (i.is_Integer and j.is_Integer):
-                    raise ModelError(f"only constant indices are supported: {short(atom)}")
-                arg = element(self.lower(parent), int(i), int(j))
+                arg = self.entry(atom)
             elif atom in self.standins:
                 arg = self.standins[atom]
             elif atom in self.leaves:

@@ -23,7 +23,7 @@ from symbackprop.base.scalar import backward, forward
 from symbackprop.base.stable import stabilize
 from symbackprop.declare.tensor import ExampleMap, Gather, Index
 from symbackprop.errors import ModelError
-from symbackprop.ir.construct import accumulates, binding_width, element, emap, let_symbol, row_placeholder
+from symbackprop.ir.construct import accumulates, binding_width, emap, let_symbol, row_placeholder
 from symbackprop.ir.interpret import Context, apply_body
 from symbackprop.ir.lower import as_dim, scalar_atoms
 from symbackprop.ir.node import SCALAR, Node
@@ -217,10 +217,7 @@ def _example_map(lowerer, expr: ExampleMap) -> Node:
             if atom in subs or atom in lowerer.dims:
                 continue
             if isinstance(atom, MatrixElement):
-                parent, i, j = atom.args
-                if not (i.is_Integer and j.is_Integer):
-                    raise ModelError(f"only constant indices are supported: {short(atom)}")
-                node = element(lowerer.lower(parent), int(i), int(j))
+                node = lowerer.entry(atom)
             elif atom in lowerer.leaves and lowerer.leaves[atom].shape == SCALAR:
                 node = lowerer.leaves[atom]
             else:

@@ -87,20 +87,28 @@ def _bound(value: sp.Basic, expr: sp.MatrixSlice, what: str) -> int:
 def _lower_slice(lowerer, expr: sp.MatrixSlice) -> Node:
     """parent[r0:r1:rs, c0:c1:cs]: the starts and steps numbers; along a
     dimension bound at call time (a batch), all of it (X[:, 1:3] of a batch
-    X): no call can then make a slice read past its parent."""
+    X) or a fixed number of entries (X[0:2, :]), which every call then
+    needs (the binder and the C check that n >= 2): no call can make a
+    slice read past its parent."""
     parent = lowerer.lower(expr.parent)
     for start, stop, step in (expr.rowslice, expr.colslice):
         if step != 1 and sp.sympify((stop - start) % step).is_Integer and (stop - start) % step:
             raise ModelError(f"a slice's step {step} does not divide its length {stop - start} in {short(expr)}: "
                              f"SymPy counts {(stop - start) // step} where Python counts {-(-(stop - start) // step)}; "
                              "write the stop as start + step * count")
-    for (start, stop, step), size, what in zip((expr.rowslice, expr.colslice), parent.shape, ("rows", "columns")):
-        if isinstance(size, sp.Symbol) and not (start == 0 and stop == size and step == 1):
-            raise ModelError(f"{short(expr)} takes {what} {start}:{stop}:{step} of {size}, which is bound at call time: "
-                             f"a call with fewer {what} would read past them; slice a matrix of fixed {what} "
-                             f"or take all {size} of them")
     (r0, _, rs), (c0, _, cs) = expr.rowslice, expr.colslice
     steps = (_bound(r0, expr, "start"), _bound(rs, expr, "step"), _bound(c0, expr, "start"), _bound(cs, expr, "step"))
+    for (start, stop, step), size, what in zip((expr.rowslice, expr.colslice), parent.shape, ("rows", "columns")):
+        if not isinstance(size, sp.Symbol) or (start == 0 and stop == size and step == 1):
+            continue
+        count = sp.sympify((stop - start) / step)  # (a whole number of steps: checked above)
+        if not count.is_Integer:
+            raise ModelError(f"{short(expr)} takes {what} {start}:{stop}:{step} of {size}, which is bound at call time: "
+                             f"a call with fewer {what} would read past them; slice a matrix of fixed {what}, "
+                             f"take a fixed number of them or all {size} of them")
+        last = int(start) + int(step) * (int(count) - 1)  # a fixed part of a size bound at call time: a need of every call
+        why = f"the model takes {what} {start}:{stop}:{step} of {short(expr.parent)}"
+        lowerer.need_at_least(size, max(int(start), last) + 1, why)
     return slice_view(parent, steps, shape_of(expr))
 
 

@@ -13,7 +13,9 @@ What is accepted, and the only conversions made:
 - arrays that are not C-contiguous or not aligned are copied.
 
 A numpy array of another dtype is an error, not a silent cast; so are masked
-arrays and symbolic dimensions below 1 (an empty array, such as X[:0]).
+arrays and symbolic dimensions below 1 (an empty array, such as X[:0]),
+or below the least value the model's fixed entries along them need
+(X[2, 0] of X (n x 3): n >= 3; FunctionSpec.minimums).
 Every symbolic dimension must have one value >= 1 across all the arrays.
 Every Index row number must lie within each array it gathers from.
 An argument the function writes (train_step's params and optimizer state)
@@ -78,6 +80,8 @@ class Binder:
         self.patterns = tuple((a.name, *(position.get(d, d) for d in a.shape)) for a in fn.inputs)
         self.out_patterns = tuple((*(position.get(d, d) for d in r.shape), r.scalar) for r in fn.outputs)
         self._fast_ok = not any(a.index for a in fn.inputs)  # row numbers are checked on the slow path
+        # (position in dims, least value): fixed entries the model takes along a dimension (fn.minimums)
+        self.least = tuple((fn.dims.index(d), value) for d, value, _ in fn.minimums if d in fn.dims)
 
     def c_patterns(self) -> tuple[list[tuple[int, int, int, bool]], list[tuple[int, int, int, bool]]]:
         """The C hot path's input and output patterns: (rows, cols, numpy
@@ -115,6 +119,7 @@ class Binder:
                 if spec.index:
                     check_rows(label(spec), value, self.bounds.get(spec.name, ()), bound)
             fast = values, [bound[d] for d in self.dims]
+            check_least(self.fn, bound)
         if self.writes:
             self._check_aliasing(fast[0])
         return fast
@@ -157,6 +162,9 @@ class Binder:
                 elif have != got:
                     return None
             values.append(value)
+        for k, least in self.least:
+            if dims[k] < least:
+                return None
         return values, dims
 
     def _check_aliasing(self, values: Sequence[np.ndarray]) -> None:
@@ -216,6 +224,13 @@ def raise_status(status: int, what: str, dims: Mapping[str, int] | None = None) 
     meaning = STATUS_TEXT.get(status, "an unknown status")
     where = f" (dimensions {dict(dims)})" if dims else ""
     raise ArgumentError(f"{what} returned status {status}: {meaning}{where}")
+
+
+def check_least(fn: FunctionSpec, bound: Mapping[str, int]) -> None:
+    """Every dimension as large as the fixed entries the model takes along it need."""
+    for dim, least, why in fn.minimums:
+        if dim in bound and bound[dim] < least:
+            raise ArgumentError(f"{dim} = {bound[dim]}, but {why}: {dim} must be at least {least}")
 
 
 def check_names(inputs: Sequence[ArgSpec], arrays: Mapping[str, Any]) -> None:
@@ -323,4 +338,4 @@ def as_array(spec: ArgSpec, value: Any, dtype: np.dtype) -> np.ndarray:
                         f"got {type(value).__name__}")
 
 
-__all__ = ["Binder", "convert", "label", "raise_status"]
+__all__ = ["Binder", "check_least", "convert", "label", "raise_status"]

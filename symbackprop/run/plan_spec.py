@@ -60,7 +60,7 @@ def function_spec(fn: FunctionPlan, plan: Plan, scalars: set[str]) -> FunctionSp
             batch, data = str(epoch.batch), epoch.data
     return FunctionSpec(fn.kind, fn.of_output, fn.function_name, tuple(str(d) for d in plan.lowered.dims),
                         tuple(inputs), outputs, tuple((k, tuple(v)) for k, v in bounds.items()),
-                        tuple(sorted(fn.inplace)), batch, data)
+                        tuple(sorted(fn.inplace)), batch, data, plan.lowered.minimums)
 
 
 def module_spec(plan: Plan, model: Model, dtype: str, prefix: str) -> ModuleSpec:

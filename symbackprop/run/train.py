@@ -21,7 +21,7 @@ from symbackprop.errors import ArgumentError
 from symbackprop.progress import Progress, ProgressArg
 
 if TYPE_CHECKING:  # only for annotations
-    from symbackprop.base.abi import ModuleSpec
+    from symbackprop.base.abi import FunctionSpec, ModuleSpec
     from symbackprop.run.function import Function
     from symbackprop.run.optim import SGD, Adam
 
@@ -141,6 +141,7 @@ class Trainer:
             dims[batch_index] = rows = order_array.shape[0]
             order_array = None
         batch = min(int(batch_size), rows)
+        _check_smallest_minibatch(self.function.spec, rows, batch)
         losses = np.empty(-(-rows // batch), dtype=self.module.dtype)
         work = np.empty(max(c_work_len(rows, batch, *other), 1), dtype=self.module.dtype)
         buf, ffi = self.function.from_buffer, self.function.ffi
@@ -229,6 +230,17 @@ def _check_gathers(batch: str, data: tuple[str, ...], bounds: Mapping[str, Any])
                 f"(a data input: one of {list(data)}), which train_epoch slices into minibatches, while {index!r} "
                 "numbers the rows of the whole array; give the array it gathers from a dimension of its own "
                 "(e.g. MatrixSymbol('P', m, k) instead of n rows)")
+
+
+def _check_smallest_minibatch(spec: FunctionSpec, rows: int, batch: int) -> None:
+    """The last minibatch (the smallest) as large as the fixed rows the
+    model takes of the batch dimension (FunctionSpec.minimums) need."""
+    last = rows - (rows - 1) // batch * batch
+    for dim, least, why in spec.minimums:
+        if dim == spec.epoch_batch and last < least:
+            raise ArgumentError(f"train_epoch's last minibatch has {dim} = {last} rows ({rows} rows in minibatches of "
+                                f"{batch}), but {why}: {dim} must be at least {least} in every minibatch; choose a "
+                                "batch_size that leaves enough rows for the last one")
 
 
 def _check_order(order: Any, rows: int) -> np.ndarray:
