@@ -19,19 +19,30 @@ from symbackprop.declare.derivatives import Grad, Jvp
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.errors import ModelError
 from symbackprop.ir.lower import Lowerer, shape_of
-from symbackprop.ir.node import Node
+from symbackprop.ir.node import Node, op_node, placeholder
 from symbackprop.messages import short
 
 
-def _target(lowerer: Lowerer, wrt, what: Callable[[], str]) -> Node:
-    """The leaf node of `wrt`: an input or param of the model. `what` names
-    the derivative for the message, built only to raise (SymPy prints a
-    shared subexpression once per path: a nested jvp's text doubled per
-    level, 2 s at depth 8, on every call)."""
-    node = lowerer.leaves.get(wrt)
+def _target(lowerer: Lowerer, expr: Grad | Jvp, what: Callable[[], str]) -> Node:
+    """The node differentiated by: the leaf of an input or param; for a
+    point (grad's own symbol for an intermediate, or the argument of a
+    function given to grad), a node of its own that copies the point's
+    value, bound to that symbol. Its adjoint is then the sum over the
+    uses of the symbol only, not over every use of the point's value
+    (which hash-consing shares); past it the point's own derivative is 1,
+    so the loss still differentiates through it. `what` names the
+    derivative for the message, built only to raise (SymPy prints a shared
+    subexpression once per path: a nested jvp's text doubled per level,
+    2 s at depth 8, on every call)."""
+    if expr.at_point:
+        point = lowerer.lower(expr.at)
+        copy = lowerer.leaves[expr.wrt] = op_node("map", (point,), point.shape, (placeholder(0),))  # not folded
+        return copy
+    node = lowerer.leaves.get(expr.wrt)
     if node is None or node.op != "leaf":
-        raise ModelError(f"{what()} is taken with respect to {wrt}, which is not an input or param of the model "
-                         "(declare it in inputs or params; an intermediate value has no leaf to differentiate by)")
+        raise ModelError(f"{what()} is taken with respect to {expr.wrt}, which is not an input or param of the model "
+                         "(declare it in inputs or params, or pass the expression it is of: sbp.grad(e, x) "
+                         "differentiates the uses of an expression x in e)")
     return node
 
 
@@ -41,7 +52,7 @@ def _mismatch(what: str, given: Node, want: Node, expr) -> ModelError:
 
 def lower_grad(lowerer: Lowerer, expr: Grad) -> Node:
     """The adjoint of wrt, seeded with the cotangent at expr."""
-    target = _target(lowerer, expr.wrt, lambda: f"grad of {short(expr.expr)}")
+    target = _target(lowerer, expr, lambda: f"grad of {short(expr.expr)}")
     root = lowerer.lower(expr.expr)
     seed = lowerer.lower(expr.cotangent)
     if seed.shape != root.shape:
@@ -52,7 +63,7 @@ def lower_grad(lowerer: Lowerer, expr: Grad) -> Node:
 
 def lower_jvp(lowerer: Lowerer, expr: Jvp) -> Node:
     """The tangent of expr, wrt moving along the direction."""
-    target = _target(lowerer, expr.wrt, lambda: f"jvp of {short(expr.expr)}")
+    target = _target(lowerer, expr, lambda: f"jvp of {short(expr.expr)}")
     root = lowerer.lower(expr.expr)
     direction = lowerer.lower(expr.direction)
     if direction.shape != target.shape:
