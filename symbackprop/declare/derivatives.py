@@ -90,10 +90,14 @@ def _subexpressions(expr: sp.Basic) -> set[sp.Basic]:
 
 
 def _model_leaves(point: sp.Basic) -> set[sp.Basic]:
-    """The symbols a point is computed from (its inputs and params, not dimensions)."""
-    leaves = {a for a in _subexpressions(point) if isinstance(a, (sp.Symbol, sp.MatrixSymbol))}
+    """The symbols a point is computed from: its inputs and params, not
+    dimensions, nor the bound variables of elementwise functions (nn's
+    activations share theirs)."""
+    found = _subexpressions(point)
+    leaves = {a for a in found if isinstance(a, (sp.Symbol, sp.MatrixSymbol)) and not isinstance(a, sp.Dummy)}
     dims = {d for m in leaves if isinstance(m, sp.MatrixSymbol) for d in sp.sympify(m.shape).free_symbols}
-    return leaves - dims
+    bound = {v for f in found if isinstance(f, sp.Lambda) for v in f.variables}
+    return leaves - dims - bound
 
 
 def _at(expr: Differentiated, wrt: object, what: str) -> tuple[sp.Basic, sp.Basic, sp.Basic]:
@@ -356,7 +360,7 @@ def in_body(entries: list[sp.Basic], bound: set[sp.Symbol]) -> list[sp.Basic]:
     for sub in _post_order(entries):
         if isinstance(sub, MatrixElement) and isinstance(sub.parent, _Derivative):
             parts = substitute(list(sub.parent.args), written) if written else list(sub.parent.args)
-            if _subexpressions(sp.Tuple(parts[0], parts[3])) & bound:
+            if _subexpressions(sp.Tuple(*parts)) & bound:
                 written[sub] = _written_out(sub.parent, parts)
     return substitute(entries, written) if written else entries
 

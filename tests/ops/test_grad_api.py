@@ -94,6 +94,26 @@ def test_a_function_of_a_leaf_moves_only_its_argument():
     assert relative_error(out["total"], t**2 + 2 * data["x"] * t * (1 - t**2)) < 1e-14
 
 
+def test_grad_at_a_hidden_layer_matches_torch():
+    """A hidden activation h as the point: the layer above it shares nn's
+    tanh (and its bound variable) with h, and reads W1 only through h."""
+    torch = pytest.importorskip("torch")
+    hidden = nn.tanh(nn.linear(x, W1, b1))
+    g = sbp.grad(nn.sum_all(nn.tanh(hidden * W2)), hidden)
+    mod = sbp.compile(sbp.Model("at_hidden", inputs=[x], params=[W1, b1, W2],
+                                loss=nn.sum_all(g.applyfunc(lambda s: s**2))))
+    data = {k: arrays(4)[k] for k in ("x", "W1", "b1", "W2")}
+    t = {k: torch.tensor(a, dtype=torch.float64, requires_grad=k != "x") for k, a in data.items()}
+    h = torch.tanh(t["x"] @ t["W1"] + t["b1"])
+    (want_g,) = torch.autograd.grad(torch.tanh(h @ t["W2"]).sum(), h, create_graph=True)
+    want = (want_g**2).sum()
+    want.backward()
+    loss, grads = mod.value_and_grad(**data)
+    assert loss == pytest.approx(want.item(), rel=1e-10)
+    for name in ("W1", "b1", "W2"):
+        assert relative_error(grads[name], t[name].grad.numpy()) < 1e-10, name
+
+
 def test_jvp_at_the_interpolate_matches_torch_forward_mode():
     torch = pytest.importorskip("torch")
     from torch.func import jvp
@@ -147,9 +167,11 @@ def test_grad_and_jvp_by_a_body_symbol_inside_a_map():
     assert grads["w"] == pytest.approx(float(want), rel=1e-13)
 
 
-def test_a_second_grad_inside_a_map_and_one_of_a_matrix_is_named():
+def test_a_second_grad_a_point_and_a_seed_inside_a_map_and_one_of_a_matrix_is_named():
     value, _ = map_loss(sbp.grad(sbp.grad(sp.sin(w * v) ** 2, v), v))  # 2 w^2 cos(2wv)
     assert value == pytest.approx(float(np.sum(2 * 0.49 * np.cos(1.4 * VALUES))), rel=1e-13)
+    value, _ = map_loss(sbp.grad(lambda u: sp.sin(u) ** 2, w * v) + sbp.grad(w**2, w, cotangent=v))
+    assert value == pytest.approx(float(np.sum(np.sin(1.4 * VALUES) + 1.4 * VALUES)), rel=1e-13)  # sin(2u), 2w v
     M = sp.MatrixSymbol("M", 2, 1)
     with pytest.raises(sbp.ModelError, match="inside a map's body, grad takes a scalar expression"):
         sbp.map_examples(sbp.grad(v * M[0, 0], M)[0, 0], [(v, X)])
