@@ -13,6 +13,7 @@ from oracles import relative_error
 
 import symbackprop as sbp
 from symbackprop import nn
+from symbackprop.pipeline import generate
 
 n = sp.Symbol("n", integer=True, positive=True)
 D_IN, H = 3, 5
@@ -79,6 +80,18 @@ def test_the_wgan_gp_penalty_at_the_interpolate_matches_torch(form):
     assert mod.forward(**data)["penalty"] == pytest.approx(want_pen, rel=1e-10)
     for name, expected in want.items():
         assert relative_error(grads[name], expected) < 1e-10, name
+
+
+def test_the_critic_at_the_point_is_computed_once_for_the_loss_and_the_penalty():
+    """D(xhat) in the loss and the gradient at xhat read one forward pass
+    (the point's own symbol is replaced by its value once differentiated):
+    one tanh in the C, as the plain gradient penalty's."""
+    xhat = interpolate()
+    g = sbp.grad(nn.sum_all(critic(xhat)), xhat)
+    emitted, _ = generate(sbp.Model("once", inputs=[x, y, eps], params=[W1, b1, W2],
+                                    loss=nn.mean_all(critic(xhat)) + penalty(g)))
+    code = [line for line in emitted.source.splitlines() if not line.lstrip().startswith(("/*", "*"))]
+    assert sum(line.count("tanh(") for line in code) == 1
 
 
 def test_a_function_of_a_leaf_moves_only_its_argument():
