@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from symbackprop._version import __version__
 from symbackprop.declare.attention import Sequences, position_ids, sequences
 from symbackprop.declare.conv import Images, conv_weight, images
-from symbackprop.declare.derivatives import grad, jvp
+from symbackprop.declare.derivatives import grad, jvp, stop_gradient
 from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
 from symbackprop.declare.model import Model, as_scalar
 from symbackprop.declare.select import where
@@ -103,6 +103,7 @@ __all__ = [
     "shift",
     "solve",
     "sparse_layout",
+    "stop_gradient",
     "triangular_solve",
     "where",
 ]

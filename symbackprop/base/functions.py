@@ -6,7 +6,9 @@ call of a helper function that the module defines when a kernel calls it,
 its C in templates/), and its numpy reference for the C-free interpreter
 (symbackprop.ir.interpret). The derivative is SymPy's own (`fdiff`): loggamma
 -> polygamma(0, x), polygamma(n, x) -> polygamma(n + 1, x), gamma -> gamma
-* polygamma(0, x); sigmoid and softplus define theirs (symbackprop.base.stable).
+* polygamma(0, x); sigmoid and softplus define theirs (symbackprop.base.stable),
+stop_gradient its 0; DERIVATIVES holds those that are not SymPy's (acosh,
+floor, ceiling, sign).
 
 The printer (cprint.IEEEPrinter), the interpreter and the module template
 (through codegen.CModule.function_helpers) read these records; adding a function is
@@ -116,6 +118,40 @@ def _exp_c(printer: Any, expr: sp.Expr) -> str:
     return libm("exp")(printer, expr)
 
 
+# --- stop_gradient --------------------------------------------------------------
+
+
+class stop_gradient(sp.Function):
+    """Its argument's value, with derivative 0 (JAX's lax.stop_gradient,
+    PyTorch's detach): what is under it is a constant to every derivative,
+    reverse and forward, first and higher order. Numbers and nested
+    applications fold: stop_gradient(2) is 2."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, x):
+        if x.is_Number or isinstance(x, stop_gradient):
+            return x
+        return None
+
+    def fdiff(self, argindex=1):
+        return sp.S.Zero
+
+    def _eval_is_extended_real(self):
+        return self.args[0].is_extended_real
+
+    def _eval_is_finite(self):
+        return self.args[0].is_finite
+
+    def _eval_is_integer(self):
+        return self.args[0].is_integer
+
+
+def _stop_gradient_c(printer: Any, expr: sp.Expr) -> str:
+    return f"({printer._print(expr.args[0])})"
+
+
 # --- the gamma family ---------------------------------------------------------
 
 POLYGAMMA = CHelper(("symbackprop_polygamma",), "fn_polygamma.c.j2", internal=("symbackprop_polygamma_positive",))
@@ -186,6 +222,7 @@ def _elementwise(scalar: Callable[..., float]) -> Callable[..., np.ndarray]:
 FUNCTIONS: tuple[ScalarFunction, ...] = (
     ScalarFunction(sigmoid, _sigmoid_c, _sigmoid_numpy, ("sigmoid",)),
     ScalarFunction(softplus, _softplus_c, _softplus_numpy, ("softplus",)),
+    ScalarFunction(stop_gradient, _stop_gradient_c, lambda x: np.array(x, dtype=np.float64), ("stop_gradient",)),
     ScalarFunction(sp.exp, _exp_c, np.exp, ("exp",)),
     ScalarFunction(log1p, libm("log1p"), np.log1p, ("log1p",)),
     ScalarFunction(expm1, libm("expm1"), np.expm1, ("expm1",)),
@@ -201,8 +238,16 @@ _BY_CLASS: dict[type, ScalarFunction] = {f.sympy_class: f for f in FUNCTIONS}
 # function's domain (a NaN value) the gradient is PyTorch's too. acosh:
 # SymPy's 1/(sqrt(x - 1) sqrt(x + 1)) is NaN for x <= -1 where torch's
 # 1/sqrt(x^2 - 1) is finite (inf at -1); both are the same number for x > 1.
+#
+# floor, ceiling and sign: a step's, 0 (PyTorch's, at the jumps too) and NaN
+# at NaN as every kink's (docs/compile_and_call.md): DiracDelta(x), which
+# prints as that (cprint), where SymPy's is unevaluated (floor, ceiling, and
+# sign of an argument not known to be real).
 DERIVATIVES: dict[type, Callable[[sp.Expr], sp.Expr]] = {
     sp.acosh: lambda x: 1 / sp.sqrt(x**2 - 1),
+    sp.floor: sp.DiracDelta,
+    sp.ceiling: sp.DiracDelta,
+    sp.sign: sp.DiracDelta,
 }
 
 
@@ -213,14 +258,24 @@ def derivative(function: sp.Function, index: int) -> sp.Expr | None:
     return None if rule is None or index != 1 else rule(function.args[0])
 
 
+def has_own_derivative(function: sp.Basic) -> bool:
+    """Whether DERIVATIVES holds the derivative of the application's class."""
+    return type(function) in DERIVATIVES
+
+
 def scalar_function(cls: type) -> ScalarFunction | None:
     """The record of a SymPy function class, None for plain libm ones."""
     return _BY_CLASS.get(cls)
 
 
+def _step_derivative(x: np.ndarray) -> np.ndarray:
+    """DiracDelta as the C prints it (cprint): 0, NaN at NaN."""
+    return np.where(np.isnan(x), x, 0.0)
+
+
 def numpy_namespace() -> dict[str, Callable[..., np.ndarray]]:
     """name -> numpy reference, for sp.lambdify's modules."""
-    return {name: f.numpy for f in FUNCTIONS for name in f.lambdify_names}
+    return {"DiracDelta": _step_derivative, **{name: f.numpy for f in FUNCTIONS for name in f.lambdify_names}}
 
 
 HELPERS: tuple[CHelper, ...] = tuple(dict.fromkeys(f.helper for f in FUNCTIONS if f.helper is not None))
@@ -247,10 +302,12 @@ __all__ = [
     "CHelper",
     "ScalarFunction",
     "derivative",
+    "has_own_derivative",
     "helpers_called",
     "libm",
     "numpy_namespace",
     "polygamma_pole",
     "polygamma_scalar",
     "scalar_function",
+    "stop_gradient",
 ]

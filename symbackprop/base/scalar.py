@@ -27,6 +27,7 @@ from sympy.functions.elementary.piecewise import ExprCondPair
 
 from symbackprop.base.exprdag import post_order, walk_args
 from symbackprop.base.functions import derivative as own_derivative
+from symbackprop.base.functions import has_own_derivative
 
 Let = Callable[[sp.Expr], sp.Expr]
 
@@ -126,7 +127,8 @@ def _local(sub: sp.Basic, holds: Mapping[sp.Basic, bool]) -> list[tuple[sp.Basic
         base, exp = args
         local = [(base, _product(exp, sub / base))] if holds[base] else []
         return local + ([(exp, _product(sub, sp.log(base)))] if holds[exp] else [])
-    if isinstance(sub, sp.Function) and type(sub)._eval_derivative is sp.Function._eval_derivative:
+    if isinstance(sub, sp.Function) and (type(sub)._eval_derivative is sp.Function._eval_derivative
+                                         or has_own_derivative(sub)):  # sign: ours, not its DiracDelta
         return [(a, _fdiff(sub, i + 1)) for i, a in enumerate(args) if holds[a]]
     return None
 

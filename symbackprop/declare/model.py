@@ -116,10 +116,17 @@ def _check_no_sum(expr: sp.Basic, what: str) -> None:
         )
 
 
+def _immutable(expr: object) -> object:
+    """A sympy.Matrix (mutable: not a SymPy expression, not hashable) as the
+    ImmutableMatrix of its entries, as sbp.grad takes it; the rest as given."""
+    return sp.ImmutableMatrix(expr) if isinstance(expr, sp.MatrixBase) else expr
+
+
 def _normalised_loss(loss: object) -> sp.Basic:
     """The loss as a SymPy scalar or 1x1 matrix expression."""
     if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
         loss = sp.sympify(loss)
+    loss = _immutable(loss)
     if not isinstance(loss, sp.Basic):
         raise ModelError(f"the loss must be a SymPy expression; got {short(repr(loss))} of type {type(loss).__name__}")
     if not isinstance(loss, (sp.Expr, sp.MatrixBase, sp.MatrixExpr)):  # e.g. a relation a > x
@@ -184,8 +191,8 @@ class Model:
         if self.outputs is not None and not isinstance(self.outputs, Mapping):
             raise ModelError("outputs must map names to expressions (a dict); "
                              f"got a {type(self.outputs).__name__}: {short(self.outputs)}")
-        set_(self, "outputs", dict(self.outputs or {}))  # None: no outputs, as an empty dict
-        set_(self, "names", dict(self.names))
+        set_(self, "outputs", {k: _immutable(v) for k, v in (self.outputs or {}).items()})  # None: no outputs
+        set_(self, "names", {k: _immutable(v) for k, v in self.names.items()})
         self._check_names()
         set_(self, "has_loss", self.loss is not None)
         set_(self, "loss", _normalised_loss(0 if self.loss is None else self.loss))

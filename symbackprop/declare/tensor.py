@@ -28,6 +28,7 @@ from sympy.core.symbol import Str
 
 from symbackprop.base.registry import reductions
 from symbackprop.base.scalar import partials
+from symbackprop.declare.derivatives import in_body
 from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
 from symbackprop.messages import short
@@ -273,6 +274,7 @@ def map_examples(body: sp.Basic, bindings: Mapping[Any, sp.Basic] | Iterable[tup
             raise ModelError(f"{key} has {len(symbols)} symbols but its source {source} has {source.shape[1]} columns")
         keys.append(sp.Tuple(*symbols))
         sources.append(source)
+    entries = in_body(entries, {s for key in keys for s in key})  # grad and jvp by one example's symbols
     result = ExampleMap(sp.ImmutableMatrix(entries), sp.Tuple(*keys), sp.Tuple(*sources))
     loops = result.loops
     if not loops:

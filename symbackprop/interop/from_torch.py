@@ -35,6 +35,7 @@ import sympy as sp
 
 from symbackprop.declare import nn
 from symbackprop.declare.conv import Images
+from symbackprop.declare.derivatives import stop_gradient
 from symbackprop.declare.model import Model
 from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
@@ -257,7 +258,7 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
         return Kernel(symbol, shape) if len(shape) == 4 else symbol
     if node.op == "call_module":
         return builder.layer(root.get_submodule(node.target), node.target, args, kwargs)
-    if _is_detach(node):  # the same value; _check_stopped refuses it where a gradient would flow
+    if _is_detach(node):  # the same value; _stopped stops its gradient
         if len(args) != 1 or kwargs:
             raise ModelError("Tensor.detach() takes no arguments")
         return args[0]
@@ -283,21 +284,26 @@ def _is_detach(node: Any) -> bool:
         node.op == "call_function" and node.target is _torch().detach)
 
 
-def _check_stopped(node: Any, value: Any, builder: _Builder) -> None:
+def _stopped(node: Any, value: Any, builder: _Builder) -> Any:
     """A value torch computes without autograd (a detach, or in
-    torch.no_grad()): translated as it is where it depends on no trainable
-    parameter (their gradients are the same either way), refused where it
-    does."""
+    torch.no_grad()): as it is where it depends on no trainable parameter
+    (their gradients are the same either way), under sbp.stop_gradient
+    where it does; a convolution's weight so computed is refused."""
     if not (_is_detach(node) or not node.meta.get("grad_enabled", True)):
-        return
-    value = value.matrix if isinstance(value, (Images, Kernel)) else value
-    used: set = getattr(value, "free_symbols", set()) & set(builder.symbols)
-    if used:
-        what = "Tensor.detach()" if _is_detach(node) else "a value computed in torch.no_grad()"
-        names = ", ".join(sorted(builder.torch_names[str(s)] for s in used))
-        raise ModelError(f"{what} of the parameters {names}: autograd does not differentiate through it, and "
-                         "from_torch has no stop-gradient to translate it with; compute it outside the forward, "
-                         "or freeze those parameters (requires_grad=False)")
+        return value
+    matrix = value.matrix if isinstance(value, (Images, Kernel)) else value
+    used: set = getattr(matrix, "free_symbols", set()) & set(builder.symbols)
+    if not used:
+        return value
+    if isinstance(value, Images):
+        return Images(stop_gradient(value.matrix), value.channels, value.height, value.width)
+    if isinstance(matrix, (sp.Expr, sp.MatrixExpr)) and not isinstance(value, Kernel):
+        return stop_gradient(matrix)
+    what = "Tensor.detach()" if _is_detach(node) else "a value computed in torch.no_grad()"
+    names = ", ".join(sorted(builder.torch_names[str(s)] for s in used))
+    raise ModelError(f"{what} of the parameters {names}, used as {type(value).__name__}: from_torch translates "
+                     "it as a matrix or images only; compute it outside the forward, or freeze those parameters "
+                     "(requires_grad=False)")
 
 
 def _overwrite(node: Any, values: dict, writes: Writes) -> None:
@@ -336,8 +342,7 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder) -> sp.Ma
     node = None
     try:
         for node in graph.nodes:
-            values[node] = _value(node, module, builder, values, x)
-            _check_stopped(node, values[node], builder)
+            values[node] = _stopped(node, _value(node, module, builder, values, x), builder)
             if writes_in_place(node, module):  # every name of what it overwrote reads its result, as in torch
                 _overwrite(node, values, writes)
     except (ModelError, sp.ShapeError) as error:

@@ -18,7 +18,7 @@ from symbackprop.base.stable import sigmoid, softplus
 from symbackprop.diff.autodiff import add_all, local_derivative, unbroadcast
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
-from symbackprop.ir.construct import const, map_
+from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.interpret import Context, apply_body
 from symbackprop.ir.lower import scalar_atoms, shape_of
 from symbackprop.ir.node import SCALAR, Node, placeholder
@@ -45,11 +45,14 @@ def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]
 
 
 def _jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    """The sum of local derivative times tangent; None where every term is
+    0 (a stop_gradient, a floor): no forward-mode code for what it stops."""
     terms = [
         map_(A0 * A1, [local_derivative(node, index), tangent], node.shape)
         for index, tangent in enumerate(tangents)
         if tangent is not None
     ]
+    terms = [t for t in terms if not (is_const(t) and t.attrs[0] == 0)]
     return add_all(terms) if terms else None
 
 

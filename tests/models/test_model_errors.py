@@ -52,8 +52,9 @@ CASES = [
     # functions without a derivative
     ("undefined-function", lambda: scalar_model(f(a * x)), ("f is an undefined function",)),
     ("undefined-elementwise", lambda: matrix_model(nn.sum_all((X * W).applyfunc(f))), ("f is an undefined function",)),
-    ("floor", lambda: scalar_model(sp.floor(a * x)), ("no derivative known", "floor(a*x)")),
-    ("floor-elementwise", lambda: matrix_model(nn.sum_all((X * W).applyfunc(sp.floor))), ("no derivative known", "floor(")),
+    ("frac", lambda: scalar_model(sp.frac(a * x)), ("no derivative known", "frac(a*x)")),
+    ("Mod-elementwise", lambda: matrix_model(nn.sum_all((X * W).applyfunc(lambda v: sp.Mod(v, 2)))),
+     ("no derivative known", "Mod(")),
     ("Mod", lambda: scalar_model(sp.Mod(a, x)), ("no derivative known", "Mod(a, x)")),
     ("undefined-in-output", lambda: scalar_model(a * x, outputs={"o": f(x)}), ("f is an undefined function",)),
     # non-scalar losses

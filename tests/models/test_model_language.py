@@ -128,7 +128,7 @@ REFUSED = [
     ("imaginary", lambda: _model(sp.I * BIG), ("I is not a real number", " ... ")),
     ("integral", lambda: _model(sp.Integral(BIG * z, (z, 0, 1))), ("unsupported scalar operation Integral", " ... ")),
     ("matrix-in-scalar", lambda: _model(BIG + sp.exp(X)), ("matrix X used inside the scalar", "(n, 3)", "as_scalar", " ... ")),
-    ("no-derivative", lambda: _model(sp.floor(BIG * lam)), ("no derivative known", " ... ")),
+    ("no-derivative", lambda: _model(sp.frac(BIG * lam)), ("no derivative known", " ... ")),
     ("undefined-function", lambda: _model(f(BIG) + lam), ("f is an undefined function",)),
     ("sum-shapes", lambda: _model(nn.sum_all(BIG * (X * W) + Q)), ("need equal shapes", "(4, 2)", " ... ")),
     ("reduce-of-a-scalar", lambda: _model(nn.sum_all(sbp.reduce("sum", BIG, 0))), ("reduces a matrix",)),
