@@ -3,7 +3,9 @@
 Variants: ``symbackprop`` (``mod.value_and_grad(**arrays)``, which checks and
 binds every array and allocates the gradients on each call) and, where the
 module has ``prepare``, ``symbackprop.prepared`` (arrays bound and outputs
-allocated once; each call only calls C).
+allocated once; each call only calls C: ``pre.run()``, the loss) and
+``symbackprop.prepared()`` (``pre()``, the loss and the same dict of
+gradients every call; not for forward workloads).
 
 The example workloads (W5-W9) compile the model of ``examples/<name>.py``
 as it is, imported from the file; W6J times ``mod.forward`` (the loss and
@@ -135,6 +137,8 @@ def setup(workload, dtype, inputs, params):
     variants = [Variant("symbackprop", call, **common)]
     if hasattr(mod, "prepare"):
         variants.append(Variant("symbackprop.prepared", _prepared(mod, arrays, outputs), **common))
+        if not outputs:  # the prepared call itself: (loss, grads), the same dict every call
+            variants.append(Variant("symbackprop.prepared()", mod.prepare(**arrays), **common))
     return variants
 
 
