@@ -20,6 +20,9 @@ Threads and pinning are run.py's (--threads CPUs, the pools' variables).
 own, fresh processes. `--inner N` times N back-to-back calls as one call
 (for calls of a microsecond, where the clock's own cost would count);
 `--inner 0`, as many as take 2 ms, each variant counted once after its warm-up.
+`--clock cpu` times each peer process's CPU time (all its threads) instead
+of the wall clock: on a machine loaded by other work, the wall clock
+measures the share of the CPU a process got as much as its own work.
 `--save NAME` writes every session as a row of benchmarks/results/NAME.json
 (benchmarks/tables.py), the median of the round medians in seconds and the
 round-by-round ratios to the first peer's first variant.
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -50,7 +55,8 @@ def _workload(name: str, size: str | None):
     return workload
 
 
-def serve(peer_name: str, workload_name: str, dtype: str, size: str | None = None, inner: int = 1) -> None:
+def serve(peer_name: str, workload_name: str, dtype: str, size: str | None = None, inner: int = 1,
+          clock: str = "wall") -> None:
     """(In the peer's process) set up, then answer each line `N` with every
     variant's N call times in seconds, as one JSON object."""
     import importlib
@@ -67,6 +73,7 @@ def serve(peer_name: str, workload_name: str, dtype: str, size: str | None = Non
     for variant in variants:
         for _ in range(2):
             variant.call()
+    now = time.process_time if clock == "cpu" else time.perf_counter
     repeats = {}
     for variant in variants:  # --inner 0: as many calls as make a sample of 2 ms
         t0 = time.perf_counter()
@@ -79,10 +86,10 @@ def serve(peer_name: str, workload_name: str, dtype: str, size: str | None = Non
         for variant in variants:
             call, repeat = variant.call, repeats[variant.label]
             for _ in range(calls):
-                t0 = time.perf_counter()
+                t0 = now()
                 for _ in range(repeat):
                     call()
-                times.setdefault(variant.label, []).append((time.perf_counter() - t0) / repeat)
+                times.setdefault(variant.label, []).append((now() - t0) / repeat)
         print(json.dumps(times), flush=True)
 
 
@@ -96,7 +103,7 @@ def _start(peer: str, args, workload: str, dtype: str, size: str | None, tmp: st
     env = _worker_env(argparse.Namespace(threads=args.threads, compile_timeout=600), tmp)
     env.update(item.split("=", 1) for item in settings.split(",") if item)
     command = [sys.executable, "-m", "benchmarks.interleave", "--serve", peer,
-               "--workload", workload, "--dtype", dtype, "--inner", str(args.inner)]
+               "--workload", workload, "--dtype", dtype, "--inner", str(args.inner), "--clock", args.clock]
     command += ["--sizes", size] if size else []
     return subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, preexec_fn=_pin_to_cpus(args.threads))
@@ -124,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conditions", default="", help="added to the saved file's conditions (the load, ...)")
     p.add_argument("--title", default=None, help="the saved table's title")
     p.add_argument("--baseline", default=None, help="the variant ratios divide by (default: the first)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: each peer process's CPU time (all its threads), not the wall clock")
     args = p.parse_args(argv)
     if args.serve:
-        serve(args.serve, args.workload, args.dtype, args.sizes, args.inner)
+        serve(args.serve, args.workload, args.dtype, args.sizes, args.inner, args.clock)
         return 0
     sizes: list[str | None] = [None]
     if args.sizes:
@@ -204,6 +213,14 @@ def _print(args, workload: str, dtype: str, size: str | None, rounds: list[dict[
         print(f"  {label:{width}} {median * 1e6:12.3f} us   ratio {ratio:5.2f} ({low:.2f}-{high:.2f})", flush=True)
 
 
+LABELS = {  # the saved table's column headings
+    "symbackprop": "symbackprop", "symbackprop.prepared": "prepared, run()",
+    "symbackprop.prepared()": "prepared, pre()", "numpy_ref": "numpy", "jax_jit": "JAX jit",
+    "torch_eager": "PyTorch eager", "torch_compile": "torch.compile", "casadi_c": "CasADi C",
+    "casadi_c.prepared": "CasADi C prepared", "bare_cffi": "bare cffi call", "bare_cffi.prepared": "bare cffi prepared",
+}
+
+
 def results_file(args, sessions, argv=None) -> dict:
     """The sessions as a result file of benchmarks/results/: a row per dtype and size,
     a column per variant, the ratios measured round by round."""
@@ -218,12 +235,15 @@ def results_file(args, sessions, argv=None) -> dict:
         rows.append({"label": " ".join(filter(None, [workload, size, dtype])),
                      "seconds": {label: median for label, (median, _) in summary.items()},
                      "ratios": {label: ratio for label, (_, ratio) in summary.items() if label != base}})
-    command = " ".join(["python -m benchmarks.interleave", *(sys.argv[1:] if argv is None else argv)])
-    conditions = [f"{args.threads} thread(s) a peer, each peer in its own process, {args.rounds} rounds of "
+    command = "python -m benchmarks.interleave " + shlex.join(sys.argv[1:] if argv is None else argv)
+    conditions = [f"{args.threads} thread(s) a peer, each peer in its own process, "
+                  f"{'its CPU time (all its threads)' if args.clock == 'cpu' else 'wall clock'}, {args.rounds} rounds of "
                   f"{args.calls} samples of each in turn, a sample {args.inner or 'about 2 ms of'} back-to-back "
                   "calls, median of the round medians, the ratio the median of the per-round ratios and their range"]
     if all(args.load):
         conditions.append(f"load average {args.load[0]} at the start, {args.load[1]} at the end")
+    if hasattr(os, "sched_getaffinity"):
+        conditions.append(f"run on CPUs {','.join(map(str, sorted(os.sched_getaffinity(0))))} of {os.cpu_count()}")
     conditions += [args.conditions] if args.conditions else []
     return {
         "title": args.title or f"{args.workload}, time per call, interleaved", **tables.provenance(),
@@ -231,7 +251,7 @@ def results_file(args, sessions, argv=None) -> dict:
         "conditions": "; ".join(conditions),
         "source": "written by benchmarks/interleave.py --save", "row_header": "workload",
         "baseline": args.baseline or columns[0],
-        "columns": [{"key": c, "label": c, "ratio": c != (args.baseline or columns[0])} for c in columns],
+        "columns": [{"key": c, "label": LABELS.get(c, c), "ratio": c != (args.baseline or columns[0])} for c in columns],
         "rows": rows,
     }
 
