@@ -251,6 +251,8 @@ def results_file(args, sessions, argv=None) -> dict:
         "conditions": "; ".join(conditions),
         "source": "written by benchmarks/interleave.py --save", "row_header": "workload",
         "baseline": args.baseline or columns[0],
+        **({"ratio_note": f"in parentheses each column's time over {LABELS.get(args.baseline, args.baseline)}'s "
+                          "(above 1: slower than it)"} if args.baseline else {}),
         "columns": [{"key": c, "label": LABELS.get(c, c), "ratio": c != (args.baseline or columns[0])} for c in columns],
         "rows": rows,
     }

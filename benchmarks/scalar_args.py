@@ -14,6 +14,8 @@ taken round by round against the Python floats' call.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import statistics
 import sys
 import time
@@ -58,9 +60,11 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--inner", type=int, default=2000)
     p.add_argument("--conditions", default="")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the process's CPU time")
     p.add_argument("--save", default=None, metavar="NAME")
     args = p.parse_args(argv)
     load = [_load()]
+    now = time.process_time if args.clock == "cpu" else time.perf_counter
     rows, columns = [], []
     for dtype in args.dtype.split(","):
         calls = variants(dtype)
@@ -73,10 +77,10 @@ def main(argv=None) -> int:
             for label, call in calls.items():
                 samples = []
                 for _ in range(args.calls):
-                    t0 = time.perf_counter()
+                    t0 = now()
                     for _ in range(args.inner):
                         call()
-                    samples.append((time.perf_counter() - t0) / args.inner)
+                    samples.append((now() - t0) / args.inner)
                 medians[label] = statistics.median(samples)
             rounds.append(medians)
         summary = _summary(rounds)
@@ -89,16 +93,20 @@ def main(argv=None) -> int:
                      "ratios": {label: ratio for label, (_, ratio) in summary.items() if label != "floats"}})
     load.append(_load())
     if args.save:
-        conditions = [f"one process, {args.rounds} rounds of {args.calls} samples of each in turn, a sample "
+        clock = "its CPU time" if args.clock == "cpu" else "wall clock"
+        conditions = [f"one process, {clock}, {args.rounds} rounds of {args.calls} samples of each in turn, a sample "
                       f"{args.inner} back-to-back calls, median of the round medians, the ratio to the floats' "
                       "call the median of the per-round ratios and their range"]
         conditions += [f"load average {load[0]} at the start, {load[1]} at the end"] if all(load) else []
+        if hasattr(os, "sched_getaffinity"):
+            conditions.append(f"run on CPUs {','.join(map(str, sorted(os.sched_getaffinity(0))))} of {os.cpu_count()}")
         conditions += [args.conditions] if args.conditions else []
         data = {"title": "Scalar arguments: value_and_grad with floats, 0-d and (1, 1) arrays, and prepared",
                 **tables.provenance(),
-                "command": " ".join(["python benchmarks/scalar_args.py", *(sys.argv[1:] if argv is None else argv)]),
+                "command": "python benchmarks/scalar_args.py " + shlex.join(sys.argv[1:] if argv is None else argv),
                 "conditions": "; ".join(conditions), "source": "written by benchmarks/scalar_args.py --save",
                 "row_header": "model", "baseline": "floats",
+                "ratio_note": "in parentheses each column's time over the call with floats (above 1: slower)",
                 "columns": [{"key": c, "label": c, "ratio": c != "floats"} for c in columns], "rows": rows}
         print(f"wrote {tables.save(args.save, data).relative_to(ROOT)}")
     return 0

@@ -9,6 +9,7 @@ lies between is the rendering of benchmarks/results/NAME.json, whose fields are
     title, machine, date, commit, command, conditions, source: where the numbers come from
     row_header: the first column's heading
     unit: "bytes" where the cells are bytes, not seconds (optional; the key stays "seconds")
+    ratio_note: what the ratios in parentheses are, where the baseline is not symbackprop's plain call (optional)
     baseline: the column key that ratios divide by (null: no ratios)
     columns: [{"key", "label", "ratio": true where the cell shows its ratio to the baseline}]
     rows: [{"label", "seconds": {key: seconds | [low, high]},
@@ -118,7 +119,9 @@ def render(name: str) -> str:
         lines += [f"[{number}] {note}", ""]
     shown = baseline and any(c.get("ratio") for c in columns)
     ratio = "; in parentheses the peer's time over symbackprop's (above 1: symbackprop is faster)" if shown else ""
-    if shown and data.get("unit") == "bytes":
+    if shown and data.get("ratio_note"):
+        ratio = f"; {data['ratio_note']}"
+    elif shown and data.get("unit") == "bytes":
         ratio = "; in parentheses the peer's bytes over symbackprop's (above 1: symbackprop needs less)"
     lines.append(f"{data['title']}: {data['conditions']}{ratio}. `{data['command']}` on {data['machine']}, "
                  f"{data['date']}, commit {data['commit']}; data: `benchmarks/results/{name}.json`.")

@@ -17,6 +17,7 @@ renders KiB and MiB), the ratio numpy's over symbackprop's.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tracemalloc
 from dataclasses import replace
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
                      "seconds": {"symbackprop": ours[batch], "numpy": peak - grads}})
     if args.save:
         data = {"title": f"{args.workload}: working memory of one value-and-gradient call", **tables.provenance(),
-                "command": " ".join(["python benchmarks/workspace.py", *(sys.argv[1:] if argv is None else argv)]),
+                "command": "python benchmarks/workspace.py " + shlex.join(sys.argv[1:] if argv is None else argv),
                 "conditions": "symbackprop: mod.memory(n=batch)['value_and_grad'], the workspace its call allocates; "
                               "numpy: the tracemalloc peak of one numpy_ref call less the gradients it returns",
                 "source": "written by benchmarks/workspace.py --save", "row_header": "workload", "unit": "bytes",

@@ -104,3 +104,15 @@ def test_render_shows_bytes_where_the_file_says_so(tmp_path, monkeypatch):
     assert "| W3 | 563 KiB | 1.01 MiB (1.84) |" in text
     assert "| tiny | 512 B | 3 GiB (6291456) |" in text
     assert "bytes over symbackprop's" in text
+
+
+def test_a_ratio_note_says_what_the_ratios_divide_by(tmp_path, monkeypatch):
+    data = {"title": "T", "machine": "M", "date": "D", "commit": "C", "command": "run it", "conditions": "c",
+            "source": "S", "row_header": "workload", "baseline": "b", "ratio_note": "over B's",
+            "columns": [{"key": "a", "label": "A", "ratio": True}, {"key": "b", "label": "B", "ratio": False}],
+            "rows": [{"label": "W1", "seconds": {"a": 3e-6, "b": 2e-6}}]}
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    text = tables.render("x")
+    assert "| W1 | 3 us (1.50) | 2 us |" in text
+    assert "T: c; over B's. `run it`" in text and "symbackprop's" not in text
