@@ -96,16 +96,20 @@ def serve(peer_name: str, workload_name: str, dtype: str, size: str | None = Non
 def _start(peer: str, args, workload: str, dtype: str, size: str | None, tmp: str) -> subprocess.Popen:
     """A peer's process; `peer` may end in `:VAR=VALUE,...`, settings of its
     environment (`symbackprop:SYMBACKPROP_BLAS=openblas` beside plain
-    `symbackprop`)."""
+    `symbackprop`). `SBP_CWD=FOLDER` starts it in FOLDER, whose packages
+    come first on its path: a folder with links to this benchmarks/ and an
+    older checkout's symbackprop/ and templates/ times that commit's code
+    beside this one's."""
     from benchmarks.run import _pin_to_cpus, _worker_env
 
     peer, _, settings = peer.partition(":")
     env = _worker_env(argparse.Namespace(threads=args.threads, compile_timeout=600), tmp)
     env.update(item.split("=", 1) for item in settings.split(",") if item)
+    cwd = env.pop("SBP_CWD", str(ROOT))
     command = [sys.executable, "-m", "benchmarks.interleave", "--serve", peer,
                "--workload", workload, "--dtype", dtype, "--inner", str(args.inner), "--clock", args.clock]
     command += ["--sizes", size] if size else []
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    return subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, preexec_fn=_pin_to_cpus(args.threads))
 
 

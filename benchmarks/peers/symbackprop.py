@@ -100,10 +100,12 @@ def _columns_model(workload):
 
 
 def _compile(model, dtype):
-    # with more than one thread, the batch loops run on them too (OpenMP)
-    options = sbp.BuildOptions(openmp=bench_threads() > 1)
+    # with more than one thread, the batch loops run on them too (OpenMP);
+    # an older symbackprop (interleave's SBP_CWD) may predate BuildOptions
+    build = getattr(sbp, "BuildOptions", None)
+    options = {"options": build(openmp=bench_threads() > 1)} if build else {}
     try:
-        return timed(sbp.compile, model, dtype=dtype, options=options)
+        return timed(sbp.compile, model, dtype=dtype, **options)
     except sbp.SymbackpropError as exc:
         if dtype != "float64":
             raise Unsupported(f"sbp.compile(dtype={dtype!r}) failed: {exc}") from exc
