@@ -8,6 +8,8 @@ lies between is the rendering of benchmarks/results/NAME.json, whose fields are
 
     title, machine, date, commit, command, conditions, source: where the numbers come from
     row_header: the first column's heading
+    unit: "bytes" where the cells are bytes, not seconds (optional; the key stays "seconds")
+    ratio_note: what the ratios in parentheses are, where the baseline is not symbackprop's plain call (optional)
     baseline: the column key that ratios divide by (null: no ratios)
     columns: [{"key", "label", "ratio": true where the cell shows its ratio to the baseline}]
     rows: [{"label", "seconds": {key: seconds | [low, high]},
@@ -51,7 +53,17 @@ def _scaled(seconds: float) -> tuple[float, str]:
     return seconds / 1e-9, "ns"
 
 
-def _time(value) -> str:
+def format_bytes(count: float) -> str:
+    """Three significant digits in binary units: 563 KiB, 35.2 MiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count:.0f} B"
+
+
+def _time(value, unit: str | None = None) -> str:
+    if unit == "bytes":
+        return " - ".join(format_bytes(v) for v in value) if isinstance(value, list) else format_bytes(value)
     if isinstance(value, list):  # a range of medians: 3.19-5.9 ms
         (low, low_unit), (high, high_unit) = _scaled(value[0]), _scaled(value[1])
         if low_unit == high_unit:
@@ -60,11 +72,11 @@ def _time(value) -> str:
     return format_seconds(value)
 
 
-def _cell(row: dict, column: dict, baseline: str | None) -> str:
+def _cell(row: dict, column: dict, baseline: str | None, unit: str | None = None) -> str:
     value = row["seconds"].get(column["key"])
     if value is None:
         return ""
-    text = _time(value)
+    text = _time(value, unit)
     measured = row.get("ratios", {}).get(column["key"])
     base = row["seconds"].get(baseline) if baseline else None
     if measured:
@@ -101,22 +113,37 @@ def render(name: str) -> str:
             if row["note"] not in notes:
                 notes.append(row["note"])
             label += f" [{notes.index(row['note']) + 1}]"
-        lines.append("| " + " | ".join([label] + [_cell(row, c, baseline) for c in columns]) + " |")
+        lines.append("| " + " | ".join([label] + [_cell(row, c, baseline, data.get("unit")) for c in columns]) + " |")
     lines.append("")
     for number, note in enumerate(notes, 1):  # a paragraph each
         lines += [f"[{number}] {note}", ""]
     shown = baseline and any(c.get("ratio") for c in columns)
     ratio = "; in parentheses the peer's time over symbackprop's (above 1: symbackprop is faster)" if shown else ""
+    if shown and data.get("ratio_note"):
+        ratio = f"; {data['ratio_note']}"
+    elif shown and data.get("unit") == "bytes":
+        ratio = "; in parentheses the peer's bytes over symbackprop's (above 1: symbackprop needs less)"
     lines.append(f"{data['title']}: {data['conditions']}{ratio}. `{data['command']}` on {data['machine']}, "
                  f"{data['date']}, commit {data['commit']}; data: `benchmarks/results/{name}.json`.")
     return "\n".join(lines) + "\n"
 
 
+def _cpu_model() -> str:
+    """The CPU's model name and a space (Linux's /proc/cpuinfo), else empty."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + " "
+    except OSError:
+        pass
+    return ""
+
+
 def provenance() -> dict:
     """The machine, date and commit fields of a result file written now."""
     run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, " \
-              f"Python {platform.python_version()}"
+    machine = f"{_cpu_model()}{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, " \
+              f"{platform.platform()}, Python {platform.python_version()}"
     return {"machine": machine, "date": time.strftime("%Y-%m-%d"), "commit": run.stdout.strip() or "unknown"}
 
 

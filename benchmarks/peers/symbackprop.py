@@ -3,7 +3,9 @@
 Variants: ``symbackprop`` (``mod.value_and_grad(**arrays)``, which checks and
 binds every array and allocates the gradients on each call) and, where the
 module has ``prepare``, ``symbackprop.prepared`` (arrays bound and outputs
-allocated once; each call only calls C).
+allocated once; each call only calls C: ``pre.run()``, the loss) and
+``symbackprop.prepared()`` (``pre()``, the loss and the same dict of
+gradients every call; not for forward workloads).
 
 The example workloads (W5-W9) compile the model of ``examples/<name>.py``
 as it is, imported from the file; W6J times ``mod.forward`` (the loss and
@@ -98,10 +100,12 @@ def _columns_model(workload):
 
 
 def _compile(model, dtype):
-    # with more than one thread, the batch loops run on them too (OpenMP)
-    options = sbp.BuildOptions(openmp=bench_threads() > 1)
+    # with more than one thread, the batch loops run on them too (OpenMP);
+    # an older symbackprop (interleave's SBP_CWD) may predate BuildOptions
+    build = getattr(sbp, "BuildOptions", None)
+    options = {"options": build(openmp=bench_threads() > 1)} if build else {}
     try:
-        return timed(sbp.compile, model, dtype=dtype, options=options)
+        return timed(sbp.compile, model, dtype=dtype, **options)
     except sbp.SymbackpropError as exc:
         if dtype != "float64":
             raise Unsupported(f"sbp.compile(dtype={dtype!r}) failed: {exc}") from exc
@@ -135,6 +139,8 @@ def setup(workload, dtype, inputs, params):
     variants = [Variant("symbackprop", call, **common)]
     if hasattr(mod, "prepare"):
         variants.append(Variant("symbackprop.prepared", _prepared(mod, arrays, outputs), **common))
+        if not outputs:  # the prepared call itself: (loss, grads), the same dict every call
+            variants.append(Variant("symbackprop.prepared()", mod.prepare(**arrays), **common))
     return variants
 
 

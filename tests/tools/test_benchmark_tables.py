@@ -90,3 +90,29 @@ def test_gradbench_run_writes_a_result_file_the_tables_render(tmp_path, monkeypa
     text = tables.render("g")
     assert "| eval | symbackprop primal | symbackprop derivative | jax derivative |" in text
     assert "| lse n=4, gradient | 1 us | 2 us | 8 us (4.00) |" in text
+
+
+def test_render_shows_bytes_where_the_file_says_so(tmp_path, monkeypatch):
+    data = {"title": "T", "machine": "M", "date": "D", "commit": "C", "command": "run it", "conditions": "c",
+            "source": "S", "row_header": "workload", "baseline": "a", "unit": "bytes",
+            "columns": [{"key": "a", "label": "A", "ratio": False}, {"key": "b", "label": "B", "ratio": True}],
+            "rows": [{"label": "W3", "seconds": {"a": 576600, "b": 1060945}},
+                     {"label": "tiny", "seconds": {"a": 512, "b": 3 * 2**30}}]}
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    text = tables.render("x")
+    assert "| W3 | 563 KiB | 1.01 MiB (1.84) |" in text
+    assert "| tiny | 512 B | 3 GiB (6291456) |" in text
+    assert "bytes over symbackprop's" in text
+
+
+def test_a_ratio_note_says_what_the_ratios_divide_by(tmp_path, monkeypatch):
+    data = {"title": "T", "machine": "M", "date": "D", "commit": "C", "command": "run it", "conditions": "c",
+            "source": "S", "row_header": "workload", "baseline": "b", "ratio_note": "over B's",
+            "columns": [{"key": "a", "label": "A", "ratio": True}, {"key": "b", "label": "B", "ratio": False}],
+            "rows": [{"label": "W1", "seconds": {"a": 3e-6, "b": 2e-6}}]}
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    text = tables.render("x")
+    assert "| W1 | 3 us (1.50) | 2 us |" in text
+    assert "T: c; over B's. `run it`" in text and "symbackprop's" not in text
