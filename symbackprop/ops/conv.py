@@ -359,8 +359,8 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields["lo"], fields["hi"] = _inside_columns(c) if c.PH or c.PW else (None, None)
         fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
         fields["per"] = c.C * c.KH * c.KW * c.HO * c.WO  # a block's windows: the direct kernel's padded image fits
-        fields["direct"] = (direct.plan(c, em.real.name, all(a.buffer for a in args))
-                            if not kernel.attrs.scatter and not kernel.attrs.batch_sum else None)
+        fields["direct"] = direct.template_fields(c, kernel.attrs.scatter, kernel.attrs.batch_sum, em.real.name,
+                                                  all(a.buffer for a in args), fields["per"])
     elif kernel.attrs.nest == "channel":
         fields["C"], fields["P"] = kernel.geometry
     else:

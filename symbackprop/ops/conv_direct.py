@@ -73,3 +73,30 @@ def plan(c: Conv, real: str, operands_in_buffers: bool) -> DirectPlan | None:
     _, ocb, r, nv = best
     padded = bool(c.PH or c.PW)
     return DirectPlan(v, v * size, ocb, r, nv, c.H + 2 * c.PH, c.W + 2 * c.PW, padded)
+
+
+def transposed(c: Conv) -> Conv | None:
+    """The input gradient of a stride-1 convolution as a forward one: the
+    output gradient (F channels of HO x WO) convolved with the weights
+    flipped and transposed (C x F x KH x KW), padded by K-1-P; None where
+    that is not a convolution (a stride or dilation, a padding over K-1)."""
+    if (c.SH, c.SW, c.DH, c.DW) != (1, 1, 1, 1) or c.PH > c.KH - 1 or c.PW > c.KW - 1:
+        return None
+    return Conv(c.F, c.HO, c.WO, c.C, c.KH, c.KW, 1, 1, c.KH - 1 - c.PH, c.KW - 1 - c.PW, 1, 1)
+
+
+def template_fields(c: Conv, scatter: bool, batch_sum: bool, real: str, buffers: bool, room: int) -> dict | None:
+    """kernel_conv_direct.c.j2's `d` for an image op of geometry `c` (the
+    forward, or with `scatter` its input gradient), or None: im2col. The
+    workspace a batch block has (`room` entries) must hold the padded
+    image and, for the input gradient, the flipped weights."""
+    if batch_sum:
+        return None
+    run = transposed(c) if scatter else c
+    if run is None:
+        return None
+    p = plan(run, real, buffers)
+    flip = run.F * run.C * run.KH * run.KW if scatter else 0
+    if p is None or (run.C * p.HP * p.WP if p.padded else 0) + flip > room:
+        return None
+    return {"plan": p, "g": run, "HO": run.HO, "WO": run.WO, "flip": scatter, "pad_at": flip}

@@ -19,16 +19,19 @@ from symbackprop.ops.conv_numpy import Conv
 
 n = sp.Symbol("n", integer=True, positive=True)
 
-# (C_in, H, W, C_out, kernel, stride, padding, dilation, direct in float32, in float64)
+# (C_in, H, W, C_out, kernel, stride, padding, dilation, whether the forward is direct in float32 and in
+# float64, whether the input gradient is in float32 and in float64)
 SHAPES = [
-    (3, 16, 16, 8, 3, 1, 1, 1, True, True),
-    (5, 10, 10, 4, 3, 1, 0, 1, True, True),  # odd in-channels, no padding (read in place), 8 x 8 out
-    (2, 6, 16, 8, (3, 5), 1, (1, 2), 1, True, True),  # rectangular
-    (4, 8, 16, 16, 1, 1, 0, 1, True, True),  # 1x1
-    (3, 8, 8, 3, 3, 1, 1, 1, False, False),  # odd out-channels
-    (4, 16, 16, 8, 3, 2, 1, 1, False, False),  # stride 2
-    (2, 12, 12, 4, 3, 1, 2, 2, False, False),  # dilation 2
-    (2, 10, 10, 4, 3, 1, 1, 1, False, False),  # 10 columns: no whole vectors
+    (3, 16, 16, 8, 3, 1, 1, 1, True, True, False, False),
+    (5, 10, 10, 4, 3, 1, 0, 1, True, True, False, False),  # odd in-channels, no padding (read in place), 8 x 8 out
+    (2, 6, 16, 8, (3, 5), 1, (1, 2), 1, True, True, False, False),  # rectangular
+    (4, 8, 16, 16, 1, 1, 0, 1, True, True, True, True),  # 1x1
+    (3, 8, 8, 3, 3, 1, 1, 1, False, False, False, False),  # odd out-channels
+    (4, 16, 16, 8, 3, 2, 1, 1, False, False, False, False),  # stride 2
+    (2, 12, 12, 4, 3, 1, 2, 2, False, False, False, False),  # dilation 2
+    (2, 10, 10, 4, 3, 1, 1, 1, False, False, False, False),  # 10 columns: no whole vectors
+    (8, 8, 8, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
+    (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
 ]
 
 
@@ -72,8 +75,11 @@ def _numpy_conv(x, w, b, stride, padding, dilation):
 def test_direct_conv_values_and_gradients(dtype):
     torch = pytest.importorskip("torch")
     mod = sbp.compile(_model(dtype), dtype=dtype)
-    # the kernel is named once per convolution that takes it
-    assert mod.source.count("direct: no window matrix") == sum(shape[-2 if dtype == "float32" else -1] for shape in SHAPES)
+    # the generated C names the kernel once for each convolution (and input gradient) the rule sends to it
+    flags = (-4, -3) if dtype == "float32" else (-3, -2)
+    forward, backward = (sum(shape[f] for shape in SHAPES) for f in flags)
+    assert mod.source.count("direct: no window matrix") == forward + backward
+    assert mod.source.count("(the input gradient: the weights flipped") == backward
     for batch in (1, 3):  # n is bound at call time: one module, both batches
         _check(mod, dtype, batch, torch)
 
