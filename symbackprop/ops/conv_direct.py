@@ -23,6 +23,9 @@ from symbackprop.ops.conv_numpy import Conv
 VECTOR_BYTES = 64  # one AVX-512 register; two AVX2 ones elsewhere (GCC splits the vector)
 MAX_ACCUMULATORS = 16  # of the 32 vector registers: the rest hold the loaded pixels and the weights
 MAX_IN_CHANNELS = 256  # measured to 256 (faster than the window matrix there); past it, untried
+# the input gradient's image width from which the direct kernel wins: measured 1.4-2.5x at 16 and 32
+# columns, level at 8, 0.85x at 4 (ResNet and cnn_digits layers)
+MIN_INPUT_GRAD_WIDTH = 16
 ENABLED = True  # False: every convolution through the window matrix (to measure one against the other)
 
 
@@ -93,7 +96,7 @@ def template_fields(c: Conv, scatter: bool, batch_sum: bool, real: str, buffers:
     if batch_sum:
         return None
     run = transposed(c) if scatter else c
-    if run is None:
+    if run is None or (scatter and run.WO < MIN_INPUT_GRAD_WIDTH):
         return None
     p = plan(run, real, buffers)
     flip = run.F * run.C * run.KH * run.KW if scatter else 0

@@ -30,7 +30,8 @@ SHAPES = [
     (4, 16, 16, 8, 3, 2, 1, 1, False, False, False, False),  # stride 2
     (2, 12, 12, 4, 3, 1, 2, 2, False, False, False, False),  # dilation 2
     (2, 10, 10, 4, 3, 1, 1, 1, False, False, False, False),  # 10 columns: no whole vectors
-    (8, 8, 8, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
+    (8, 8, 16, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
+    (8, 8, 8, 4, 3, 1, 1, 1, True, True, False, False),  # an input gradient 8 wide: im2col
     (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
 ]
 
@@ -129,3 +130,6 @@ def test_the_rule():
     assert conv_direct.plan(Conv(16, 32, 32, 6, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
     wide = conv_direct.MAX_IN_CHANNELS + 1
     assert conv_direct.plan(Conv(wide, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
+    narrow = Conv(16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1)  # the forward direct, the input gradient not
+    assert conv_direct.template_fields(narrow, False, False, "float64", True, 16 * 9 * 64) is not None
+    assert conv_direct.template_fields(narrow, True, False, "float64", True, 16 * 9 * 64) is None
