@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 2 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 3 objects
+/* One translation unit, or 4: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 3 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 4 objects
  * link into the module. Functions one unit calls in another are then
  * CNN_DIGITS_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -265,84 +265,22 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 }
 #endif
 
-/* cnn_digits_run, part 1 of 3 (kernels 1 to 18): a long
+/* cnn_digits_run, part 1 of 7 (kernels 1 to 2): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 0; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
-    const CNN_DIGITS_REAL *K1,
     const CNN_DIGITS_REAL *c1,
-    const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *c2,
-    const CNN_DIGITS_REAL *W1,
-    const CNN_DIGITS_REAL *b1,
-    const CNN_DIGITS_REAL *W2,
-    const CNN_DIGITS_REAL *b2,
-    CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *bcast_c2,
-    CNN_DIGITS_REAL *bcast_c1,
-    CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *conv_K1_cols,
-    CNN_DIGITS_REAL *relu_K1,
-    CNN_DIGITS_REAL *step_K1,
-    CNN_DIGITS_REAL *maxpool_K1,
-    CNN_DIGITS_REAL *conv_K2,
-    CNN_DIGITS_REAL *conv_K2_cols,
-    CNN_DIGITS_REAL *relu_K2,
-    CNN_DIGITS_REAL *step_K2,
-    CNN_DIGITS_REAL *maxpool_K2,
-    CNN_DIGITS_REAL *mm_W1,
-    CNN_DIGITS_REAL *relu_W1,
-    CNN_DIGITS_REAL *step_W1,
-    CNN_DIGITS_REAL *mm_W2,
-    CNN_DIGITS_REAL *softmax_axis_logits,
-    CNN_DIGITS_REAL *log_softmax_axis_logits,
-    CNN_DIGITS_REAL *mul_T,
-    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
-    CNN_DIGITS_REAL *colsum_T,
-    CNN_DIGITS_REAL *rowsum_T
+    CNN_DIGITS_REAL *bcast_c1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
-    const CNN_DIGITS_REAL *K1,
     const CNN_DIGITS_REAL *c1,
-    const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *c2,
-    const CNN_DIGITS_REAL *W1,
-    const CNN_DIGITS_REAL *b1,
-    const CNN_DIGITS_REAL *W2,
-    const CNN_DIGITS_REAL *b2,
-    CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *bcast_c2,
-    CNN_DIGITS_REAL *bcast_c1,
-    CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *conv_K1_cols,
-    CNN_DIGITS_REAL *relu_K1,
-    CNN_DIGITS_REAL *step_K1,
-    CNN_DIGITS_REAL *maxpool_K1,
-    CNN_DIGITS_REAL *conv_K2,
-    CNN_DIGITS_REAL *conv_K2_cols,
-    CNN_DIGITS_REAL *relu_K2,
-    CNN_DIGITS_REAL *step_K2,
-    CNN_DIGITS_REAL *maxpool_K2,
-    CNN_DIGITS_REAL *mm_W1,
-    CNN_DIGITS_REAL *relu_W1,
-    CNN_DIGITS_REAL *step_W1,
-    CNN_DIGITS_REAL *mm_W2,
-    CNN_DIGITS_REAL *softmax_axis_logits,
-    CNN_DIGITS_REAL *log_softmax_axis_logits,
-    CNN_DIGITS_REAL *mul_T,
-    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
-    CNN_DIGITS_REAL *colsum_T,
-    CNN_DIGITS_REAL *rowsum_T
+    CNN_DIGITS_REAL *bcast_c1
 )
 {
     /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
@@ -362,52 +300,228 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
             }
         }
     }
+}
+#endif
 
+/* cnn_digits_run, part 2 of 7 (kernels 3 to 3): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part2(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED void cnn_digits_run_part2(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols
+)
+{
     /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d; zero outside the image) */
-    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of conv_K1_cols */
+    /* direct: no window matrix; tiles of 4 output channels x 4 rows x 8 columns, each in 16
+     * vectors of 8 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = conv_K1_cols + blk * 576;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
+        CNN_DIGITS_REAL *const dc_xp = conv_K1_cols + blk * 576 + 0; /* the padded image, 1 x 10 x
+                10 */
+        for (int64_t at = 0; at < 100; ++at) {
+            dc_xp[at] = 0;
+        }
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
-                        for (int64_t oy = 0; oy < 8; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
-                                    kx) * 64 + oy * 8;
-                            if (iy < 0 || iy >= 8) {
-                                for (int64_t ox = 0; ox < 8; ++ox) {
-                                    cols[ox] = 0;
+                for (int64_t iy = 0; iy < 8; ++iy) {
+                    for (int64_t ix = 0; ix < 8; ++ix) {
+                        dc_xp[(ic * 10 + iy + 1) * 10 + ix + 1] =
+                                X[((i * 1 + ic) * 8 + iy) * 8 + ix];
+                    }
+                }
+            }
+            CNN_DIGITS_REAL *const dc_yo = conv_K1 + i * 1024;
+    #if defined(__GNUC__)
+            typedef CNN_DIGITS_REAL dc_vec __attribute__((vector_size(64)));
+            for (int64_t oy = 0; oy < 8; oy += 4) { /* rows outside: their input rows stay in cache
+                    across the channels */
+                for (int64_t oc = 0; oc < 16; oc += 4) {
+                    for (int64_t ox = 0; ox < 8; ox += 8) {
+                        dc_vec dc_s0_0_0 = {0}, dc_s0_1_0 = {0}, dc_s0_2_0 = {0}, dc_s0_3_0 = {0};
+                        dc_vec dc_s1_0_0 = {0}, dc_s1_1_0 = {0}, dc_s1_2_0 = {0}, dc_s1_3_0 = {0};
+                        dc_vec dc_s2_0_0 = {0}, dc_s2_1_0 = {0}, dc_s2_2_0 = {0}, dc_s2_3_0 = {0};
+                        dc_vec dc_s3_0_0 = {0}, dc_s3_1_0 = {0}, dc_s3_2_0 = {0}, dc_s3_3_0 = {0};
+                        for (int64_t ic = 0; ic < 1; ++ic) {
+                            for (int64_t ky = 0; ky < 3; ++ky) {
+                                for (int64_t kx = 0; kx < 3; ++kx) {
+                                    const CNN_DIGITS_REAL *const dc_xr = dc_xp + (ic * 10 + oy + ky)
+                                            * 10 + ox + kx;
+                                    const CNN_DIGITS_REAL *const dc_wr = K1 + (oc * 1 + ic) * 9 + ky
+                                            * 3 + kx;
+                                    dc_vec dc_x0_0;
+                                    memcpy(&dc_x0_0, dc_xr + 0, sizeof dc_x0_0);
+                                    dc_vec dc_x1_0;
+                                    memcpy(&dc_x1_0, dc_xr + 10, sizeof dc_x1_0);
+                                    dc_vec dc_x2_0;
+                                    memcpy(&dc_x2_0, dc_xr + 20, sizeof dc_x2_0);
+                                    dc_vec dc_x3_0;
+                                    memcpy(&dc_x3_0, dc_xr + 30, sizeof dc_x3_0);
+                                    const CNN_DIGITS_REAL dc_w0 = dc_wr[0];
+                                    dc_s0_0_0 += dc_w0 * dc_x0_0;
+                                    dc_s0_1_0 += dc_w0 * dc_x1_0;
+                                    dc_s0_2_0 += dc_w0 * dc_x2_0;
+                                    dc_s0_3_0 += dc_w0 * dc_x3_0;
+                                    const CNN_DIGITS_REAL dc_w1 = dc_wr[9];
+                                    dc_s1_0_0 += dc_w1 * dc_x0_0;
+                                    dc_s1_1_0 += dc_w1 * dc_x1_0;
+                                    dc_s1_2_0 += dc_w1 * dc_x2_0;
+                                    dc_s1_3_0 += dc_w1 * dc_x3_0;
+                                    const CNN_DIGITS_REAL dc_w2 = dc_wr[18];
+                                    dc_s2_0_0 += dc_w2 * dc_x0_0;
+                                    dc_s2_1_0 += dc_w2 * dc_x1_0;
+                                    dc_s2_2_0 += dc_w2 * dc_x2_0;
+                                    dc_s2_3_0 += dc_w2 * dc_x3_0;
+                                    const CNN_DIGITS_REAL dc_w3 = dc_wr[27];
+                                    dc_s3_0_0 += dc_w3 * dc_x0_0;
+                                    dc_s3_1_0 += dc_w3 * dc_x1_0;
+                                    dc_s3_2_0 += dc_w3 * dc_x2_0;
+                                    dc_s3_3_0 += dc_w3 * dc_x3_0;
                                 }
-                                continue;
                             }
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = X + ((i * 1 + ic) *
-                                    8 + iy) * 8;
-                            for (int64_t ox = 0; ox < lo; ++ox) {
-                                cols[ox] = 0;
-                            }
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                cols[ox] = pixels[ox + kx - 1];
-                            }
-                            for (int64_t ox = hi; ox < 8; ++ox) {
-                                cols[ox] = 0;
+                        }
+                        memcpy(
+                            dc_yo + ((oc + 0) * 8 + oy + 0) * 8 + ox + 0,
+                            &dc_s0_0_0,
+                            sizeof dc_s0_0_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 0) * 8 + oy + 1) * 8 + ox + 0,
+                            &dc_s0_1_0,
+                            sizeof dc_s0_1_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 0) * 8 + oy + 2) * 8 + ox + 0,
+                            &dc_s0_2_0,
+                            sizeof dc_s0_2_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 0) * 8 + oy + 3) * 8 + ox + 0,
+                            &dc_s0_3_0,
+                            sizeof dc_s0_3_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 1) * 8 + oy + 0) * 8 + ox + 0,
+                            &dc_s1_0_0,
+                            sizeof dc_s1_0_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 1) * 8 + oy + 1) * 8 + ox + 0,
+                            &dc_s1_1_0,
+                            sizeof dc_s1_1_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 1) * 8 + oy + 2) * 8 + ox + 0,
+                            &dc_s1_2_0,
+                            sizeof dc_s1_2_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 1) * 8 + oy + 3) * 8 + ox + 0,
+                            &dc_s1_3_0,
+                            sizeof dc_s1_3_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 2) * 8 + oy + 0) * 8 + ox + 0,
+                            &dc_s2_0_0,
+                            sizeof dc_s2_0_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 2) * 8 + oy + 1) * 8 + ox + 0,
+                            &dc_s2_1_0,
+                            sizeof dc_s2_1_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 2) * 8 + oy + 2) * 8 + ox + 0,
+                            &dc_s2_2_0,
+                            sizeof dc_s2_2_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 2) * 8 + oy + 3) * 8 + ox + 0,
+                            &dc_s2_3_0,
+                            sizeof dc_s2_3_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 3) * 8 + oy + 0) * 8 + ox + 0,
+                            &dc_s3_0_0,
+                            sizeof dc_s3_0_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 3) * 8 + oy + 1) * 8 + ox + 0,
+                            &dc_s3_1_0,
+                            sizeof dc_s3_1_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 3) * 8 + oy + 2) * 8 + ox + 0,
+                            &dc_s3_2_0,
+                            sizeof dc_s3_2_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 3) * 8 + oy + 3) * 8 + ox + 0,
+                            &dc_s3_3_0,
+                            sizeof dc_s3_3_0
+                        );
+                    }
+                }
+            }
+    #else
+            for (int64_t oc = 0; oc < 16; ++oc) {
+                for (int64_t at = 0; at < 64; ++at) {
+                    dc_yo[oc * 64 + at] = 0;
+                }
+                for (int64_t ic = 0; ic < 1; ++ic) {
+                    for (int64_t ky = 0; ky < 3; ++ky) {
+                        for (int64_t kx = 0; kx < 3; ++kx) {
+                            const CNN_DIGITS_REAL wv = K1[(oc * 1 + ic) * 9 + ky * 3 + kx];
+                            for (int64_t oy = 0; oy < 8; ++oy) {
+                                for (int64_t ox = 0; ox < 8; ++ox) {
+                                    dc_yo[(oc * 8 + oy) * 8 + ox] += wv *
+                                            dc_xp[(ic * 10 + oy + ky) * 10 + ox + kx];
+                                }
                             }
                         }
                     }
                 }
             }
-            /* conv_K1[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, conv_K1 + i * 1024);
+    #endif
         }
     }
+}
+#endif
 
+/* cnn_digits_run, part 3 of 7 (kernels 4 to 5): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1
+)
+{
     /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
     /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
     cnn_digits_relu_nx1024_loop(n, relu_K1, step_K1, bcast_c1, conv_K1);
@@ -433,52 +547,262 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
             }
         }
     }
+}
+#endif
 
+/* cnn_digits_run, part 4 of 7 (kernels 6 to 6): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part4(
+    int64_t n,
+    const CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+CNN_DIGITS_SHARED void cnn_digits_run_part4(
+    int64_t n,
+    const CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols
+)
+{
     /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
      * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of conv_K2_cols */
+    /* direct: no window matrix; tiles of 4 output channels x 4 rows x 4 columns, each in 16
+     * vectors of 4 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = conv_K2_cols + blk * 2304;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
+        CNN_DIGITS_REAL *const dc_xp = conv_K2_cols + blk * 2304 + 0; /* the padded image, 16 x 6 x
+                6 */
+        for (int64_t at = 0; at < 576; ++at) {
+            dc_xp[at] = 0;
+        }
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
-                                    kx) * 16 + oy * 4;
-                            if (iy < 0 || iy >= 4) {
-                                for (int64_t ox = 0; ox < 4; ++ox) {
-                                    cols[ox] = 0;
+                for (int64_t iy = 0; iy < 4; ++iy) {
+                    for (int64_t ix = 0; ix < 4; ++ix) {
+                        dc_xp[(ic * 6 + iy + 1) * 6 + ix + 1] =
+                                maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix];
+                    }
+                }
+            }
+            CNN_DIGITS_REAL *const dc_yo = conv_K2 + i * 512;
+    #if defined(__GNUC__)
+            typedef CNN_DIGITS_REAL dc_vec __attribute__((vector_size(32)));
+            for (int64_t oy = 0; oy < 4; oy += 4) { /* rows outside: their input rows stay in cache
+                    across the channels */
+                for (int64_t oc = 0; oc < 32; oc += 4) {
+                    for (int64_t ox = 0; ox < 4; ox += 4) {
+                        dc_vec dc_s0_0_0 = {0}, dc_s0_1_0 = {0}, dc_s0_2_0 = {0}, dc_s0_3_0 = {0};
+                        dc_vec dc_s1_0_0 = {0}, dc_s1_1_0 = {0}, dc_s1_2_0 = {0}, dc_s1_3_0 = {0};
+                        dc_vec dc_s2_0_0 = {0}, dc_s2_1_0 = {0}, dc_s2_2_0 = {0}, dc_s2_3_0 = {0};
+                        dc_vec dc_s3_0_0 = {0}, dc_s3_1_0 = {0}, dc_s3_2_0 = {0}, dc_s3_3_0 = {0};
+                        for (int64_t ic = 0; ic < 16; ++ic) {
+                            for (int64_t ky = 0; ky < 3; ++ky) {
+                                for (int64_t kx = 0; kx < 3; ++kx) {
+                                    const CNN_DIGITS_REAL *const dc_xr = dc_xp + (ic * 6 + oy + ky)
+                                            * 6 + ox + kx;
+                                    const CNN_DIGITS_REAL *const dc_wr = K2 + (oc * 16 + ic) * 9 +
+                                            ky * 3 + kx;
+                                    dc_vec dc_x0_0;
+                                    memcpy(&dc_x0_0, dc_xr + 0, sizeof dc_x0_0);
+                                    dc_vec dc_x1_0;
+                                    memcpy(&dc_x1_0, dc_xr + 6, sizeof dc_x1_0);
+                                    dc_vec dc_x2_0;
+                                    memcpy(&dc_x2_0, dc_xr + 12, sizeof dc_x2_0);
+                                    dc_vec dc_x3_0;
+                                    memcpy(&dc_x3_0, dc_xr + 18, sizeof dc_x3_0);
+                                    const CNN_DIGITS_REAL dc_w0 = dc_wr[0];
+                                    dc_s0_0_0 += dc_w0 * dc_x0_0;
+                                    dc_s0_1_0 += dc_w0 * dc_x1_0;
+                                    dc_s0_2_0 += dc_w0 * dc_x2_0;
+                                    dc_s0_3_0 += dc_w0 * dc_x3_0;
+                                    const CNN_DIGITS_REAL dc_w1 = dc_wr[144];
+                                    dc_s1_0_0 += dc_w1 * dc_x0_0;
+                                    dc_s1_1_0 += dc_w1 * dc_x1_0;
+                                    dc_s1_2_0 += dc_w1 * dc_x2_0;
+                                    dc_s1_3_0 += dc_w1 * dc_x3_0;
+                                    const CNN_DIGITS_REAL dc_w2 = dc_wr[288];
+                                    dc_s2_0_0 += dc_w2 * dc_x0_0;
+                                    dc_s2_1_0 += dc_w2 * dc_x1_0;
+                                    dc_s2_2_0 += dc_w2 * dc_x2_0;
+                                    dc_s2_3_0 += dc_w2 * dc_x3_0;
+                                    const CNN_DIGITS_REAL dc_w3 = dc_wr[432];
+                                    dc_s3_0_0 += dc_w3 * dc_x0_0;
+                                    dc_s3_1_0 += dc_w3 * dc_x1_0;
+                                    dc_s3_2_0 += dc_w3 * dc_x2_0;
+                                    dc_s3_3_0 += dc_w3 * dc_x3_0;
                                 }
-                                continue;
                             }
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = maxpool_K1 + ((i *
-                                    16 + ic) * 4 + iy) * 4;
-                            for (int64_t ox = 0; ox < lo; ++ox) {
-                                cols[ox] = 0;
-                            }
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                cols[ox] = pixels[ox + kx - 1];
-                            }
-                            for (int64_t ox = hi; ox < 4; ++ox) {
-                                cols[ox] = 0;
+                        }
+                        memcpy(
+                            dc_yo + ((oc + 0) * 4 + oy + 0) * 4 + ox + 0,
+                            &dc_s0_0_0,
+                            sizeof dc_s0_0_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 0) * 4 + oy + 1) * 4 + ox + 0,
+                            &dc_s0_1_0,
+                            sizeof dc_s0_1_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 0) * 4 + oy + 2) * 4 + ox + 0,
+                            &dc_s0_2_0,
+                            sizeof dc_s0_2_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 0) * 4 + oy + 3) * 4 + ox + 0,
+                            &dc_s0_3_0,
+                            sizeof dc_s0_3_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 1) * 4 + oy + 0) * 4 + ox + 0,
+                            &dc_s1_0_0,
+                            sizeof dc_s1_0_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 1) * 4 + oy + 1) * 4 + ox + 0,
+                            &dc_s1_1_0,
+                            sizeof dc_s1_1_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 1) * 4 + oy + 2) * 4 + ox + 0,
+                            &dc_s1_2_0,
+                            sizeof dc_s1_2_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 1) * 4 + oy + 3) * 4 + ox + 0,
+                            &dc_s1_3_0,
+                            sizeof dc_s1_3_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 2) * 4 + oy + 0) * 4 + ox + 0,
+                            &dc_s2_0_0,
+                            sizeof dc_s2_0_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 2) * 4 + oy + 1) * 4 + ox + 0,
+                            &dc_s2_1_0,
+                            sizeof dc_s2_1_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 2) * 4 + oy + 2) * 4 + ox + 0,
+                            &dc_s2_2_0,
+                            sizeof dc_s2_2_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 2) * 4 + oy + 3) * 4 + ox + 0,
+                            &dc_s2_3_0,
+                            sizeof dc_s2_3_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 3) * 4 + oy + 0) * 4 + ox + 0,
+                            &dc_s3_0_0,
+                            sizeof dc_s3_0_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 3) * 4 + oy + 1) * 4 + ox + 0,
+                            &dc_s3_1_0,
+                            sizeof dc_s3_1_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 3) * 4 + oy + 2) * 4 + ox + 0,
+                            &dc_s3_2_0,
+                            sizeof dc_s3_2_0
+                        );
+                        memcpy(
+                            dc_yo + ((oc + 3) * 4 + oy + 3) * 4 + ox + 0,
+                            &dc_s3_3_0,
+                            sizeof dc_s3_3_0
+                        );
+                    }
+                }
+            }
+    #else
+            for (int64_t oc = 0; oc < 32; ++oc) {
+                for (int64_t at = 0; at < 16; ++at) {
+                    dc_yo[oc * 16 + at] = 0;
+                }
+                for (int64_t ic = 0; ic < 16; ++ic) {
+                    for (int64_t ky = 0; ky < 3; ++ky) {
+                        for (int64_t kx = 0; kx < 3; ++kx) {
+                            const CNN_DIGITS_REAL wv = K2[(oc * 16 + ic) * 9 + ky * 3 + kx];
+                            for (int64_t oy = 0; oy < 4; ++oy) {
+                                for (int64_t ox = 0; ox < 4; ++ox) {
+                                    dc_yo[(oc * 4 + oy) * 4 + ox] += wv *
+                                            dc_xp[(ic * 6 + oy + ky) * 6 + ox + kx];
+                                }
                             }
                         }
                     }
                 }
             }
-            /* conv_K2[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, conv_K2 + i * 512);
+    #endif
         }
     }
+}
+#endif
 
+/* cnn_digits_run, part 5 of 7 (kernels 7 to 18): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part5(
+    int64_t n,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *mm_W1,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *mm_W2,
+    CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *log_softmax_axis_logits,
+    CNN_DIGITS_REAL *mul_T,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *colsum_T,
+    CNN_DIGITS_REAL *rowsum_T
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+CNN_DIGITS_SHARED void cnn_digits_run_part5(
+    int64_t n,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *mm_W1,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *mm_W2,
+    CNN_DIGITS_REAL *softmax_axis_logits,
+    CNN_DIGITS_REAL *log_softmax_axis_logits,
+    CNN_DIGITS_REAL *mul_T,
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *colsum_T,
+    CNN_DIGITS_REAL *rowsum_T
+)
+{
     /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
     /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
     cnn_digits_relu_nx512_loop(n, relu_K2, step_K2, bcast_c2, conv_K2);
@@ -554,11 +878,11 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 }
 #endif
 
-/* cnn_digits_run, part 2 of 3 (kernels 19 to 32): a long
+/* cnn_digits_run, part 6 of 7 (kernels 19 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part2(
+CNN_DIGITS_SHARED void cnn_digits_run_part6(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *K2,
@@ -588,7 +912,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K2_cols
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-CNN_DIGITS_SHARED void cnn_digits_run_part2(
+CNN_DIGITS_SHARED void cnn_digits_run_part6(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *K2,
@@ -892,11 +1216,11 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 }
 #endif
 
-/* cnn_digits_run, part 3 of 3 (kernels 33 to 38): a long
+/* cnn_digits_run, part 7 of 7 (kernels 33 to 38): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part3(
+/* In unit 3; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part7(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *grad_W1,
@@ -910,8 +1234,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_bcast_c2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-CNN_DIGITS_SHARED void cnn_digits_run_part3(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+CNN_DIGITS_SHARED void cnn_digits_run_part7(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *grad_W1,
@@ -1016,14 +1340,13 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *colsum_T = grad_log_softmax_axis_logits + 10*n; /* 1 x 10 */
     CNN_DIGITS_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
-    cnn_digits_run_part1(
+    cnn_digits_run_part1(c1, c2, bcast_c2, bcast_c1);
+    cnn_digits_run_part2(n, X, K1, conv_K1, conv_K1_cols);
+    cnn_digits_run_part3(n, bcast_c1, conv_K1, relu_K1, step_K1, maxpool_K1);
+    cnn_digits_run_part4(n, K2, maxpool_K1, conv_K2, conv_K2_cols);
+    cnn_digits_run_part5(
         n,
-        X,
         T,
-        K1,
-        c1,
-        K2,
-        c2,
         W1,
         b1,
         W2,
@@ -1031,14 +1354,7 @@ CNN_DIGITS_SHARED int cnn_digits_run(
         loss,
         logits,
         bcast_c2,
-        bcast_c1,
-        conv_K1,
-        conv_K1_cols,
-        relu_K1,
-        step_K1,
-        maxpool_K1,
         conv_K2,
-        conv_K2_cols,
         relu_K2,
         step_K2,
         maxpool_K2,
@@ -1071,7 +1387,7 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
 
-    cnn_digits_run_part2(
+    cnn_digits_run_part6(
         n,
         X,
         K2,
@@ -1100,7 +1416,7 @@ CNN_DIGITS_SHARED int cnn_digits_run(
         grad_bcast_c1,
         grad_K2_cols
     );
-    cnn_digits_run_part3(
+    cnn_digits_run_part7(
         n,
         grad_c2,
         grad_W1,

@@ -51,7 +51,7 @@ INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims 
                      + "at best share wv ch ic oc kk ky kx oy ox iy ix blk win wsum".split()
                      # and of attention (templates/kernel_attention.c.j2)
                      + "seq len row0 qt ks hd dk qbase val wt pw srow aw orow".split())
-_TEMP = re.compile(r"^(x|acc)\d+$")  # CSE temporaries, accumulators
+_TEMP = re.compile(r"^((x|acc)\d+|dc_\w+)$")  # CSE temporaries, accumulators, the direct convolution's locals
 MAX_LENGTH = 48
 
 

@@ -43,6 +43,7 @@ from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrin
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
+from symbackprop.ops import conv_direct as direct
 from symbackprop.ops import conv_numpy as reference
 from symbackprop.ops.conv_numpy import Conv, Pool
 from symbackprop.schedule.kernel import Equation, latex_name
@@ -357,6 +358,9 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields["ix"] = _offset("ox", c.SW, "kx", c.PW, c.DW)
         fields["lo"], fields["hi"] = _inside_columns(c) if c.PH or c.PW else (None, None)
         fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
+        fields["per"] = c.C * c.KH * c.KW * c.HO * c.WO  # a block's windows: the direct kernel's padded image fits
+        fields["direct"] = direct.template_fields(c, kernel.attrs.scatter, kernel.attrs.batch_sum, em.real.name,
+                                                  all(a.buffer for a in args), fields["per"])
     elif kernel.attrs.nest == "channel":
         fields["C"], fields["P"] = kernel.geometry
     else:

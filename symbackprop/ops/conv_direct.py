@@ -1,0 +1,105 @@
+"""The direct convolution (templates/kernel_conv_direct.c.j2): a forward
+convolution of stride 1 and dilation 1 without a window matrix.
+
+Each example's image is copied once into a zero-padded workspace (not at
+all when there is no padding), and each tile of OCB output channels x R
+output rows x NV*V output columns is summed in OCB*R*NV vectors of V
+lanes (GCC's vector extension) over the window and the input channels:
+one load of V input pixels serves OCB output channels, one weight serves
+R*NV vectors. im2col copies every pixel KH*KW times and hands the BLAS a
+thin product (16 x 144 by 144 x 1024 for a 16-channel 3x3 layer on 32x32),
+which reaches half its peak.
+
+`plan` is the rule: which convolutions take this kernel (measured in the
+commit that added it), and its tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from symbackprop.ops.conv_numpy import Conv
+
+VECTOR_BYTES = 64  # one AVX-512 register; two AVX2 ones elsewhere (GCC splits the vector)
+MAX_ACCUMULATORS = 16  # of the 32 vector registers: the rest hold the loaded pixels and the weights
+MAX_IN_CHANNELS = 256  # measured to 256 (faster than the window matrix there); past it, untried
+# the input gradient's image width from which the direct kernel wins: measured 1.4-2.5x at 16 and 32
+# columns, level at 8, 0.85x at 4 (ResNet and cnn_digits layers)
+MIN_INPUT_GRAD_WIDTH = 16
+ENABLED = True  # False: every convolution through the window matrix (to measure one against the other)
+
+
+@dataclass(frozen=True)
+class DirectPlan:
+    """A direct convolution's tile and workspace: V lanes per vector of
+    `nbytes` bytes; OCB output channels x R rows x NV vectors per tile; the
+    padded image HP x WP (the workspace's rows of `padded` images)."""
+
+    V: int
+    nbytes: int
+    OCB: int
+    R: int
+    NV: int
+    HP: int
+    WP: int
+    padded: bool
+
+
+def _divisors(n: int, choices: tuple[int, ...]) -> list[int]:
+    return [d for d in choices if n % d == 0]
+
+
+def plan(c: Conv, real: str, operands_in_buffers: bool) -> DirectPlan | None:
+    """The direct kernel's plan for convolution `c` in `real` ("float32" /
+    "float64"), or None: the window matrix and the BLAS instead."""
+    if not operands_in_buffers or (c.SH, c.SW, c.DH, c.DW) != (1, 1, 1, 1):
+        return None
+    if not ENABLED or c.C > MAX_IN_CHANNELS or c.F % 4:
+        return None
+    size = 4 if real == "float32" else 8
+    lanes = [v for v in (VECTOR_BYTES // size, VECTOR_BYTES // size // 2) if c.WO % v == 0]
+    if not lanes:
+        return None
+    v = lanes[0]
+    best: tuple[float, int, int, int] | None = None
+    for nv in _divisors(c.WO // v, (4, 3, 2, 1)):
+        for ocb in _divisors(c.F, (16, 8, 4)):
+            for r in _divisors(c.HO, (4, 2, 1)):
+                if ocb * r * nv > MAX_ACCUMULATORS:
+                    continue
+                # loads per multiply-add: a pixel vector serves ocb channels, a weight r*nv vectors
+                cost = 1 / ocb + 1 / (r * nv)
+                if best is None or cost < best[0]:
+                    best = (cost, ocb, r, nv)
+    if best is None:
+        return None
+    _, ocb, r, nv = best
+    padded = bool(c.PH or c.PW)
+    return DirectPlan(v, v * size, ocb, r, nv, c.H + 2 * c.PH, c.W + 2 * c.PW, padded)
+
+
+def transposed(c: Conv) -> Conv | None:
+    """The input gradient of a stride-1 convolution as a forward one: the
+    output gradient (F channels of HO x WO) convolved with the weights
+    flipped and transposed (C x F x KH x KW), padded by K-1-P; None where
+    that is not a convolution (a stride or dilation, a padding over K-1)."""
+    if (c.SH, c.SW, c.DH, c.DW) != (1, 1, 1, 1) or c.PH > c.KH - 1 or c.PW > c.KW - 1:
+        return None
+    return Conv(c.F, c.HO, c.WO, c.C, c.KH, c.KW, 1, 1, c.KH - 1 - c.PH, c.KW - 1 - c.PW, 1, 1)
+
+
+def template_fields(c: Conv, scatter: bool, batch_sum: bool, real: str, buffers: bool, room: int) -> dict | None:
+    """kernel_conv_direct.c.j2's `d` for an image op of geometry `c` (the
+    forward, or with `scatter` its input gradient), or None: im2col. The
+    workspace a batch block has (`room` entries) must hold the padded
+    image and, for the input gradient, the flipped weights."""
+    if batch_sum:
+        return None
+    run = transposed(c) if scatter else c
+    if run is None or (scatter and run.WO < MIN_INPUT_GRAD_WIDTH):
+        return None
+    p = plan(run, real, buffers)
+    flip = run.F * run.C * run.KH * run.KW if scatter else 0
+    if p is None or (run.C * p.HP * p.WP if p.padded else 0) + flip > room:
+        return None
+    return {"plan": p, "g": run, "HO": run.HO, "WO": run.WO, "flip": scatter, "pad_at": flip}

@@ -1,0 +1,135 @@
+"""The direct convolution (symbackprop/ops/conv_direct.py,
+templates/kernel_conv_direct.c.j2): the forward of a stride-1 convolution
+without a window matrix, chosen per layer shape. Its values and the
+gradients of a model through it against PyTorch float64 (float64 to
+1e-12, float32 to 1e-5 relative) and an independent numpy loop, at shapes
+that take it and shapes that fall back to im2col; the generated C names
+the kernel exactly where the rule says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy as sp
+
+import symbackprop as sbp
+from symbackprop import nn
+from symbackprop.ops import conv_direct
+from symbackprop.ops.conv_numpy import Conv
+
+n = sp.Symbol("n", integer=True, positive=True)
+
+# (C_in, H, W, C_out, kernel, stride, padding, dilation, whether the forward is direct in float32 and in
+# float64, whether the input gradient is in float32 and in float64)
+SHAPES = [
+    (3, 16, 16, 8, 3, 1, 1, 1, True, True, False, False),
+    (5, 10, 10, 4, 3, 1, 0, 1, True, True, False, False),  # odd in-channels, no padding (read in place), 8 x 8 out
+    (2, 6, 16, 8, (3, 5), 1, (1, 2), 1, True, True, False, False),  # rectangular
+    (4, 8, 16, 16, 1, 1, 0, 1, True, True, True, True),  # 1x1
+    (3, 8, 8, 3, 3, 1, 1, 1, False, False, False, False),  # odd out-channels
+    (4, 16, 16, 8, 3, 2, 1, 1, False, False, False, False),  # stride 2
+    (2, 12, 12, 4, 3, 1, 2, 2, False, False, False, False),  # dilation 2
+    (2, 10, 10, 4, 3, 1, 1, 1, False, False, False, False),  # 10 columns: no whole vectors
+    (8, 8, 16, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
+    (8, 8, 8, 4, 3, 1, 1, 1, True, True, False, False),  # an input gradient 8 wide: im2col
+    (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
+]
+
+
+def _pair(v):
+    return v if isinstance(v, tuple) else (v, v)
+
+
+def _model(dtype):
+    """Every shape's convolution in one model (one compile): loss = sum_k <conv_k(x_k, w_k) + b_k, g_k>."""
+    inputs, params, terms, outputs = [], [], [], {}
+    for at, (cin, h, w, cout, kernel, stride, padding, dilation, *_) in enumerate(SHAPES):
+        kh, kw = _pair(kernel)
+        x = sbp.images(f"x{at}", n, cin, h, w)
+        k, b = sbp.conv_weight(f"w{at}", cout, cin, kh, kw), sp.MatrixSymbol(f"b{at}", 1, cout)
+        y = nn.conv2d(x, k, b, stride, padding, kernel_size=(kh, kw), dilation=dilation)
+        g = sp.MatrixSymbol(f"g{at}", n, y.matrix.shape[1])
+        inputs += [x.matrix, g]
+        params += [k, b]
+        terms.append(nn.sum_all(sp.HadamardProduct(y.matrix, g)))
+        outputs[f"y{at}"] = y.matrix
+    return sbp.Model(f"direct_conv_{dtype}", inputs=inputs, params=params, grad_inputs=inputs[::2], loss=sp.Add(*terms),
+                     outputs=outputs)
+
+
+def _numpy_conv(x, w, b, stride, padding, dilation):
+    """A plain loop over the window: (n, C, H, W) by (F, C, kh, kw), zero padding."""
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    batch, _, h, wd = x.shape
+    f, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((batch, f, ho, wo)) + b.reshape(1, f, 1, 1)
+    for ky in range(kh):
+        for kx in range(kw):
+            win = xp[:, :, ky * dh: ky * dh + sh * (ho - 1) + 1: sh, kx * dw: kx * dw + sw * (wo - 1) + 1: sw]
+            out += np.einsum("nchw,fc->nfhw", win, w[:, :, ky, kx])
+    return out.reshape(batch, -1)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_direct_conv_values_and_gradients(dtype):
+    torch = pytest.importorskip("torch")
+    mod = sbp.compile(_model(dtype), dtype=dtype)
+    # the generated C names the kernel once for each convolution (and input gradient) the rule sends to it
+    flags = (-4, -2) if dtype == "float32" else (-3, -1)
+    forward, backward = (sum(shape[f] for shape in SHAPES) for f in flags)
+    assert mod.source.count("direct: no window matrix") == forward + backward
+    assert mod.source.count("(the input gradient: the weights flipped") == backward
+    for batch in (1, 3):  # n is bound at call time: one module, both batches
+        _check(mod, dtype, batch, torch)
+
+
+def _check(mod, dtype, batch, torch):
+    rng = np.random.default_rng(batch)
+    arrays, wants, outs = {}, [], []
+    for at, (cin, h, w, cout, kernel, stride, padding, dilation, *_) in enumerate(SHAPES):
+        kh, kw = _pair(kernel)
+        x, k = rng.standard_normal((batch, cin * h * w)), rng.standard_normal((cout, cin * kh * kw))
+        b = rng.standard_normal((1, cout))
+        want = _numpy_conv(x.reshape(batch, cin, h, w), k.reshape(cout, cin, kh, kw), b, stride, padding, dilation)
+        arrays |= {f"x{at}": x, f"g{at}": rng.standard_normal(want.shape), f"w{at}": k, f"b{at}": b}
+        wants.append(want)
+    t = {key: torch.tensor(a, requires_grad=True) for key, a in arrays.items()}
+    for at, (cin, h, w, cout, kernel, stride, padding, dilation, *_) in enumerate(SHAPES):
+        kh, kw = _pair(kernel)
+        out = torch.nn.functional.conv2d(t[f"x{at}"].reshape(batch, cin, h, w), t[f"w{at}"].reshape(cout, cin, kh, kw),
+                                         t[f"b{at}"][0], stride=stride, padding=padding, dilation=dilation)
+        assert np.abs(out.detach().numpy().reshape(batch, -1) - wants[at]).max() <= 1e-12 * np.abs(wants[at]).max()
+        outs.append((out.reshape(batch, -1) * t[f"g{at}"]).sum())
+    ref = sum(outs)
+    ref.backward()
+    cast = {key: a.astype(dtype) for key, a in arrays.items()}
+    rel = 1e-12 if dtype == "float64" else 1e-5
+    got = mod.forward(**cast)
+    for at, want in enumerate(wants):
+        y = np.asarray(got[f"y{at}"], dtype=np.float64)
+        assert np.abs(y - want).max() <= rel * np.abs(want).max(), SHAPES[at]
+    loss, grads = mod.value_and_grad(**cast)
+    assert abs(loss - ref.item()) <= rel * sum(np.abs(w * arrays[f"g{at}"]).sum() for at, w in enumerate(wants))
+    assert sorted(grads) == sorted(key for key in arrays if not key.startswith("g"))
+    for key in grads:
+        expect = t[key].grad.numpy()
+        assert np.abs(np.asarray(grads[key], dtype=np.float64) - expect).max() <= rel * np.abs(expect).max(), key
+
+
+def test_the_rule():
+    """Stride 1, dilation 1, out-channels in fours, whole vectors of columns, at most 64 in-channels."""
+    resnet = Conv(16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1)
+    p32, p64 = conv_direct.plan(resnet, "float32", True), conv_direct.plan(resnet, "float64", True)
+    assert p32 is not None and p64 is not None and (p32.V, p64.V) == (16, 8)
+    assert p32.OCB * p32.R * p32.NV <= conv_direct.MAX_ACCUMULATORS and (p32.HP, p32.WP) == (34, 34)
+    assert conv_direct.plan(resnet, "float32", False) is None  # a constant operand
+    assert conv_direct.plan(Conv(16, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True) is None
+    assert conv_direct.plan(Conv(16, 32, 32, 16, 3, 3, 1, 1, 2, 2, 2, 2), "float32", True) is None
+    assert conv_direct.plan(Conv(16, 32, 32, 6, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
+    wide = conv_direct.MAX_IN_CHANNELS + 1
+    assert conv_direct.plan(Conv(wide, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
+    narrow = Conv(16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1)  # the forward direct, the input gradient not
+    assert conv_direct.template_fields(narrow, False, False, "float64", True, 16 * 9 * 64) is not None
+    assert conv_direct.template_fields(narrow, True, False, "float64", True, 16 * 9 * 64) is None
