@@ -15,7 +15,7 @@ from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from symbackprop.base.cnames import comment_text
 from symbackprop.base.registry import OpRecord, register
 from symbackprop.base.stable import sigmoid, softplus
-from symbackprop.diff.autodiff import add_all, local_derivative, unbroadcast
+from symbackprop.diff.autodiff import local_derivative, unbroadcast
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_
@@ -45,15 +45,24 @@ def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]
 
 
 def _jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
-    """The sum of local derivative times tangent; None where every term is
-    0 (a stop_gradient, a floor): no forward-mode code for what it stops."""
-    terms = [
-        map_(A0 * A1, [local_derivative(node, index), tangent], node.shape)
-        for index, tangent in enumerate(tangents)
-        if tangent is not None
-    ]
-    terms = [t for t in terms if not (is_const(t) and t.attrs[0] == 0)]
-    return add_all(terms) if terms else None
+    """sum_i (d node / d arg_i) * tangent_i as one map over the local
+    derivatives and the tangents: one node, not a product per argument and
+    a sum of them (forward over reverse on a graph of many-argument maps,
+    as an explicit bone chain lowers to, had five times the nodes of the
+    gradient, nearly all of them those products). None where every local
+    derivative is 0 (a stop_gradient, a floor): no forward-mode code for
+    what it stops."""
+    args: list[Node] = []
+    terms = []
+    for index, tangent in enumerate(tangents):
+        if tangent is None:
+            continue
+        local = local_derivative(node, index)
+        if is_const(local) and local.attrs[0] == 0:
+            continue
+        args += [local, tangent]
+        terms.append(placeholder(len(args) - 2) * placeholder(len(args) - 1))
+    return map_(sp.Add(*terms), args, node.shape) if terms else None
 
 
 # --- numpy reference --------------------------------------------------------
