@@ -131,3 +131,24 @@ def test_sequences_need_a_loss_and_a_sequence():
     with pytest.raises(sbp.ModelError, match=r"LSTM takes a sequence"):
         sbp.from_torch(tnn.Sequential(tnn.Linear(FEATURES, 3), tnn.LSTM(3, 4)).double(),
                        torch.zeros(2, FEATURES, dtype=torch.float64))
+
+
+class NoBias(tnn.Module):
+    """Two layers without biases, dropout between them (eval mode: none), time-major."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.rnn = getattr(tnn, kind)(FEATURES, 4, num_layers=2, bias=False, dropout=0.3)
+        self.fc = tnn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.fc(out[-1])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_layers_without_biases_in_eval_mode_match_torch_and_refuse_training_dropout(kind):
+    net = NoBias(kind).double()
+    with pytest.raises(sbp.ModelError, match=rf"rnn: {kind}\(dropout=0.3\) in training mode"):
+        sbp.from_torch(net, torch.zeros(5, 3, FEATURES, dtype=torch.float64), loss="cross_entropy_labels")
+    _check(net.eval(), 3, 5, batch_first=False)
