@@ -18,9 +18,11 @@ batch of images: X is then its n x C*H*W matrix (torch's NCHW memory, pass
 x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d
 translate (a batch norm in training mode by the batch's statistics, what it
 writes into its running ones an output: TorchParams.running); one of
-(batch,) integers is an Index X of ids for an Embedding. Parameters are
-named after their state_dict keys, made identifiers ("0.weight" ->
-"l0_weight"); `params.torch_names` maps them back.
+(batch,) integers is an Index X of ids for an Embedding; one of 3
+dimensions, of a network with an LSTM or GRU, a batch of sequences: X is
+its time-major (L*n) x features matrix (symbackprop.interop.torch_rnn).
+Parameters are named after their state_dict keys, made identifiers
+("0.weight" -> "l0_weight"); `params.torch_names` maps them back.
 """
 
 from __future__ import annotations
@@ -377,7 +379,9 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
         example_input: an input batch (batch, features), a tensor or array:
             it fixes the number of features (the batch is the symbol n);
             or images (batch, C, H, W) (X is then n x C*H*W, their NCHW
-            rows), or (batch,) integer ids for an Embedding (X an Index).
+            rows), or (batch,) integer ids for an Embedding (X an Index),
+            or sequences (batch, L, features) or (L, batch, features) for
+            an LSTM or GRU (X the time-major (L*n) x features rows).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
             (torch.nn.CrossEntropyLoss() with class probabilities as
             targets, T (batch, classes)), "cross_entropy_labels" (the same
