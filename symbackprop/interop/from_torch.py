@@ -18,9 +18,11 @@ batch of images: X is then its n x C*H*W matrix (torch's NCHW memory, pass
 x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d
 translate (a batch norm in training mode by the batch's statistics, what it
 writes into its running ones an output: TorchParams.running); one of
-(batch,) integers is an Index X of ids for an Embedding. Parameters are
-named after their state_dict keys, made identifiers ("0.weight" ->
-"l0_weight"); `params.torch_names` maps them back.
+(batch,) integers is an Index X of ids for an Embedding; one of 3
+dimensions, of a network with an LSTM or GRU, a batch of sequences: X is
+its time-major (L*n) x features matrix (symbackprop.interop.torch_rnn).
+Parameters are named after their state_dict keys, made identifiers
+("0.weight" -> "l0_weight"); `params.torch_names` maps them back.
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ from symbackprop.errors import ModelError
 from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
 from symbackprop.interop.torch_images import running_updates
 from symbackprop.interop.torch_ops import functions, layers, method, op_name
+from symbackprop.interop.torch_rnn import Sequence
 from symbackprop.interop.torch_values import Kernel
 
 BATCH = sp.Symbol("n", integer=True, positive=True)
+ROWS = sp.Symbol("N", integer=True, positive=True)  # a sequence's rows, L*n time-major (the steps L = N / n)
 
 
 # torch.nn layers from_torch does not convert, and the symbackprop built-in a
@@ -55,9 +59,7 @@ BUILT_INS = {
     "MultiheadAttention": ("nn.self_attention on sbp.sequences (causal: attn_mask the upper triangle), weights "
                            "W[0:d, :].T, W[d:2*d, :].T, W[2*d:, :].T of in_proj_weight W and biases= slices of "
                            "in_proj_bias (docs/from_torch.md, Attention)"),
-    "LSTM": "nn.lstm_cell inside sbp.scan",
     "LSTMCell": "nn.lstm_cell",
-    "GRU": "nn.gru_cell inside sbp.scan",
     "GRUCell": "nn.gru_cell",
 }
 
@@ -66,6 +68,12 @@ def built_in_hint(kind: str) -> str:
     """'; declare it with symbackprop's <built-in> instead' where one exists, else ''."""
     use = BUILT_INS.get(kind)
     return f"; declare the model with symbackprop's {use} instead" if use else ""
+
+
+def _recurrent(module: Any) -> bool:
+    """Whether the network has an LSTM or a GRU (whose input is a sequence)."""
+    kinds = (_torch().nn.LSTM, _torch().nn.GRU)
+    return any(isinstance(sub, kinds) for sub in module.modules()) if hasattr(module, "modules") else False
 
 
 def _refuse_by_layer(module: Any, shape: tuple) -> None:
@@ -371,7 +379,9 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
         example_input: an input batch (batch, features), a tensor or array:
             it fixes the number of features (the batch is the symbol n);
             or images (batch, C, H, W) (X is then n x C*H*W, their NCHW
-            rows), or (batch,) integer ids for an Embedding (X an Index).
+            rows), or (batch,) integer ids for an Embedding (X an Index),
+            or sequences (batch, L, features) or (L, batch, features) for
+            an LSTM or GRU (X the time-major (L*n) x features rows).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
             (torch.nn.CrossEntropyLoss() with class probabilities as
             targets, T (batch, classes)), "cross_entropy_labels" (the same
@@ -397,7 +407,11 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     """
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
     ids = len(shape) == 1 and np.issubdtype(_dtype(example_input), np.integer)
-    if len(shape) not in (2, 4) and not ids:
+    sequences = len(shape) == 3 and _recurrent(module)
+    if sequences and loss is None:
+        raise ModelError("from_torch of sequences takes a loss: its targets T bind the batch n (X's rows are "
+                         "L*n); give loss= a named loss or a callable")
+    if len(shape) not in (2, 4) and not ids and not sequences:
         _refuse_by_layer(module, shape)
         raise ModelError(f"from_torch takes a (batch, features), (batch, C, H, W) or, for an Embedding, (batch,) "
                          f"integer example input; got shape {shape}")
@@ -405,9 +419,11 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
         raise ModelError(f"from_torch's reduction {reduction!r} applies to a named loss; the callable or None "
                          "loss reduces as it computes")
     refuse_hooks(module)
-    X = Index("X", BATCH) if ids else sp.MatrixSymbol("X", BATCH, int(np.prod(shape[1:])))
+    X = Index("X", BATCH) if ids else sp.MatrixSymbol("X", ROWS if sequences else BATCH,
+                                                       int(shape[-1] if sequences else np.prod(shape[1:])))
     builder = _Builder()
-    Y = _network(module, X if len(shape) != 4 else Images(X, *(int(s) for s in shape[1:])), builder)
+    x = Images(X, *(int(s) for s in shape[1:])) if len(shape) == 4 else Sequence(X, BATCH) if sequences else X
+    Y = _network(module, x, builder)
     if loss is None:
         loss_expr, inputs = None, [X]
     elif isinstance(loss, str):

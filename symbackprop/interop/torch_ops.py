@@ -31,6 +31,7 @@ from symbackprop.declare.conv import Images
 from symbackprop.declare.tensor import reduce
 from symbackprop.errors import ModelError
 from symbackprop.interop import torch_images as im
+from symbackprop.interop.torch_rnn import Sequence, gru_layer, lstm_layer
 from symbackprop.interop.torch_values import as_matrix, expand, is_number, shape_of, torch_module
 
 Converter: TypeAlias = Callable[..., Any]
@@ -175,6 +176,8 @@ def _getitem(x: Any, index: Any) -> Any:
     """An entry of a shape (x.shape[0]); indexing a tensor is not translated."""
     if isinstance(x, tuple) and isinstance(index, int):
         return x[index]
+    if isinstance(x, Sequence):  # a recurrent layer's outputs: the last step
+        return x.step(index)
     raise ModelError("indexing a tensor (x[...]) is not supported; only a shape's entry (x.shape[0])")
 
 
@@ -424,6 +427,8 @@ def layers() -> dict[type, Layer]:
         tnn.BatchNorm1d: im.batch_norm1d_layer,
         tnn.Embedding: lambda m, x, param: im.embedding(x, param("weight"), m.padding_idx, m.max_norm, m.norm_type,
                                                       m.scale_grad_by_freq, m.sparse),
+        tnn.LSTM: lstm_layer,
+        tnn.GRU: gru_layer,
         tnn.ReLU: lambda m, x, param: _relu(x),
         tnn.Tanh: lambda m, x, param: _tanh(x),
         tnn.Sigmoid: lambda m, x, param: _sigmoid(x),

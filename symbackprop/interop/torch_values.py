@@ -13,6 +13,7 @@ import sympy as sp
 from symbackprop.declare import nn
 from symbackprop.declare.conv import Images
 from symbackprop.errors import ModelError
+from symbackprop.interop.torch_rnn import Sequence
 
 
 def torch_module() -> Any:
@@ -41,6 +42,10 @@ def as_matrix(v: Any, what: str) -> sp.MatrixExpr:
                          "flatten them first (torch.flatten(x, 1), nn.Flatten())")
     if isinstance(v, Kernel):
         raise ModelError(f"{what} of a convolution's 4-D weight {v.shape} is not translated (only F.conv2d takes it)")
+    if isinstance(v, Sequence):
+        raise ModelError(f"{what} of a sequence (L, batch, features) is not translated; from_torch takes a "
+                         "recurrent layer's last step (out[:, -1] batch_first, out[-1] otherwise) or its final "
+                         "state (h_n[-1])")
     if getattr(v, "is_index", False):
         raise ModelError(f"{what} of the integer ids {v} is not translated; only an Embedding takes them")
     if not isinstance(v, (sp.MatrixExpr, sp.MatrixBase)):
