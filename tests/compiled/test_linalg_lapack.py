@@ -218,13 +218,21 @@ CHILD = textwrap.dedent("""
         mod = sbp.compile(sbp.Model("lapack_choice", params=[A, B], loss=loss), dtype=dtype)
         _, grads = mod.value_and_grad(A=a.astype(dtype), B=b.astype(dtype))
         errors[dtype] = float(np.abs(grads["A"] - expected).max() / np.abs(expected).max())
+    low = sbp.cholesky(A)
+    solved = sbp.triangular_solve(low, B, lower=True)
+    chol = sbp.Model("chol_choice", params=[A, B], loss=sbp.as_scalar(nn.sum_all(solved)), outputs={"L": low, "X": solved})
+    s = (a + a.T) / 2
+    for dtype in ("float64", "float32"):
+        out = sbp.compile(chol, dtype=dtype).forward(A=a.astype(dtype), B=b.astype(dtype))
+        errors["chol_" + dtype] = float(max(np.abs(out["L"] - np.linalg.cholesky(s)).max(),
+                                            np.abs(out["X"] - np.linalg.solve(np.linalg.cholesky(s), b)).max()))
     print(json.dumps({"name": find_blas().name, "errors": errors}))
 """)
 
 
 @pytest.mark.parametrize("name", sorted(FINDERS))
 def test_each_installed_blas_links_its_lapack(name, tmp_path):
-    """oneMKL through its link stub (dgetrf_), OpenBLAS under its prefix (scipy_dgetrf_)."""
+    """oneMKL through its link stub (dgetrf_, dpotrf_), OpenBLAS under its prefix (scipy_dgetrf_)."""
     if FINDERS[name]() is None:
         pytest.skip(f"{name} is not installed")
     env = dict(os.environ, **{BLAS_ENV: name, "SYMBACKPROP_CACHE_DIR": str(tmp_path)})
@@ -233,8 +241,11 @@ def test_each_installed_blas_links_its_lapack(name, tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["name"] == name, result
     assert result["errors"]["float64"] < 1e-11 and result["errors"]["float32"] < 1e-3, result
+    assert result["errors"]["chol_float64"] < 1e-12 and result["errors"]["chol_float32"] < 1e-4, result
     libraries = list(tmp_path.rglob("_sbp_lapack_choice_*.so"))
     assert libraries and all(b"getrf_" in path.read_bytes() for path in libraries), libraries
+    libraries = list(tmp_path.rglob("_sbp_chol_choice_*.so"))
+    assert libraries and all(b"potrf_" in path.read_bytes() for path in libraries), libraries
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
