@@ -258,10 +258,12 @@ void SYMBACKPROP_CBLAS_STRSM(int order, int side, int uplo, int trans_a, int dia
                             const float *a, int lda, float *b, int ldb);
 #endif
 
-/* LU factorizations (det, logdet, solve) from n = SYMBACKPROP_LAPACK_MIN up
- * call LAPACK's Fortran dgetrf_ and dtrtri_ (sgetrf_, strtri_) and the BLAS's
+/* LU factorizations (det, logdet, solve) from n = SYMBACKPROP_LAPACK_MIN up,
+ * Cholesky factorizations and triangular solves from n =
+ * SYMBACKPROP_LAPACK_CHOLESKY_MIN up, call LAPACK's Fortran dgetrf_,
+ * dtrtri_ and dpotrf_ (sgetrf_, strtri_, spotrf_) and the BLAS's
  * cblas_dtrsm (cblas_strsm) when compiled with -DSYMBACKPROP_LAPACK, which implies
- * -DSYMBACKPROP_CBLAS (names: -DSYMBACKPROP_LAPACK_DGETRF=name, ..._SGETRF, ..._DTRTRI,
+ * -DSYMBACKPROP_CBLAS (names: -DSYMBACKPROP_LAPACK_DGETRF=name, ..._SGETRF, ..._DTRTRI, ..._DPOTRF,
  * -DSYMBACKPROP_CBLAS_DTRSM=name, ..._STRSM); below that size, or without
  * it, loops of the runtime header (templates/linalg.c.j2). */
 #ifdef SYMBACKPROP_LAPACK
@@ -270,6 +272,9 @@ void SYMBACKPROP_CBLAS_STRSM(int order, int side, int uplo, int trans_a, int dia
 #endif
 #ifndef SYMBACKPROP_LAPACK_MIN
 #define SYMBACKPROP_LAPACK_MIN 80
+#endif
+#ifndef SYMBACKPROP_LAPACK_CHOLESKY_MIN
+#define SYMBACKPROP_LAPACK_CHOLESKY_MIN 48
 #endif
 #ifndef SYMBACKPROP_LAPACK_DGETRF
 #define SYMBACKPROP_LAPACK_DGETRF dgetrf_
@@ -281,6 +286,11 @@ void SYMBACKPROP_LAPACK_DGETRF(const int *m, const int *n, double *a, const int 
 /* (Fortran's hidden lengths of the two one-character arguments last) */
 void SYMBACKPROP_LAPACK_DTRTRI(const char *uplo, const char *diag, const int *n, double *a, const int *lda,
                           int *info, size_t uplo_length, size_t diag_length);
+#ifndef SYMBACKPROP_LAPACK_DPOTRF
+#define SYMBACKPROP_LAPACK_DPOTRF dpotrf_
+#endif
+void SYMBACKPROP_LAPACK_DPOTRF(const char *uplo, const int *n, double *a, const int *lda, int *info,
+                          size_t uplo_length);
 #ifndef SYMBACKPROP_LAPACK_SGETRF
 #define SYMBACKPROP_LAPACK_SGETRF sgetrf_
 #endif
@@ -291,6 +301,11 @@ void SYMBACKPROP_LAPACK_SGETRF(const int *m, const int *n, float *a, const int *
 /* (Fortran's hidden lengths of the two one-character arguments last) */
 void SYMBACKPROP_LAPACK_STRTRI(const char *uplo, const char *diag, const int *n, float *a, const int *lda,
                           int *info, size_t uplo_length, size_t diag_length);
+#ifndef SYMBACKPROP_LAPACK_SPOTRF
+#define SYMBACKPROP_LAPACK_SPOTRF spotrf_
+#endif
+void SYMBACKPROP_LAPACK_SPOTRF(const char *uplo, const int *n, float *a, const int *lda, int *info,
+                          size_t uplo_length);
 /* -DSYMBACKPROP_LAPACK_COUNT counts the LAPACK paths taken (the tests read it) */
 #ifdef SYMBACKPROP_LAPACK_COUNT
 __attribute__((weak, visibility("default"))) long long symbackprop_lapack_calls = 0;
@@ -1195,17 +1210,68 @@ SYMBACKPROP_HELPER void symbackprop_f64_triangular_solve(const double *t, int64_
                                                         const double *b, int64_t k, int64_t brs, int64_t bcs, int lower, double *x)
 {
     symbackprop_f64_copy_rhs(b, n, k, brs, bcs, x);
+#ifdef SYMBACKPROP_LAPACK
+    /* From n = SYMBACKPROP_LAPACK_CHOLESKY_MIN up, the BLAS's trsm where t is a
+     * row-major matrix (cs == 1, leading dimension rs) or the transpose of
+     * one (rs == 1, leading dimension cs: its lower triangle is the upper
+     * one of the matrix stored, transposed). */
+    const int rows = cs == 1 && rs >= n;
+    if (n >= SYMBACKPROP_LAPACK_CHOLESKY_MIN && n <= INT_MAX / 2 && k > 0 && k <= INT_MAX
+        && (rows ? rs <= INT_MAX : rs == 1 && cs >= n && cs <= INT_MAX)) {
+        /* 101 row-major, 141 left, 121/122 upper/lower, 111/112 (no) transpose, 131 non-unit */
+        SYMBACKPROP_CBLAS_DTRSM(101, 141, (lower != 0) == rows ? 122 : 121, rows ? 111 : 112, 131,
+                         (int)n, (int)k, 1, t, (int)(rows ? rs : cs), x, (int)k);
+        SYMBACKPROP_COUNT_LAPACK();
+        return;
+    }
+#endif
     symbackprop_f64_substitute(t, n, rs, cs, lower, 0, x, k);
 }
+
+#ifdef SYMBACKPROP_LAPACK
+/* out = L by LAPACK's potrf, the loops' L: 1, or 0 (out to be overwritten)
+ * where S has a NaN entry or is not positive definite (potrf stops at the
+ * first non-positive pivot, leaving the rest unfinished), so that those
+ * give the loops' NaN and inf whatever the path. */
+SYMBACKPROP_HELPER int symbackprop_f64_potrf(const double *a, int64_t n, int64_t rs, int64_t cs, double *out)
+{
+    int finite = 1;
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j <= i; ++j) {
+            const double value = i == j ? a[i * rs + i * cs] : (a[i * rs + j * cs] + a[j * rs + i * cs]) / 2;
+            finite &= !isnan(value);
+            out[i * n + j] = value;
+        }
+        for (int64_t j = i + 1; j < n; ++j) {
+            out[i * n + j] = 0;
+        }
+    }
+    if (!finite) {
+        return 0;
+    }
+    const int size = (int)n;
+    int info = 0;
+    /* row-major lower is column-major upper; the zeros stay */
+    SYMBACKPROP_LAPACK_DPOTRF("U", &size, out, &size, &info, 1);
+    return info == 0;
+}
+#endif
 
 /* The lower L with L L^T = S = (a + a^T)/2, column by column:
  *   L[j, j] = sqrt(S[j, j] - sum_{l<j} L[j, l]^2)
  *   L[i, j] = (S[i, j] - sum_{l<j} L[i, l] L[j, l]) / L[j, j]   for i > j
  * and 0 above the diagonal. A non-positive pivot gives NaN (sqrt of a
  * negative number) or a zero L[j, j], then inf or NaN below it; they spread
- * to the later columns. */
+ * to the later columns. From n = SYMBACKPROP_LAPACK_CHOLESKY_MIN up, where LAPACK
+ * is linked, symbackprop_f64_potrf first; the loops where it declines. */
 SYMBACKPROP_HELPER void symbackprop_f64_cholesky(const double *a, int64_t n, int64_t rs, int64_t cs, double *out)
 {
+#ifdef SYMBACKPROP_LAPACK
+    if (n >= SYMBACKPROP_LAPACK_CHOLESKY_MIN && n <= INT_MAX / 2 && symbackprop_f64_potrf(a, n, rs, cs, out)) {
+        SYMBACKPROP_COUNT_LAPACK();
+        return;
+    }
+#endif
     for (int64_t j = 0; j < n; ++j) {
         for (int64_t i = 0; i < j; ++i) {
             out[i * n + j] = 0;
@@ -2246,17 +2312,68 @@ SYMBACKPROP_HELPER void symbackprop_f32_triangular_solve(const float *t, int64_t
                                                         const float *b, int64_t k, int64_t brs, int64_t bcs, int lower, float *x)
 {
     symbackprop_f32_copy_rhs(b, n, k, brs, bcs, x);
+#ifdef SYMBACKPROP_LAPACK
+    /* From n = SYMBACKPROP_LAPACK_CHOLESKY_MIN up, the BLAS's trsm where t is a
+     * row-major matrix (cs == 1, leading dimension rs) or the transpose of
+     * one (rs == 1, leading dimension cs: its lower triangle is the upper
+     * one of the matrix stored, transposed). */
+    const int rows = cs == 1 && rs >= n;
+    if (n >= SYMBACKPROP_LAPACK_CHOLESKY_MIN && n <= INT_MAX / 2 && k > 0 && k <= INT_MAX
+        && (rows ? rs <= INT_MAX : rs == 1 && cs >= n && cs <= INT_MAX)) {
+        /* 101 row-major, 141 left, 121/122 upper/lower, 111/112 (no) transpose, 131 non-unit */
+        SYMBACKPROP_CBLAS_STRSM(101, 141, (lower != 0) == rows ? 122 : 121, rows ? 111 : 112, 131,
+                         (int)n, (int)k, 1, t, (int)(rows ? rs : cs), x, (int)k);
+        SYMBACKPROP_COUNT_LAPACK();
+        return;
+    }
+#endif
     symbackprop_f32_substitute(t, n, rs, cs, lower, 0, x, k);
 }
+
+#ifdef SYMBACKPROP_LAPACK
+/* out = L by LAPACK's potrf, the loops' L: 1, or 0 (out to be overwritten)
+ * where S has a NaN entry or is not positive definite (potrf stops at the
+ * first non-positive pivot, leaving the rest unfinished), so that those
+ * give the loops' NaN and inf whatever the path. */
+SYMBACKPROP_HELPER int symbackprop_f32_potrf(const float *a, int64_t n, int64_t rs, int64_t cs, float *out)
+{
+    int finite = 1;
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j <= i; ++j) {
+            const float value = i == j ? a[i * rs + i * cs] : (a[i * rs + j * cs] + a[j * rs + i * cs]) / 2;
+            finite &= !isnan(value);
+            out[i * n + j] = value;
+        }
+        for (int64_t j = i + 1; j < n; ++j) {
+            out[i * n + j] = 0;
+        }
+    }
+    if (!finite) {
+        return 0;
+    }
+    const int size = (int)n;
+    int info = 0;
+    /* row-major lower is column-major upper; the zeros stay */
+    SYMBACKPROP_LAPACK_SPOTRF("U", &size, out, &size, &info, 1);
+    return info == 0;
+}
+#endif
 
 /* The lower L with L L^T = S = (a + a^T)/2, column by column:
  *   L[j, j] = sqrt(S[j, j] - sum_{l<j} L[j, l]^2)
  *   L[i, j] = (S[i, j] - sum_{l<j} L[i, l] L[j, l]) / L[j, j]   for i > j
  * and 0 above the diagonal. A non-positive pivot gives NaN (sqrt of a
  * negative number) or a zero L[j, j], then inf or NaN below it; they spread
- * to the later columns. */
+ * to the later columns. From n = SYMBACKPROP_LAPACK_CHOLESKY_MIN up, where LAPACK
+ * is linked, symbackprop_f32_potrf first; the loops where it declines. */
 SYMBACKPROP_HELPER void symbackprop_f32_cholesky(const float *a, int64_t n, int64_t rs, int64_t cs, float *out)
 {
+#ifdef SYMBACKPROP_LAPACK
+    if (n >= SYMBACKPROP_LAPACK_CHOLESKY_MIN && n <= INT_MAX / 2 && symbackprop_f32_potrf(a, n, rs, cs, out)) {
+        SYMBACKPROP_COUNT_LAPACK();
+        return;
+    }
+#endif
     for (int64_t j = 0; j < n; ++j) {
         for (int64_t i = 0; i < j; ++i) {
             out[i * n + j] = 0;
@@ -2346,6 +2463,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_min symbackprop_f32_min
 #define symbackprop_f64_min_vector symbackprop_f32_min_vector
 #define symbackprop_f64_outer_product_sums symbackprop_f32_outer_product_sums
+#define symbackprop_f64_potrf symbackprop_f32_potrf
 #define symbackprop_f64_prod symbackprop_f32_prod
 #define symbackprop_f64_prod_others symbackprop_f32_prod_others
 #define symbackprop_f64_shift symbackprop_f32_shift

@@ -458,6 +458,11 @@ BLAS_MIN_MULTIPLY_ADDS = 4096
 # 0.3.34, one thread, Zen 4, det's value_and_grad LAPACK / loops: n=48 1.05,
 # 64 1.01, 80 0.97, 96 0.89; solve's: 1.20, 1.04, 1.00, 0.92).
 LAPACK_MIN_SIZE = 80
+# Cholesky factorizations (potrf) and triangular solves (trsm) from this size
+# up (`-DSYMBACKPROP_LAPACK_CHOLESKY_MIN`): benchmarks/gaussian.py's model
+# without logdet, one thread pinned, CPU time, LAPACK / loops: n=16 1.12,
+# 32 1.03, 48 0.98, 64 0.93, 80 0.87, 128 0.86.
+CHOLESKY_LAPACK_MIN_SIZE = 48
 
 # With OpenMP, BLAS products of at least this many multiply-adds (about
 # 50 us on one core) are split across the threads (matmul.c.j2).
@@ -497,6 +502,7 @@ class RuntimeType:
     parallel_product_min: int = PARALLEL_MIN_PRODUCT
     parallel_sum_min: int = PARALLEL_MIN_WORK
     lapack_min: int = LAPACK_MIN_SIZE
+    cholesky_lapack_min: int = CHOLESKY_LAPACK_MIN_SIZE
 
 
 def runtime_type(real: RealType) -> RuntimeType:

@@ -65,8 +65,9 @@ class Blas:
 CBLAS_CALLED = ("dgemm", "sgemm", "dtrmm", "strmm", "dtrsm", "strsm")  # what the runtime header calls
 # The LAPACK routines it calls (Fortran names: a trailing underscore), which
 # both libraries export beside their cblas: the LU factorization of det,
-# logdet and solve, and a triangle's inverse for A^-T (templates/linalg.c.j2).
-LAPACK_CALLED = ("dgetrf", "sgetrf", "dtrtri", "strtri")
+# logdet and solve, a triangle's inverse for A^-T, and cholesky's factorization
+# (templates/linalg.c.j2).
+LAPACK_CALLED = ("dgetrf", "sgetrf", "dtrtri", "strtri", "dpotrf", "spotrf")
 # What an object file that calls the BLAS (or its LAPACK) names: the cblas
 # entry points' prefix, and the LAPACK routines' names.
 SYMBOL_MARKS = (b"cblas_", *(name.encode() + b"_" for name in LAPACK_CALLED))

@@ -1,6 +1,7 @@
 """det, logdet and solve above and below the size from which the runtime
 header calls LAPACK's getrf and the BLAS's trsm (emit.codegen.LAPACK_MIN_SIZE,
-templates/linalg.c.j2), and in C built without a BLAS (the loops alone):
+templates/linalg.c.j2), cholesky and triangular_solve about theirs (potrf and
+trsm from CHOLESKY_LAPACK_MIN_SIZE), and in C built without a BLAS (the loops alone):
 values and gradients against numpy's closed forms and JAX float64 at
 n = 3, 17, 64, 130, ill-conditioned and singular matrices, and a counter
 compiled in (-DSYMBACKPROP_LAPACK_COUNT) that says which path ran.
@@ -21,7 +22,7 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop.declare import nn
-from symbackprop.emit.codegen import LAPACK_MIN_SIZE, runtime_header
+from symbackprop.emit.codegen import CHOLESKY_LAPACK_MIN_SIZE, LAPACK_MIN_SIZE, runtime_header
 from symbackprop.toolchain.blas import BLAS_ENV, FINDERS, find_blas
 from symbackprop.toolchain.builder import default_flags
 
@@ -182,6 +183,7 @@ def test_the_header_names_getrf_under_its_flag():
     header = runtime_header()
     assert "#ifdef SYMBACKPROP_LAPACK" in header
     assert "dgetrf_" in header and "sgetrf_" in header and "trsm" in header
+    assert "dpotrf_" in header and "spotrf_" in header
 
 
 def test_float32_above_the_size():
@@ -216,13 +218,21 @@ CHILD = textwrap.dedent("""
         mod = sbp.compile(sbp.Model("lapack_choice", params=[A, B], loss=loss), dtype=dtype)
         _, grads = mod.value_and_grad(A=a.astype(dtype), B=b.astype(dtype))
         errors[dtype] = float(np.abs(grads["A"] - expected).max() / np.abs(expected).max())
+    low = sbp.cholesky(A)
+    solved = sbp.triangular_solve(low, B, lower=True)
+    chol = sbp.Model("chol_choice", params=[A, B], loss=sbp.as_scalar(nn.sum_all(solved)), outputs={"L": low, "X": solved})
+    s = (a + a.T) / 2
+    for dtype in ("float64", "float32"):
+        out = sbp.compile(chol, dtype=dtype).forward(A=a.astype(dtype), B=b.astype(dtype))
+        errors["chol_" + dtype] = float(max(np.abs(out["L"] - np.linalg.cholesky(s)).max(),
+                                            np.abs(out["X"] - np.linalg.solve(np.linalg.cholesky(s), b)).max()))
     print(json.dumps({"name": find_blas().name, "errors": errors}))
 """)
 
 
 @pytest.mark.parametrize("name", sorted(FINDERS))
 def test_each_installed_blas_links_its_lapack(name, tmp_path):
-    """oneMKL through its link stub (dgetrf_), OpenBLAS under its prefix (scipy_dgetrf_)."""
+    """oneMKL through its link stub (dgetrf_, dpotrf_), OpenBLAS under its prefix (scipy_dgetrf_)."""
     if FINDERS[name]() is None:
         pytest.skip(f"{name} is not installed")
     env = dict(os.environ, **{BLAS_ENV: name, "SYMBACKPROP_CACHE_DIR": str(tmp_path)})
@@ -231,8 +241,11 @@ def test_each_installed_blas_links_its_lapack(name, tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["name"] == name, result
     assert result["errors"]["float64"] < 1e-11 and result["errors"]["float32"] < 1e-3, result
+    assert result["errors"]["chol_float64"] < 1e-12 and result["errors"]["chol_float32"] < 1e-4, result
     libraries = list(tmp_path.rglob("_sbp_lapack_choice_*.so"))
     assert libraries and all(b"getrf_" in path.read_bytes() for path in libraries), libraries
+    libraries = list(tmp_path.rglob("_sbp_chol_choice_*.so"))
+    assert libraries and all(b"potrf_" in path.read_bytes() for path in libraries), libraries
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -258,3 +271,111 @@ def test_the_c_compiles_without_warnings_with_and_without_lapack(dtype, defines,
     assert done.returncode == 0 and done.stderr == "", done.stderr
     named = (tmp_path / "out.o").read_bytes()
     assert (b"dgetrf_" in named or b"sgetrf_" in named) == ("-DSYMBACKPROP_LAPACK" in defines)
+
+
+# --- cholesky and triangular_solve: potrf and trsm from CHOLESKY_LAPACK_MIN_SIZE up ---
+
+U = sp.MatrixSymbol("U", n, n)
+
+
+def _cholesky_model(name: str) -> sbp.Model:
+    """sum(sin(L^-1 B)) + sum(cos(triu(U)^-1 B)), L = cholesky(A): the
+    gradients of cholesky and of both triangles' solves in one."""
+    lower = sbp.triangular_solve(sbp.cholesky(A), B, lower=True)
+    upper = sbp.triangular_solve(U, B, lower=False)
+    loss = sbp.as_scalar(nn.sum_all(lower.applyfunc(sp.sin)) + nn.sum_all(upper.applyfunc(sp.cos)))
+    return sbp.Model(name, params=[A, U, B], loss=loss, outputs={"L": sbp.cholesky(A), "X": lower, "V": upper})
+
+
+@pytest.fixture(scope="module")
+def chol_counted():
+    return sbp.compile(_cholesky_model("chol_counted"), options=sbp.BuildOptions(flags=(*default_flags(), COUNT)))
+
+
+@pytest.fixture(scope="module")
+def chol_loops():
+    return sbp.compile(_cholesky_model("chol_loops"), options=sbp.BuildOptions(flags=(*default_flags(), COUNT), blas=False))
+
+
+def _draw_spd(size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A symmetric positive definite A (not exactly symmetric: its
+    symmetric part is factored), an upper U of diagonal about 1, B size x 3."""
+    rng = np.random.default_rng(seed + 7 * size)
+    x = rng.standard_normal((size, size))
+    a = x @ x.T / size + np.eye(size) + 1e-3 * rng.standard_normal((size, size))
+    u = np.eye(size) + 0.3 * rng.standard_normal((size, size)) / np.sqrt(size)
+    return a, u, rng.standard_normal((size, 3))
+
+
+def _jax_cholesky_loss():
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    jnp, solve_triangular = jax.numpy, jax.scipy.linalg.solve_triangular
+
+    def loss(a, u, b):
+        low = jnp.linalg.cholesky((a + a.T) / 2)
+        return (jnp.sin(solve_triangular(low, b, lower=True)).sum()
+                + jnp.cos(solve_triangular(jnp.triu(u), b, lower=False)).sum())
+
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("which", ["chol_counted", "chol_loops"])
+def test_cholesky_and_triangular_solve_match_numpy_and_jax(which, size, request):
+    mod = request.getfixturevalue(which)
+    a, u, b = _draw_spd(size)
+    out = mod.forward(A=a, U=u, B=b)
+    low = np.linalg.cholesky((a + a.T) / 2)
+    np.testing.assert_allclose(out["L"], low, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(out["X"], np.linalg.solve(low, b), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["V"], np.linalg.solve(np.triu(u), b), rtol=1e-10, atol=1e-12)
+    value, expected = _jax_cholesky_loss()(a, u, b)
+    loss, grads = mod.value_and_grad(A=a, U=u, B=b)
+    np.testing.assert_allclose(loss, float(value), rtol=1e-11)
+    for name, grad in zip("AUB", expected):
+        grad = np.asarray(grad)
+        np.testing.assert_allclose(grads[name], grad, rtol=1e-9, atol=1e-11 * abs(grad).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("size", (17, CHOLESKY_LAPACK_MIN_SIZE, 130))
+def test_not_positive_definite_gives_the_documented_nan_on_both_paths(chol_counted, chol_loops, size):
+    """A negative pivot at column j: L's columns before j are the factor's,
+    NaN from j on, zeros above the diagonal (docs/linalg.md), by potrf's
+    path and the loops alike; a NaN entry gives NaN there too."""
+    a, u, b = _draw_spd(size)
+    j = size // 2
+    a[j, :], a[:, j] = 0.0, 0.0
+    a[j, j] = -1.0
+    got = [mod.forward(A=a, U=u, B=b)["L"] for mod in (chol_counted, chol_loops)]
+    np.testing.assert_array_equal(got[0], got[1])
+    low = got[0]
+    below = np.tril(np.ones((size, size), dtype=bool))
+    assert np.all(low[~below] == 0)
+    assert np.isnan(low[j:, j:][below[j:, j:]]).all()
+    assert np.isfinite(low[:, :j]).all()
+    np.testing.assert_allclose(low[:j, :j], np.linalg.cholesky(((a + a.T) / 2)[:j, :j]), rtol=1e-11, atol=1e-13)
+    a, u, b = _draw_spd(size)
+    a[size - 1, 0] = np.nan
+    for mod in (chol_counted, chol_loops):
+        out = mod.forward(A=a, U=u, B=b)
+        assert np.isnan(out["L"][size - 1, 0]) and np.isnan(out["X"][size - 1]).all()
+
+
+def test_potrf_and_trsm_run_from_their_size_up_and_not_below(chol_counted):
+    if find_blas() is None:
+        pytest.skip("no BLAS installed: modules are built without LAPACK")
+    chol_counted.value_and_grad(**dict(zip("AUB", _draw_spd(1))))  # the library is loaded
+    before = _lapack_calls(chol_counted)
+    assert before is not None, "built with a BLAS, but without the LAPACK path"
+    chol_counted.value_and_grad(**dict(zip("AUB", _draw_spd(CHOLESKY_LAPACK_MIN_SIZE - 1))))
+    assert _lapack_calls(chol_counted) == before  # below the size: the loops
+    chol_counted.value_and_grad(**dict(zip("AUB", _draw_spd(CHOLESKY_LAPACK_MIN_SIZE))))
+    # forward: potrf, trsm by L and by triu(U); gradient: trsm by L^T and by
+    # triu(U)^T for B-bar, two by L^T in cholesky's rule (L^-T Phi L^-1)
+    assert _lapack_calls(chol_counted) == before + 7
+
+
+def test_without_a_blas_cholesky_takes_the_loops(chol_loops):
+    chol_loops.value_and_grad(**dict(zip("AUB", _draw_spd(130))))
+    assert _lapack_calls(chol_loops) is None
