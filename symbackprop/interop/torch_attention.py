@@ -54,8 +54,12 @@ def attention_layout(module: Any, shape: tuple, integer: bool) -> tuple[bool, in
     kind = torch_module().nn.MultiheadAttention
     found = [(path, sub) for path, sub in module.named_modules()
              if isinstance(sub, kind)] if hasattr(module, "named_modules") else []
-    if not found or len(shape) != (2 if integer else 3):
+    if not found:
         return None
+    if len(shape) != (2 if integer else 3):
+        raise ModelError(f"{found[0][0] or 'the module'}: MultiheadAttention takes sequences: from_torch's example "
+                         "input (batch, L, features) floats or (batch, L) token ids for an Embedding ((L, batch, "
+                         f"...) where batch_first=False); got shape {shape}")
     layouts = {bool(sub.batch_first) for _, sub in found}
     if len(layouts) > 1:
         paths = ", ".join(f"{path or 'the module'} (batch_first={sub.batch_first})" for path, sub in found)
