@@ -60,9 +60,6 @@ POSITIONS = sp.Symbol("m", integer=True, positive=True)  # attention's rows, n*L
 BUILT_INS = {
     "Conv1d": "nn.conv2d on images of height 1 (sbp.images, nn.conv_weight)",
     "Embedding": "nn.embedding (with an sbp.Index of token ids)",
-    "MultiheadAttention": ("nn.self_attention on sbp.sequences (causal: attn_mask the upper triangle), weights "
-                           "W[0:d, :].T, W[d:2*d, :].T, W[2*d:, :].T of in_proj_weight W and biases= slices of "
-                           "in_proj_bias (docs/from_torch.md, Attention)"),
     "LSTMCell": "nn.lstm_cell",
     "GRUCell": "nn.gru_cell",
 }
