@@ -20,7 +20,10 @@ translate (a batch norm in training mode by the batch's statistics, what it
 writes into its running ones an output: TorchParams.running); one of
 (batch,) integers is an Index X of ids for an Embedding; one of 3
 dimensions, of a network with an LSTM or GRU, a batch of sequences: X is
-its time-major (L*n) x features matrix (symbackprop.interop.torch_rnn).
+its time-major (L*n) x features matrix (symbackprop.interop.torch_rnn);
+of a network with a MultiheadAttention, (batch, L, features) floats or
+(batch, L) token ids are sequences for attention: X their example-major
+(n*L) rows (symbackprop.interop.torch_attention).
 Parameters are named after their state_dict keys, made identifiers
 ("0.weight" -> "l0_weight"); `params.torch_names` maps them back.
 """
@@ -416,6 +419,22 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder) -> sp.Ma
     return out
 
 
+def _loss(loss: Any, Y: sp.MatrixExpr, X: Any, reduction: str) -> tuple[Any, list]:
+    """The model's loss of the output Y and its inputs: X, and the targets T
+    (one row per row of Y: an example, or a position of sequences for attention)."""
+    if loss is None:
+        return None, [X]
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ModelError(f"from_torch's loss must be one of {sorted(LOSSES)}, a callable (Y, T) -> loss, "
+                             f"or None; got {loss!r}")
+        named = LOSSES[loss]
+        T = Index("T", Y.shape[0]) if named.labels else sp.MatrixSymbol("T", Y.shape[0], Y.shape[1])
+        return named.fn(Y, T, reduction), [X, T]
+    T = sp.MatrixSymbol("T", Y.shape[0], Y.shape[1])
+    return loss(Y, T), [X, T]
+
+
 def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixExpr, sp.MatrixSymbol], Any] | None = "mse",
                name: str = "from_torch", reduction: str = "mean") -> tuple[Model, TorchParams]:
     """A PyTorch network, and a loss, as a symbackprop Model and its
@@ -431,7 +450,10 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             or images (batch, C, H, W) (X is then n x C*H*W, their NCHW
             rows), or (batch,) integer ids for an Embedding (X an Index),
             or sequences (batch, L, features) or (L, batch, features) for
-            an LSTM or GRU (X the time-major (L*n) x features rows).
+            an LSTM or GRU (X the time-major (L*n) x features rows), or
+            sequences (batch, L, features) / (batch, L) token ids for a
+            network with a MultiheadAttention (X the example-major n*L
+            rows; (L, batch, ...) where it is not batch_first).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
             (torch.nn.CrossEntropyLoss() with class probabilities as
             targets, T (batch, classes)), "cross_entropy_labels" (the same
@@ -478,18 +500,7 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     x = (Images(X, *(int(s) for s in shape[1:])) if len(shape) == 4 else Sequence(X, BATCH) if sequences
          else Positions(X, attention[1], BATCH, attention[0]) if attention else X)
     Y = _network(module, x, builder)
-    if loss is None:
-        loss_expr, inputs = None, [X]
-    elif isinstance(loss, str):
-        if loss not in LOSSES:
-            raise ModelError(f"from_torch's loss must be one of {sorted(LOSSES)}, a callable (Y, T) -> loss, "
-                             f"or None; got {loss!r}")
-        named = LOSSES[loss]
-        T = Index("T", rows if attention else BATCH) if named.labels else sp.MatrixSymbol("T", Y.shape[0], Y.shape[1])
-        loss_expr, inputs = named.fn(Y, T, reduction), [X, T]
-    else:
-        T = sp.MatrixSymbol("T", Y.shape[0], Y.shape[1])
-        loss_expr, inputs = loss(Y, T), [X, T]
+    loss_expr, inputs = _loss(loss, Y, X, reduction)
     running = {f"{key}_new": key for key in builder.updates}  # output -> the running statistic it updates
     if builder.positions is not None:
         inputs.append(builder.positions)
