@@ -303,6 +303,8 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
         return args[0]
     if builder.attention and node.op in ("call_function", "call_method") and att.concrete((args, kwargs)):
         return att.fold(node, args, kwargs)  # a mask, torch.arange: computed by torch
+    if builder.attention and att.reads_shape(node, args):  # x.size(1), x.shape, x.device: known
+        return att.shape_or_device(node, args, kwargs)
     if att.has_positions(args, kwargs) and not writes_in_place(node, root):
         if node.target in (operator.add, _torch().add, "add"):  # x + a positional table (L, features)
             args = att.add_positions(args, builder.position_ids)

@@ -75,6 +75,8 @@ def concrete(value: Any) -> bool:
     torch = torch_module()
     if isinstance(value, (tuple, list)):
         return all(concrete(v) for v in value)
+    if isinstance(value, dict):
+        return all(concrete(v) for v in value.values())
     if isinstance(value, slice):
         return concrete((value.start, value.stop, value.step))
     if isinstance(value, torch.Tensor):
@@ -91,6 +93,29 @@ def fold(node: Any, args: tuple, kwargs: dict) -> Any:
 
 def has_positions(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(v, Positions) for v in (*args, *kwargs.values()))
+
+
+def reads_shape(node: Any, args: tuple) -> bool:
+    """x.size(...), x.shape or x.device of sequences."""
+    if not args or not isinstance(args[0], Positions):
+        return False
+    if node.op == "call_method":
+        return node.target == "size"
+    return node.target is getattr and len(args) == 2 and args[1] in ("shape", "device")
+
+
+def shape_or_device(node: Any, args: tuple, kwargs: dict) -> Any:
+    """torch's shape of sequences ((n, L, ...) or (L, n, ...), n a symbol), an entry of it, or the cpu device."""
+    x = args[0]
+    if node.op == "call_function" and args[1] == "device":
+        return torch_module().device("cpu")
+    shape = x.shape()
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim")) if node.op == "call_method" else None
+    if dim is None:
+        return shape
+    if not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
+        raise ModelError(f"Tensor.size({dim!r}) of sequences {shape}")
+    return shape[dim]
 
 
 def per_position(convert: Callable[..., Any], args: tuple, kwargs: dict, what: str) -> Positions:
@@ -217,6 +242,21 @@ def is_attention(module: Any) -> bool:
     return isinstance(module, torch_module().nn.MultiheadAttention)
 
 
-__all__ = ["PER_POSITION_LAYERS", "PER_POSITION_METHODS", "Unused", "add_positions", "attention_layout", "causal_mask",
-           "concrete", "fold", "has_positions", "is_attention", "mha_layer", "per_position", "per_position_functions",
-           "position_rows"]
+__all__ = [
+    "PER_POSITION_LAYERS",
+    "PER_POSITION_METHODS",
+    "Unused",
+    "add_positions",
+    "attention_layout",
+    "causal_mask",
+    "concrete",
+    "fold",
+    "has_positions",
+    "is_attention",
+    "mha_layer",
+    "per_position",
+    "per_position_functions",
+    "position_rows",
+    "reads_shape",
+    "shape_or_device",
+]

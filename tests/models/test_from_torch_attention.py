@@ -115,7 +115,8 @@ class GPT(tnn.Module):
 
     def forward(self, ids):
         x = self.tok(ids)
-        x = x + (self.pos(torch.arange(self.length)) if self.positions == "embedding" else self.pos_table)
+        length = ids.size(1)    # the L of the example input, as nanoGPT reads it
+        x = x + (self.pos(torch.arange(length, device=ids.device)) if self.positions == "embedding" else self.pos_table)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
