@@ -193,3 +193,30 @@ def test_layouts_must_agree_and_2d_input_is_refused():
         sbp.from_torch(net, torch.randn(2, 3, 4, dtype=torch.float64), loss=None)
     with pytest.raises(ModelError, match="takes sequences"):
         sbp.from_torch(Bad("ok"), torch.randn(2, 4), loss=None)
+
+
+class TimeMajorTokens(tnn.Module):
+    """(L, n) token ids -> Embedding -> attention (batch_first=False) -> Linear."""
+
+    def __init__(self, vocab=6, d=4, length=4):
+        super().__init__()
+        self.tok, self.head = tnn.Embedding(vocab, d), tnn.Linear(d, vocab)
+        self.attn = tnn.MultiheadAttention(d, 2)
+        self.register_buffer("mask", tnn.Transformer.generate_square_subsequent_mask(length, dtype=torch.float64))
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        return self.head(x + self.attn(x, x, x, attn_mask=self.mask, need_weights=False)[0])
+
+
+def test_time_major_token_ids_are_read_example_major():
+    net = TimeMajorTokens().double()
+    _init(net, seed=3)
+    ids, targets = torch.randint(0, 6, (4, 3)), torch.randint(0, 6, (4, 3))    # (L, n)
+    model, params = sbp.from_torch(net, ids, loss="cross_entropy_labels", reduction="sum")
+    loss, grads = sbp.compile(model).value_and_grad(X=ids.T.reshape(-1).numpy(), T=targets.T.reshape(-1).numpy(),
+                                                    **params)
+    expected = torch.nn.functional.cross_entropy(net(ids).reshape(-1, 6), targets.reshape(-1), reduction="sum")
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-12)
+    _check_grads(net, params, grads)
