@@ -20,14 +20,19 @@ translate (a batch norm in training mode by the batch's statistics, what it
 writes into its running ones an output: TorchParams.running); one of
 (batch,) integers is an Index X of ids for an Embedding; one of 3
 dimensions, of a network with an LSTM or GRU, a batch of sequences: X is
-its time-major (L*n) x features matrix (symbackprop.interop.torch_rnn).
+its time-major (L*n) x features matrix (symbackprop.interop.torch_rnn);
+of a network with a MultiheadAttention, (batch, L, features) floats or
+(batch, L) token ids are sequences for attention: X their example-major
+(n*L) rows (symbackprop.interop.torch_attention).
 Parameters are named after their state_dict keys, made identifiers
 ("0.weight" -> "l0_weight"); `params.torch_names` maps them back.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import operator
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -41,14 +46,16 @@ from symbackprop.declare.derivatives import stop_gradient
 from symbackprop.declare.model import Model
 from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
+from symbackprop.interop import torch_attention as att
 from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
 from symbackprop.interop.torch_images import running_updates
 from symbackprop.interop.torch_ops import functions, layers, method, op_name
 from symbackprop.interop.torch_rnn import Sequence
-from symbackprop.interop.torch_values import Kernel
+from symbackprop.interop.torch_values import Kernel, Positions
 
 BATCH = sp.Symbol("n", integer=True, positive=True)
 ROWS = sp.Symbol("N", integer=True, positive=True)  # a sequence's rows, L*n time-major (the steps L = N / n)
+POSITIONS = sp.Symbol("m", integer=True, positive=True)  # attention's rows, n*L example-major
 
 
 # torch.nn layers from_torch does not convert, and the symbackprop built-in a
@@ -56,9 +63,6 @@ ROWS = sp.Symbol("N", integer=True, positive=True)  # a sequence's rows, L*n tim
 BUILT_INS = {
     "Conv1d": "nn.conv2d on images of height 1 (sbp.images, nn.conv_weight)",
     "Embedding": "nn.embedding (with an sbp.Index of token ids)",
-    "MultiheadAttention": ("nn.self_attention on sbp.sequences (causal: attn_mask the upper triangle), weights "
-                           "W[0:d, :].T, W[d:2*d, :].T, W[2*d:, :].T of in_proj_weight W and biases= slices of "
-                           "in_proj_bias (docs/from_torch.md, Attention)"),
     "LSTMCell": "nn.lstm_cell",
     "GRUCell": "nn.gru_cell",
 }
@@ -170,6 +174,14 @@ class _Builder:
         self.torch_shapes: dict[str, tuple[int, ...]] = {}
         self.seen: dict[int, sp.MatrixSymbol] = {}  # id(tensor) -> its symbol: a shared weight is one param
         self.updates: dict[str, sp.MatrixExpr] = {}  # a running statistic -> its new value (batch norm, training)
+        self.attention = False  # sequences for attention: buffers are values, calls on constants run by torch
+        self.positions: Index | None = None  # each row's position, where a positional table is added
+
+    def position_ids(self) -> Index:
+        """The model's Index input `positions` (sbp.position_ids(n, L)), made where first used."""
+        if self.positions is None:
+            self.positions = Index("positions", POSITIONS)
+        return self.positions
 
     def param(self, torch_key: str, tensor: Any) -> sp.MatrixSymbol:
         if id(tensor) in self.seen:
@@ -196,7 +208,15 @@ class _Builder:
     def layer(self, module: Any, path: str, args: tuple, kwargs: dict) -> sp.MatrixExpr:
         """A torch.nn layer called on args, as its converter computes it."""
         kind = type(module)
+        if att.is_attention(module):
+            return att.mha_layer(module, path, args, kwargs, lambda key: self._dotted(module, path, key))
+        if self.attention and kind.__name__ == "Embedding" and args and att.concrete(args[0]):
+            return att.position_rows(args[0], self._dotted(module, path, "weight"))
         convert = layers().get(kind)
+        if att.has_positions(args, kwargs) and (kind.__name__ not in att.PER_POSITION_LAYERS or convert is None):
+            raise ModelError(f"{kind.__name__} of sequences is not translated; on sequences from_torch translates "
+                             f"the per-position layers {', '.join(sorted(att.PER_POSITION_LAYERS))} and "
+                             "MultiheadAttention")
         if convert is None:
             known = ("the layers of torch_ops.layers()" if kind.__name__ in BUILT_INS  # the hint is what to read
                      else f"the layers {', '.join(sorted(t.__name__ for t in layers()))}")
@@ -209,6 +229,8 @@ class _Builder:
             tensor = getattr(module, key, None)
             return None if tensor is None else self.param(f"{path}.{key}" if path else key, tensor)
 
+        if isinstance(args[0], Positions):
+            return att.per_position(lambda x: convert(module, x, param), args, {}, kind.__name__)
         out = convert(module, args[0], param)
         for name, value in running_updates(module, args[0], param):
             if name in self.updates:
@@ -216,6 +238,13 @@ class _Builder:
                                  "statistics at each call, which is not translated")
             self.updates[name] = value
         return out
+
+
+    def _dotted(self, module: Any, path: str, key: str) -> sp.MatrixSymbol | None:
+        """The parameter `key` (dotted: "out_proj.weight") of module at path, or None where unset."""
+        owner, _, leaf = key.rpartition(".")
+        tensor = getattr(module.get_submodule(owner) if owner else module, leaf, None)
+        return None if tensor is None else self.param(f"{path}.{key}" if path else key, tensor)
 
 
 def _identifier(key: str) -> str:
@@ -259,6 +288,8 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
         return args[0]
     if node.op == "get_attr":
         params = dict(root.named_parameters(remove_duplicate=False))
+        if node.target not in params and builder.attention:  # a buffer (a mask): its value
+            return functools.reduce(getattr, node.target.split("."), root)
         if node.target not in params:
             raise ModelError("a tensor that is not a parameter (a buffer or a constant) is not supported")
         symbol = builder.param(node.target, params[node.target])
@@ -270,6 +301,14 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
         if len(args) != 1 or kwargs:
             raise ModelError("Tensor.detach() takes no arguments")
         return args[0]
+    if builder.attention and node.op in ("call_function", "call_method") and att.concrete((args, kwargs)):
+        return att.fold(node, args, kwargs)  # a mask, torch.arange: computed by torch
+    if builder.attention and att.reads_shape(node, args):  # x.size(1), x.shape, x.device: known
+        return att.shape_or_device(node, args, kwargs)
+    if att.has_positions(args, kwargs) and not writes_in_place(node, root):
+        if node.target in (operator.add, _torch().add, "add"):  # x + a positional table (L, features)
+            args = att.add_positions(args, builder.position_ids)
+        return _per_position(node, args, kwargs)
     if writes_in_place(node, root):  # y.mul_(2): y * 2, what the caller makes y stand for
         convert, name = out_of_place(node)
     elif node.op == "call_method":
@@ -285,6 +324,20 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
     except TypeError as error:
         raise ModelError(f"{name}: arguments from_torch does not translate ({error})") from error
     return convert(*args, **kwargs)
+
+
+def _per_position(node: Any, args: tuple, kwargs: dict) -> Positions:
+    """A function or method of sequences that is computed per position, on their rows."""
+    if node.op == "call_method":
+        convert, name = method(node.target), f"Tensor.{node.target}()"
+        known = node.target in att.PER_POSITION_METHODS
+    else:
+        convert, name = functions().get(node.target), op_name(node.target)
+        known = node.target in att.per_position_functions()
+    if convert is None or not known:
+        raise ModelError(f"{name} of sequences is not translated; on sequences from_torch translates per-position "
+                         "layers and functions, elementwise arithmetic and MultiheadAttention")
+    return att.per_position(convert, args, kwargs, name)
 
 
 def _is_detach(node: Any) -> bool:
@@ -356,6 +409,8 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder) -> sp.Ma
     except (ModelError, sp.ShapeError) as error:
         raise ModelError(f"{_where(node, module)}: {error}") from error
     out = values[next(node for node in graph.nodes if node.op == "output")]
+    if isinstance(out, Positions) and not getattr(out.matrix, "is_index", False):  # (n, L, k): its n*L rows
+        out = out.matrix
     if isinstance(out, Images):
         raise ModelError(f"{type(module).__name__}.forward returns images (batch, {out.channels}, {out.height}, "
                          f"{out.width}); from_torch converts a forward returning (batch, outputs): flatten them "
@@ -364,6 +419,22 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder) -> sp.Ma
         raise ModelError(f"{type(module).__name__}.forward returns {out!r}; from_torch converts a forward "
                          "returning one (batch, outputs) tensor")
     return out
+
+
+def _loss(loss: Any, Y: sp.MatrixExpr, X: Any, reduction: str) -> tuple[Any, list]:
+    """The model's loss of the output Y and its inputs: X, and the targets T
+    (one row per row of Y: an example, or a position of sequences for attention)."""
+    if loss is None:
+        return None, [X]
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ModelError(f"from_torch's loss must be one of {sorted(LOSSES)}, a callable (Y, T) -> loss, "
+                             f"or None; got {loss!r}")
+        named = LOSSES[loss]
+        T = Index("T", Y.shape[0]) if named.labels else sp.MatrixSymbol("T", Y.shape[0], Y.shape[1])
+        return named.fn(Y, T, reduction), [X, T]
+    T = sp.MatrixSymbol("T", Y.shape[0], Y.shape[1])
+    return loss(Y, T), [X, T]
 
 
 def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixExpr, sp.MatrixSymbol], Any] | None = "mse",
@@ -381,7 +452,10 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             or images (batch, C, H, W) (X is then n x C*H*W, their NCHW
             rows), or (batch,) integer ids for an Embedding (X an Index),
             or sequences (batch, L, features) or (L, batch, features) for
-            an LSTM or GRU (X the time-major (L*n) x features rows).
+            an LSTM or GRU (X the time-major (L*n) x features rows), or
+            sequences (batch, L, features) / (batch, L) token ids for a
+            network with a MultiheadAttention (X the example-major n*L
+            rows; (L, batch, ...) where it is not batch_first).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
             (torch.nn.CrossEntropyLoss() with class probabilities as
             targets, T (batch, classes)), "cross_entropy_labels" (the same
@@ -407,11 +481,12 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     """
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
     ids = len(shape) == 1 and np.issubdtype(_dtype(example_input), np.integer)
-    sequences = len(shape) == 3 and _recurrent(module)
+    attention = att.attention_layout(module, shape, np.issubdtype(_dtype(example_input), np.integer))
+    sequences = len(shape) == 3 and _recurrent(module) and attention is None
     if sequences and loss is None:
         raise ModelError("from_torch of sequences takes a loss: its targets T bind the batch n (X's rows are "
                          "L*n); give loss= a named loss or a callable")
-    if len(shape) not in (2, 4) and not ids and not sequences:
+    if len(shape) not in (2, 4) and not ids and not sequences and attention is None:
         _refuse_by_layer(module, shape)
         raise ModelError(f"from_torch takes a (batch, features), (batch, C, H, W) or, for an Embedding, (batch,) "
                          f"integer example input; got shape {shape}")
@@ -419,24 +494,18 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
         raise ModelError(f"from_torch's reduction {reduction!r} applies to a named loss; the callable or None "
                          "loss reduces as it computes")
     refuse_hooks(module)
-    X = Index("X", BATCH) if ids else sp.MatrixSymbol("X", ROWS if sequences else BATCH,
-                                                       int(shape[-1] if sequences else np.prod(shape[1:])))
+    rows = POSITIONS if attention else ROWS if sequences else BATCH
+    X = Index("X", rows) if ids or (attention and len(shape) == 2) else sp.MatrixSymbol(
+        "X", rows, int(shape[-1] if sequences or attention else np.prod(shape[1:])))
     builder = _Builder()
-    x = Images(X, *(int(s) for s in shape[1:])) if len(shape) == 4 else Sequence(X, BATCH) if sequences else X
+    builder.attention = attention is not None
+    x = (Images(X, *(int(s) for s in shape[1:])) if len(shape) == 4 else Sequence(X, BATCH) if sequences
+         else Positions(X, attention[1], BATCH, attention[0]) if attention else X)
     Y = _network(module, x, builder)
-    if loss is None:
-        loss_expr, inputs = None, [X]
-    elif isinstance(loss, str):
-        if loss not in LOSSES:
-            raise ModelError(f"from_torch's loss must be one of {sorted(LOSSES)}, a callable (Y, T) -> loss, "
-                             f"or None; got {loss!r}")
-        named = LOSSES[loss]
-        T = Index("T", BATCH) if named.labels else sp.MatrixSymbol("T", BATCH, Y.shape[1])
-        loss_expr, inputs = named.fn(Y, T, reduction), [X, T]
-    else:
-        T = sp.MatrixSymbol("T", BATCH, Y.shape[1])
-        loss_expr, inputs = loss(Y, T), [X, T]
+    loss_expr, inputs = _loss(loss, Y, X, reduction)
     running = {f"{key}_new": key for key in builder.updates}  # output -> the running statistic it updates
+    if builder.positions is not None:
+        inputs.append(builder.positions)
     model = Model(name, inputs=(*inputs, *builder.frozen), params=tuple(builder.symbols), loss=loss_expr,
                   outputs={"Y": Y, **{out: builder.updates[key] for out, key in running.items()}})
     return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes,

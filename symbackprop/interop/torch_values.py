@@ -36,6 +36,29 @@ class Kernel:
     shape: tuple[int, int, int, int]
 
 
+@dataclass(frozen=True)
+class Positions:
+    """A batch of sequences for attention: `matrix` the example-major
+    (n*L) x features rows (sequence e's L consecutive rows, torch's
+    batch_first (n, L, F) memory), or an Index of n*L token ids; `length`
+    L, `batch` n's symbol, `batch_first` the layout torch's tensor has
+    (for its shape: (n, L, F) or (L, n, F))."""
+
+    matrix: Any
+    length: int
+    batch: sp.Symbol
+    batch_first: bool
+
+    def shape(self) -> tuple:
+        """torch's shape of the tensor (the batch as its symbol)."""
+        dims = (self.batch, self.length) if self.batch_first else (self.length, self.batch)
+        return dims if getattr(self.matrix, "is_index", False) else (*dims, self.matrix.shape[1])
+
+    def like(self, matrix: Any) -> Positions:
+        """matrix (computed per position from this one's) as sequences of the same layout."""
+        return Positions(matrix, self.length, self.batch, self.batch_first)
+
+
 def as_matrix(v: Any, what: str) -> sp.MatrixExpr:
     if isinstance(v, Images):
         raise ModelError(f"{what} of images (batch, {v.channels}, {v.height}, {v.width}) is not translated; "
@@ -46,6 +69,11 @@ def as_matrix(v: Any, what: str) -> sp.MatrixExpr:
         raise ModelError(f"{what} of a sequence (L, batch, features) is not translated; from_torch takes a "
                          "recurrent layer's last step (out[:, -1] batch_first, out[-1] otherwise) or its final "
                          "state (h_n[-1])")
+    if isinstance(v, Positions):
+        raise ModelError(f"{what} of sequences {v.shape()} is not translated; on sequences from_torch translates "
+                         "per-position layers (Linear, LayerNorm, the activations, Dropout in eval), elementwise "
+                         "arithmetic with a number or a (features,) row, residual additions, and "
+                         "MultiheadAttention")
     if getattr(v, "is_index", False):
         raise ModelError(f"{what} of the integer ids {v} is not translated; only an Embedding takes them")
     if not isinstance(v, (sp.MatrixExpr, sp.MatrixBase)):
@@ -66,7 +94,9 @@ def shape_of(x: Any, what: str) -> tuple:
     """A tensor's shape as torch gives it: (n, C, H, W) of images, (n, k) of a batch (n the batch's symbol)."""
     if isinstance(x, Images):
         return (x.matrix.shape[0], x.channels, x.height, x.width)
+    if isinstance(x, Positions):
+        return x.shape()
     return tuple(as_matrix(x, what).shape)
 
 
-__all__ = ["Kernel", "as_matrix", "expand", "is_number", "shape_of", "torch_module"]
+__all__ = ["Kernel", "Positions", "as_matrix", "expand", "is_number", "shape_of", "torch_module"]
