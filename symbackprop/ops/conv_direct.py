@@ -103,3 +103,21 @@ def template_fields(c: Conv, scatter: bool, batch_sum: bool, real: str, buffers:
     if p is None or (run.C * p.HP * p.WP if p.padded else 0) + flip > room:
         return None
     return {"plan": p, "g": run, "HO": run.HO, "WO": run.WO, "flip": scatter, "pad_at": flip}
+
+
+def weight_grad_fields(c: Conv, real: str, buffers: bool) -> dict | None:
+    """kernel_conv_direct_wgrad.c.j2's `d` for the weight gradient of `c`,
+    or None: im2col. Each of OCB output channels x KW kernel columns keeps
+    a vector of sums over the pixels, for one input channel and kernel row
+    at a time (the window matrix's workspace holds the padded image, and
+    the block's sum where im2col keeps it)."""
+    if not ENABLED or not buffers or (c.SH, c.SW, c.DH, c.DW) != (1, 1, 1, 1) or c.C > MAX_IN_CHANNELS:
+        return None
+    size = 4 if real == "float32" else 8
+    lanes = [v for v in (VECTOR_BYTES // size, VECTOR_BYTES // size // 2) if c.WO % v == 0]
+    blocks = [ocb for ocb in (8, 4) if c.F % ocb == 0 and ocb * c.KW <= MAX_ACCUMULATORS]
+    if not lanes or not blocks:
+        return None
+    v = lanes[0]
+    hp, wp = c.H + 2 * c.PH, c.W + 2 * c.PW
+    return {"V": v, "nbytes": v * size, "OCB": blocks[-1], "HP": hp, "WP": wp, "padded": bool(c.PH or c.PW)}

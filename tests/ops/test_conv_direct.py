@@ -34,6 +34,8 @@ SHAPES = [
     (8, 8, 8, 4, 3, 1, 1, 1, True, True, False, False),  # an input gradient 8 wide: im2col
     (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
 ]
+# the weight gradients that are direct (either type): the forward's but the (3, 5) kernel's (4 x 5 vectors)
+WEIGHT_GRADS = 4
 
 
 def _pair(v):
@@ -79,7 +81,8 @@ def test_direct_conv_values_and_gradients(dtype):
     # the generated C names the kernel once for each convolution (and input gradient) the rule sends to it
     flags = (-4, -2) if dtype == "float32" else (-3, -1)
     forward, backward = (sum(shape[f] for shape in SHAPES) for f in flags)
-    assert mod.source.count("direct: no window matrix") == forward + backward
+    assert mod.source.count("direct: no window matrix") == forward + backward + WEIGHT_GRADS
+    assert mod.source.count("the weight gradient in") == WEIGHT_GRADS
     assert mod.source.count("(the input gradient: the weights flipped") == backward
     for batch in (1, 3):  # n is bound at call time: one module, both batches
         _check(mod, dtype, batch, torch)
