@@ -26,6 +26,10 @@ MAX_IN_CHANNELS = 256  # measured to 256 (faster than the window matrix there); 
 # the input gradient's image width from which the direct kernel wins: measured 1.4-2.5x at 16 and 32
 # columns, level at 8, 0.85x at 4 (ResNet and cnn_digits layers)
 MIN_INPUT_GRAD_WIDTH = 16
+WEIGHT_GRAD = True  # False: the weight gradient through the window matrix (to measure one against the other)
+WGRAD_OCB = (8, 4)  # the weight gradient's output channels per tile, the first that divides C_out
+WGRAD_ACCUMULATORS = 24
+WGRAD_EXAMPLES = 8  # examples summed in registers before each reduction to the weights
 ENABLED = True  # False: every convolution through the window matrix (to measure one against the other)
 
 
@@ -108,16 +112,23 @@ def template_fields(c: Conv, scatter: bool, batch_sum: bool, real: str, buffers:
 def weight_grad_fields(c: Conv, real: str, buffers: bool) -> dict | None:
     """kernel_conv_direct_wgrad.c.j2's `d` for the weight gradient of `c`,
     or None: im2col. Each of OCB output channels x KW kernel columns keeps
-    a vector of sums over the pixels, for one input channel and kernel row
-    at a time (the window matrix's workspace holds the padded image, and
-    the block's sum where im2col keeps it)."""
-    if not ENABLED or not buffers or (c.SH, c.SW, c.DH, c.DW) != (1, 1, 1, 1) or c.C > MAX_IN_CHANNELS:
+    a vector of sums over the pixels of EB examples, for one input channel
+    and kernel row at a time (the window matrix's workspace holds the EB
+    padded images, and the block's sum where im2col keeps it)."""
+    if not ENABLED or not WEIGHT_GRAD or not buffers or (c.SH, c.SW, c.DH, c.DW) != (1, 1, 1, 1):
+        return None
+    if c.C > MAX_IN_CHANNELS:
         return None
     size = 4 if real == "float32" else 8
     lanes = [v for v in (VECTOR_BYTES // size, VECTOR_BYTES // size // 2) if c.WO % v == 0]
-    blocks = [ocb for ocb in (8, 4) if c.F % ocb == 0 and ocb * c.KW <= MAX_ACCUMULATORS]
+    blocks = [ocb for ocb in WGRAD_OCB if c.F % ocb == 0 and ocb * c.KW <= WGRAD_ACCUMULATORS]
     if not lanes or not blocks:
         return None
-    v = lanes[0]
     hp, wp = c.H + 2 * c.PH, c.W + 2 * c.PW
-    return {"V": v, "nbytes": v * size, "OCB": blocks[-1], "HP": hp, "WP": wp, "padded": bool(c.PH or c.PW)}
+    padded = bool(c.PH or c.PW)
+    # the padded images go where im2col keeps one example's windows
+    eb = min(WGRAD_EXAMPLES, c.C * c.KH * c.KW * c.HO * c.WO // (c.C * hp * wp)) if padded else WGRAD_EXAMPLES
+    if eb < 1:
+        return None
+    v = lanes[0]
+    return {"V": v, "nbytes": v * size, "OCB": blocks[0], "HP": hp, "WP": wp, "padded": padded, "EB": eb}

@@ -35,7 +35,7 @@ SHAPES = [
     (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
 ]
 # the weight gradients that are direct (either type): the forward's but the (3, 5) kernel's (4 x 5 vectors)
-WEIGHT_GRADS = 4
+WEIGHT_GRADS = 6
 
 
 def _pair(v):
