@@ -129,7 +129,7 @@ def weight_grad_fields(c: Conv, real: str, buffers: bool) -> dict | None:
     if not low <= c.C <= high or c.F % WGRAD_OCB or c.KW * WGRAD_OCB > 24 or c.WO % v:
         return None
     least = WGRAD_MIN_WIDTH.get(real)
-    if least is None or c.WO < least:
+    if least is None or least > c.WO:
         return None
     hp, wp = c.H + 2 * c.PH, c.W + 2 * c.PW
     padded = bool(c.PH or c.PW)
