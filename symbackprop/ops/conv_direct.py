@@ -27,14 +27,17 @@ MAX_IN_CHANNELS = 256  # measured to 256 (faster than the window matrix there); 
 # columns, level at 8, 0.85x at 4 (ResNet and cnn_digits layers)
 MIN_INPUT_GRAD_WIDTH = 16
 WEIGHT_GRAD = True  # False: the weight gradient through the window matrix (to measure one against the other)
-# The weight gradient's tile: 8 output channels x KW kernel columns of vectors of 32 bytes (512-bit ones
+# The weight gradient's tile: 8 output channels x 3 kernel columns of vectors of 32 bytes (512-bit ones
 # measured 1.5-2.5x slower: two of the three shifted loads split cache lines), summed over up to 8
-# examples (a batch block's) before each reduction. It wins (commit body) in float32 on 8 to 32 columns
-# and in float64 on 32 (level at 8, a loss at 16), for 16 to 64 in-channels (the range measured).
+# examples (a batch block's) before each reduction. Where it wins (commit body; 3x3 kernels, 16 to 64
+# in-channels measured): where im2col's product per example is thin, 16 output channels or fewer
+# (1.4-2.4x at ResNet's 16->16 32x32), or short, 64 pixels or fewer in float32 (1.2-1.3x at 64->64
+# 8x8; level in float64); level with it at 32->32 16x16, where it stays.
 WGRAD_OCB = 8
 WGRAD_VECTOR_BYTES = 32
 WGRAD_EXAMPLES = 8
-WGRAD_MIN_WIDTH = {"float32": 8, "float64": 32}
+WGRAD_THIN = 16
+WGRAD_SHORT = {"float32": 64, "float64": 0}
 WGRAD_IN_CHANNELS = (16, 64)
 ENABLED = True  # False: every convolution through the window matrix (to measure one against the other)
 
@@ -126,10 +129,9 @@ def weight_grad_fields(c: Conv, real: str, buffers: bool) -> dict | None:
     size = 4 if real == "float32" else 8
     v = WGRAD_VECTOR_BYTES // size
     low, high = WGRAD_IN_CHANNELS
-    if not low <= c.C <= high or c.F % WGRAD_OCB or c.KW * WGRAD_OCB > 24 or c.WO % v:
+    if not low <= c.C <= high or c.F % WGRAD_OCB or (c.KH, c.KW) != (3, 3) or c.WO % v:
         return None
-    least = WGRAD_MIN_WIDTH.get(real)
-    if least is None or least > c.WO:
+    if c.F > WGRAD_THIN and c.HO * c.WO > WGRAD_SHORT.get(real, 0):
         return None
     hp, wp = c.H + 2 * c.PH, c.W + 2 * c.PW
     padded = bool(c.PH or c.PW)

@@ -33,14 +33,15 @@ SHAPES = [
     (8, 8, 16, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
     (8, 8, 8, 4, 3, 1, 1, 1, True, True, False, False),  # an input gradient 8 wide: im2col
     (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
-    (16, 8, 8, 16, 3, 1, 1, 1, True, True, False, False),  # the weight gradient direct in float32 only (8 wide)
-    (16, 4, 32, 8, 3, 1, 1, 1, True, True, True, True),  # the weight gradient direct in both (32 wide)
+    (16, 8, 8, 32, 3, 1, 1, 1, True, True, False, False),  # the weight gradient direct in float32 only (64 pixels)
+    (16, 4, 32, 8, 3, 1, 1, 1, True, True, True, True),  # the weight gradient direct in both (8 out-channels)
     (16, 6, 34, 8, 3, 1, 0, 1, True, True, False, False),  # the same without padding: the images read in place
     (8, 8, 32, 8, 3, 1, 1, 1, True, True, True, True),  # 8 in-channels: the weight gradient keeps im2col
     (16, 8, 32, 4, 3, 1, 1, 1, True, True, True, True),  # 4 out-channels (not a tile of 8): im2col
+    (16, 16, 16, 32, 3, 1, 1, 1, True, True, True, True),  # 32 out-channels, 256 pixels: im2col
 ]
-# the weight gradients the rule sends to the direct kernel: the last five shapes' first three in float32,
-# the second and third in float64 (8 columns are too few there)
+# the weight gradients the rule sends to the direct kernel: the last six shapes' first three in float32,
+# the second and third in float64 (64 pixels of 32 out-channels are not few enough there)
 WEIGHT_GRADS = {"float32": 3, "float64": 2}
 
 
@@ -144,3 +145,20 @@ def test_the_rule():
     narrow = Conv(16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1)  # the forward direct, the input gradient not
     assert conv_direct.template_fields(narrow, False, False, "float64", True, 16 * 9 * 64) is not None
     assert conv_direct.template_fields(narrow, True, False, "float64", True, 16 * 9 * 64) is None
+
+
+def test_the_weight_gradient_rule():
+    """The ResNet stack's 3x3 layers (batch 32) whose weight gradient the direct kernel takes: where it
+    measured faster than im2col (16->16 32x32 in both types, 64->64 8x8 in float32), not where level."""
+    def direct(c_in, side, c_out, real, kernel=3, pad=1):
+        return conv_direct.weight_grad_fields(Conv(c_in, side, side, c_out, kernel, kernel, 1, 1, pad, pad, 1, 1),
+                                              real, True) is not None
+    assert direct(16, 32, 16, "float32") and direct(16, 32, 16, "float64")
+    assert direct(64, 8, 64, "float32") and not direct(64, 8, 64, "float64")
+    assert not direct(32, 16, 32, "float32") and not direct(32, 16, 32, "float64")
+    assert not direct(3, 32, 16, "float32")  # 3 in-channels: the stem keeps im2col
+    assert not direct(16, 32, 16, "float32", kernel=1, pad=0)  # a 1x1 kernel (unmeasured)
+    d = conv_direct.weight_grad_fields(Conv(16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True)
+    assert d is not None and (d["V"], d["OCB"], d["HP"], d["WP"]) == (8, 8, 34, 34)
+    assert conv_direct.weight_grad_fields(Conv(16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", False) is None
+    assert conv_direct.weight_grad_fields(Conv(16, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True) is None
