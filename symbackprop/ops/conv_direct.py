@@ -131,7 +131,7 @@ def weight_grad_fields(c: Conv, real: str, buffers: bool) -> dict | None:
     low, high = WGRAD_IN_CHANNELS
     if not low <= c.C <= high or c.F % WGRAD_OCB or (c.KH, c.KW) != (3, 3) or c.WO % v:
         return None
-    if c.F > WGRAD_THIN and c.HO * c.WO > WGRAD_SHORT.get(real, 0):
+    if c.F > WGRAD_THIN and WGRAD_SHORT.get(real, 0) < c.HO * c.WO:
         return None
     hp, wp = c.H + 2 * c.PH, c.W + 2 * c.PW
     padded = bool(c.PH or c.PW)
