@@ -162,3 +162,34 @@ def test_the_weight_gradient_rule():
     assert d is not None and (d["V"], d["OCB"], d["HP"], d["WP"]) == (8, 8, 34, 34)
     assert conv_direct.weight_grad_fields(Conv(16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", False) is None
     assert conv_direct.weight_grad_fields(Conv(16, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True) is None
+
+
+def test_direct_weight_gradient_on_two_threads():
+    """Built with OpenMP, the direct weight gradient's batch blocks (each with its own padded images)
+    run on two threads: the same bits as on one, and PyTorch's float64 gradient."""
+    torch = pytest.importorskip("torch")
+    from test_conv_openmp import _gomp
+
+    from symbackprop.toolchain.builder import BuildOptions
+    gomp = _gomp()
+    x = sbp.images("x", n, 16, 8, 8)
+    k = sbp.conv_weight("w", 16, 16, 3, 3)
+    y = nn.conv2d(x, k, padding=1)
+    g = sp.MatrixSymbol("g", n, y.matrix.shape[1])
+    model = sbp.Model("direct_wgrad_omp", inputs=[x.matrix, g], params=[k], loss=nn.sum_all(sp.HadamardProduct(y.matrix, g)))
+    mod = sbp.compile(model, dtype="float64", options=BuildOptions(openmp=True))
+    assert mod.source.count("the weight gradient in") == 1 and "SYMBACKPROP_PARALLEL_BLOCKS" in mod.source
+    rng = np.random.default_rng(7)
+    arrays = {"x": rng.standard_normal((37, 16 * 64)), "g": rng.standard_normal((37, 16 * 64)),
+              "w": rng.standard_normal((16, 16 * 9))}
+    got = {}
+    try:
+        for threads in (1, 2):
+            gomp.omp_set_num_threads(threads)
+            got[threads] = mod.value_and_grad(**arrays)[1]["w"]
+    finally:
+        gomp.omp_set_num_threads(1)
+    assert np.array_equal(got[1], got[2])
+    want = torch.nn.grad.conv2d_weight(torch.tensor(arrays["x"]).reshape(37, 16, 8, 8), (16, 16, 3, 3),
+                                       torch.tensor(arrays["g"]).reshape(37, 16, 8, 8), padding=1).numpy()
+    assert np.abs(got[1] - want.reshape(16, -1)).max() <= 1e-12 * np.abs(want).max()
