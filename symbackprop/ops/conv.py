@@ -358,7 +358,10 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields["ix"] = _offset("ox", c.SW, "kx", c.PW, c.DW)
         fields["lo"], fields["hi"] = _inside_columns(c) if c.PH or c.PW else (None, None)
         fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
-        fields["per"] = c.C * c.KH * c.KW * c.HO * c.WO  # a block's windows: the direct kernel's padded image fits
+        # a block's workspace: its windows (the direct kernels' padded image fits), then a weight gradient's sum
+        fields["per"] = c.C * c.KH * c.KW * (c.HO * c.WO + (c.F if kernel.attrs.batch_sum else 0))
+        fields["wgrad"] = (direct.weight_grad_fields(c, em.real.name, all(a.buffer for a in args))
+                           if kernel.attrs.batch_sum else None)
         fields["direct"] = direct.template_fields(c, kernel.attrs.scatter, kernel.attrs.batch_sum, em.real.name,
                                                   all(a.buffer for a in args), fields["per"])
     elif kernel.attrs.nest == "channel":

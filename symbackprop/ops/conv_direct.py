@@ -26,6 +26,19 @@ MAX_IN_CHANNELS = 256  # measured to 256 (faster than the window matrix there); 
 # the input gradient's image width from which the direct kernel wins: measured 1.4-2.5x at 16 and 32
 # columns, level at 8, 0.85x at 4 (ResNet and cnn_digits layers)
 MIN_INPUT_GRAD_WIDTH = 16
+WEIGHT_GRAD = True  # False: the weight gradient through the window matrix (to measure one against the other)
+# The weight gradient's tile: 8 output channels x 3 kernel columns of vectors of 32 bytes (512-bit ones
+# measured 1.5-2.5x slower: two of the three shifted loads split cache lines), summed over up to 8
+# examples (a batch block's) before each reduction. Where it wins (commit body; 3x3 kernels, 16 to 64
+# in-channels measured): where im2col's product per example is thin, 16 output channels or fewer
+# (1.4-2.4x at ResNet's 16->16 32x32), or short, 64 pixels or fewer in float32 (1.2-1.3x at 64->64
+# 8x8; level in float64); level with it at 32->32 16x16, where it stays.
+WGRAD_OCB = 8
+WGRAD_VECTOR_BYTES = 32
+WGRAD_EXAMPLES = 8
+WGRAD_THIN = 16
+WGRAD_SHORT = {"float32": 64, "float64": 0}
+WGRAD_IN_CHANNELS = (16, 64)
 ENABLED = True  # False: every convolution through the window matrix (to measure one against the other)
 
 
@@ -103,3 +116,27 @@ def template_fields(c: Conv, scatter: bool, batch_sum: bool, real: str, buffers:
     if p is None or (run.C * p.HP * p.WP if p.padded else 0) + flip > room:
         return None
     return {"plan": p, "g": run, "HO": run.HO, "WO": run.WO, "flip": scatter, "pad_at": flip}
+
+
+def weight_grad_fields(c: Conv, real: str, buffers: bool) -> dict | None:
+    """kernel_conv_direct_wgrad.c.j2's `d` for the weight gradient of `c`,
+    or None: im2col. Each of OCB output channels x KW kernel columns keeps
+    a vector of sums over the pixels of EB examples, for one input channel
+    and kernel row at a time (the window matrix's workspace holds the EB
+    padded images, and the block's sum where im2col keeps it)."""
+    if not ENABLED or not WEIGHT_GRAD or not buffers or (c.SH, c.SW, c.DH, c.DW) != (1, 1, 1, 1):
+        return None
+    size = 4 if real == "float32" else 8
+    v = WGRAD_VECTOR_BYTES // size
+    low, high = WGRAD_IN_CHANNELS
+    if not low <= c.C <= high or c.F % WGRAD_OCB or (c.KH, c.KW) != (3, 3) or c.WO % v:
+        return None
+    if c.F > WGRAD_THIN and WGRAD_SHORT.get(real, 0) < c.HO * c.WO:
+        return None
+    hp, wp = c.H + 2 * c.PH, c.W + 2 * c.PW
+    padded = bool(c.PH or c.PW)
+    # the padded images go where im2col keeps one example's windows
+    eb = min(WGRAD_EXAMPLES, c.KH * c.KW * c.HO * c.WO // (hp * wp)) if padded else WGRAD_EXAMPLES
+    if eb < 1:
+        return None
+    return {"V": v, "nbytes": WGRAD_VECTOR_BYTES, "OCB": WGRAD_OCB, "HP": hp, "WP": wp, "padded": padded, "EB": eb}

@@ -33,7 +33,16 @@ SHAPES = [
     (8, 8, 16, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
     (8, 8, 8, 4, 3, 1, 1, 1, True, True, False, False),  # an input gradient 8 wide: im2col
     (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
+    (16, 8, 8, 32, 3, 1, 1, 1, True, True, False, False),  # the weight gradient direct in float32 only (64 pixels)
+    (16, 4, 32, 8, 3, 1, 1, 1, True, True, True, True),  # the weight gradient direct in both (8 out-channels)
+    (16, 6, 34, 8, 3, 1, 0, 1, True, True, False, False),  # the same without padding: the images read in place
+    (8, 8, 32, 8, 3, 1, 1, 1, True, True, True, True),  # 8 in-channels: the weight gradient keeps im2col
+    (16, 8, 32, 4, 3, 1, 1, 1, True, True, True, True),  # 4 out-channels (not a tile of 8): im2col
+    (16, 16, 16, 32, 3, 1, 1, 1, True, True, True, True),  # 32 out-channels, 256 pixels: im2col
 ]
+# the weight gradients the rule sends to the direct kernel: the last six shapes' first three in float32,
+# the second and third in float64 (64 pixels of 32 out-channels are not few enough there)
+WEIGHT_GRADS = {"float32": 3, "float64": 2}
 
 
 def _pair(v):
@@ -79,9 +88,12 @@ def test_direct_conv_values_and_gradients(dtype):
     # the generated C names the kernel once for each convolution (and input gradient) the rule sends to it
     flags = (-4, -2) if dtype == "float32" else (-3, -1)
     forward, backward = (sum(shape[f] for shape in SHAPES) for f in flags)
-    assert mod.source.count("direct: no window matrix") == forward + backward
+    assert mod.source.count("direct: no window matrix") == forward + backward + WEIGHT_GRADS[dtype]
+    assert mod.source.count("the weight gradient in") == WEIGHT_GRADS[dtype]
     assert mod.source.count("(the input gradient: the weights flipped") == backward
-    for batch in (1, 3):  # n is bound at call time: one module, both batches
+    # n is bound at call time: one module, every batch; 45 examples: batch blocks of 5-6, more than one
+    # weight-gradient chunk of up to 5 padded images (the last one partial)
+    for batch in (1, 3, 45):
         _check(mod, dtype, batch, torch)
 
 
@@ -133,3 +145,51 @@ def test_the_rule():
     narrow = Conv(16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1)  # the forward direct, the input gradient not
     assert conv_direct.template_fields(narrow, False, False, "float64", True, 16 * 9 * 64) is not None
     assert conv_direct.template_fields(narrow, True, False, "float64", True, 16 * 9 * 64) is None
+
+
+def test_the_weight_gradient_rule():
+    """The ResNet stack's 3x3 layers (batch 32) whose weight gradient the direct kernel takes: where it
+    measured faster than im2col (16->16 32x32 in both types, 64->64 8x8 in float32), not where level."""
+    def direct(c_in, side, c_out, real, kernel=3, pad=1):
+        return conv_direct.weight_grad_fields(Conv(c_in, side, side, c_out, kernel, kernel, 1, 1, pad, pad, 1, 1),
+                                              real, True) is not None
+    assert direct(16, 32, 16, "float32") and direct(16, 32, 16, "float64")
+    assert direct(64, 8, 64, "float32") and not direct(64, 8, 64, "float64")
+    assert not direct(32, 16, 32, "float32") and not direct(32, 16, 32, "float64")
+    assert not direct(3, 32, 16, "float32")  # 3 in-channels: the stem keeps im2col
+    assert not direct(16, 32, 16, "float32", kernel=1, pad=0)  # a 1x1 kernel (unmeasured)
+    d = conv_direct.weight_grad_fields(Conv(16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True)
+    assert d is not None and (d["V"], d["OCB"], d["HP"], d["WP"]) == (8, 8, 34, 34)
+    assert conv_direct.weight_grad_fields(Conv(16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", False) is None
+    assert conv_direct.weight_grad_fields(Conv(16, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True) is None
+
+
+def test_direct_weight_gradient_on_two_threads():
+    """Built with OpenMP, the direct weight gradient's batch blocks (each with its own padded images)
+    run on two threads: the same bits as on one, and PyTorch's float64 gradient."""
+    torch = pytest.importorskip("torch")
+    from test_conv_openmp import _gomp
+
+    from symbackprop.toolchain.builder import BuildOptions
+    gomp = _gomp()
+    x = sbp.images("x", n, 16, 8, 8)
+    k = sbp.conv_weight("w", 16, 16, 3, 3)
+    y = nn.conv2d(x, k, padding=1)
+    g = sp.MatrixSymbol("g", n, y.matrix.shape[1])
+    model = sbp.Model("direct_wgrad_omp", inputs=[x.matrix, g], params=[k], loss=nn.sum_all(sp.HadamardProduct(y.matrix, g)))
+    mod = sbp.compile(model, dtype="float64", options=BuildOptions(openmp=True))
+    assert mod.source.count("the weight gradient in") == 1 and "SYMBACKPROP_PARALLEL_BLOCKS" in mod.source
+    rng = np.random.default_rng(7)
+    arrays = {"x": rng.standard_normal((37, 16 * 64)), "g": rng.standard_normal((37, 16 * 64)),
+              "w": rng.standard_normal((16, 16 * 9))}
+    got = {}
+    try:
+        for threads in (1, 2):
+            gomp.omp_set_num_threads(threads)
+            got[threads] = mod.value_and_grad(**arrays)[1]["w"]
+    finally:
+        gomp.omp_set_num_threads(1)
+    assert np.array_equal(got[1], got[2])
+    want = torch.nn.grad.conv2d_weight(torch.tensor(arrays["x"]).reshape(37, 16, 8, 8), (16, 16, 3, 3),
+                                       torch.tensor(arrays["g"]).reshape(37, 16, 8, 8), padding=1).numpy()
+    assert np.abs(got[1] - want.reshape(16, -1)).max() <= 1e-12 * np.abs(want).max()
