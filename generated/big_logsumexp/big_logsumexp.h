@@ -5,7 +5,7 @@
  * returns a status; on a nonzero one nothing was written: no output, no
  * array updated in place. Every status a function of this file can return:
  *   0: success
- *   1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ *   1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
@@ -76,7 +76,7 @@ const char *big_logsumexp_name_dim(int64_t i);
  *   v: input, n x 1
  *   loss: output, 1 x 1
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t big_logsumexp_forward_work_len(int64_t n);
@@ -100,7 +100,7 @@ int big_logsumexp_forward_call(const int64_t *dims, const void *const *in, void 
  *   loss: output, 1 x 1
  *   grad_v: output, n x 1
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t big_logsumexp_value_and_grad_work_len(int64_t n);

@@ -5,7 +5,7 @@
  * returns a status; on a nonzero one nothing was written: no output, no
  * array updated in place. Every status a function of this file can return:
  *   0: success
- *   1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ *   1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
@@ -83,7 +83,7 @@ const char *bundle_adjustment_name_dim(int64_t i);
  *   residual: output, N x 2
  *   jacobian: output, N x 30
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
@@ -118,7 +118,7 @@ int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, v
  *   grad_pts: output, P x 3
  *   grad_weights: output, N x 1
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */

@@ -5,7 +5,7 @@
  * returns a status; on a nonzero one nothing was written: no output, no
  * array updated in place. Every status a function of this file can return:
  *   0: success
- *   1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ *   1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
@@ -82,7 +82,7 @@ const char *digits_mlp_name_dim(int64_t i);
  *   loss: output, 1 x 1
  *   logits: output, n x 10
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t digits_mlp_forward_work_len(int64_t n);
@@ -115,7 +115,7 @@ int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *co
  *   grad_W2: output, 64 x 10
  *   grad_b2: output, 1 x 10
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t digits_mlp_value_and_grad_work_len(int64_t n);
@@ -159,7 +159,7 @@ int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, v
  *   v_b2: input, updated in place, 1 x 10
  *   loss: output, 1 x 1
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t digits_mlp_train_step_work_len(int64_t n);
@@ -190,7 +190,7 @@ int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void 
  * Everything is checked before the first step, so a failing epoch trains nothing
  * (no parameter, no optimizer state changed, no loss written):
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  *   (1 also when rows or batch is below 1; 2 also when order names a row

@@ -5,7 +5,7 @@
  * returns a status; on a nonzero one nothing was written: no output, no
  * array updated in place. Every status a function of this file can return:
  *   0: success
- *   1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ *   1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
@@ -92,7 +92,7 @@ const char *lstm_lm_name_dim(int64_t i);
  *   loss: output, 1 x 1
  *   logits: output, T x 30
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t lstm_lm_forward_work_len(int64_t T);
@@ -148,7 +148,7 @@ int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const
  *   grad_V: output, 16 x 30
  *   grad_c: output, 1 x 30
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
 size_t lstm_lm_value_and_grad_work_len(int64_t T);

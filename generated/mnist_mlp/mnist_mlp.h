@@ -5,7 +5,7 @@
  * returns a status; on a nonzero one nothing was written: no output, no
  * array updated in place. Every status a function of this file can return:
  *   0: success
- *   1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ *   1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)

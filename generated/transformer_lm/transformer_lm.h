@@ -5,7 +5,7 @@
  * returns a status; on a nonzero one nothing was written: no output, no
  * array updated in place. Every status a function of this file can return:
  *   0: success
- *   1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ *   1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
@@ -107,7 +107,7 @@ const char *transformer_lm_name_dim(int64_t i);
  *   Wout: input, 64 x 62
  *   loss: output, 1 x 1
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
@@ -202,7 +202,7 @@ int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void
  *   grad_bf: output, 1 x 64
  *   grad_Wout: output, 64 x 62
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
@@ -343,7 +343,7 @@ int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *i
  *   v_Wout: input, updated in place, 64 x 62
  *   loss: output, 1 x 1
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  */
@@ -401,7 +401,7 @@ int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, v
  * Everything is checked before the first step, so a failing epoch trains nothing
  * (no parameter, no optimizer state changed, no loss written):
  * Returns 0: success
- * Returns 1: a dimension is below 1, or below the least value the model's fixed entries along it need (the header lists them; nothing written)
+ * Returns 1: a dimension is below 1 or below what the model's fixed entries need (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  * Returns 6: a size does not fit: an array or the workspace exceeds 2^59 entries (nothing written)
  *   (1 also when rows or batch is below 1; 2 also when order names a row

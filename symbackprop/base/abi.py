@@ -244,8 +244,7 @@ def _module_from(data: Any) -> ModuleSpec:
 # (the self-describing ones of emit/describe.py too) returns is here.
 STATUS_TEXT = {
     0: "success",
-    1: "a dimension is below 1, or below the least value the model's fixed entries along it need "
-       "(the header lists them; nothing written)",
+    1: "a dimension is below 1 or below what the model's fixed entries need (nothing written)",
     2: "an Index holds a row number outside the array it gathers from (nothing written)",
     3: "no argument of that number (nothing written)",
     4: "a NULL pointer where an array is needed (nothing written)",
