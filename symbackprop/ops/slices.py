@@ -207,13 +207,14 @@ class ScatterKernel:
 
 
 def _scatter_kernel(sched, node: Node, out: str) -> ScatterKernel:
-    pieces = []
+    pieces, written = [], []
     for steps, g in zip(parts(node), node.args):
-        label = str(g.attrs[0]) if is_const(g) else sched.label(g)
-        pieces.append(f"{label} at {_label(steps, g.shape)}")
+        label, where = str(g.attrs[0]) if is_const(g) else sched.label(g), _label(steps, g.shape)
+        pieces.append(f"{label} at {where}")
+        written.append(rf"\operatorname{{scatter}}_{{{where}}}\left({latex_name(label)}\right)")
     fill = not _covers(node)
     text = (f"0 ({node.shape[0]} x {node.shape[1]}), " if fill else "") + ", ".join(pieces)
-    latex = rf"{latex_name(out)} = \operatorname{{scatter}}\left({latex_name(', '.join(pieces))}\right)"
+    latex = rf"{latex_name(out)} = " + " + ".join(written)
     sources = tuple(g.attrs[0] if is_const(g) else sched.view(g) for g in node.args)  # a constant has no buffer
     return ScatterKernel(out, node.shape, sources, tuple(g.shape for g in node.args), tuple(parts(node)), fill,
                          (Equation(out, text, latex),))
