@@ -121,3 +121,24 @@ def test_separately_sliced_weights_gradient_is_one_buffer():
     want[:, 0:2] = xv.T @ np.cos(xv @ wv[:, 0:2])
     want[:, 4:7] = -xv.T @ np.sin(xv @ wv[:, 4:7])
     np.testing.assert_allclose(grads["W"], want, rtol=1e-12, atol=1e-12)
+
+
+def _product_slices(expr: sp.MatrixExpr) -> int:
+    """How many column blocks of a product (X W) the expression takes."""
+    return sum(isinstance(e, sp.MatrixSlice) and isinstance(e.parent, sp.MatMul) for e in sp.preorder_traversal(expr))
+
+
+def test_only_one_parameter_in_order_fuses():
+    """PyTorch's 3d x d in_proj_weight (row blocks transposed) and a d x 3d
+    weight (column blocks) fuse; blocks out of order, of two parameters, or
+    three parameters do not (three products, as before)."""
+    d = 4
+    x, wo = nn.sequences("X", m, 3, d), sp.MatrixSymbol("Wo", d, d)
+    w_in, w, other = sp.MatrixSymbol("Win", 3 * d, d), sp.MatrixSymbol("W", d, 3 * d), sp.MatrixSymbol("V", d, 3 * d)
+    rows = [w_in[i * d:(i + 1) * d, :].T for i in range(3)]
+    cols = [w[:, i * d:(i + 1) * d] for i in range(3)]
+    assert _product_slices(nn.self_attention(x, *rows, wo, 2).matrix) == 3
+    assert _product_slices(nn.self_attention(x, *cols, wo, 2).matrix) == 3
+    for ws in ([cols[1], cols[0], cols[2]], [cols[0], other[:, d:2 * d], cols[2]],
+               [sp.MatrixSymbol(f"W{c}", d, d) for c in "qkv"]):
+        assert _product_slices(nn.self_attention(x, *ws, wo, 2).matrix) == 0
