@@ -51,7 +51,9 @@ lax.conv_general_dilated (NCHW, OIHW) with the batch norm written out.
 
 The decoder is examples/transformer_lm.py's pre-norm block at these sizes
 (symbackprop's nn.self_attention and nn.layer_norm; a 64-token vocabulary
-of random ids); its PyTorch loss is written with torch.nn.functional
+of random ids), each block's Q, K and V weights one d x 3d parameter
+sliced, as PyTorch's MultiheadAttention and GPT-2 keep them (every peer
+one product, split; `--qkv apart`: three d x d parameters, three products); its PyTorch loss is written with torch.nn.functional
 (scaled_dot_product_attention), its JAX loss with jax.numpy. JAX's
 training step is one jax.jit of value_and_grad and Adam's update; its
 inference, one jax.jit of the loss and the logits. torch.compile compiles
@@ -308,6 +310,9 @@ def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: 
 # --- the GPT-style decoder and the MNIST MLP -----------------------------------------
 
 GPT_D, GPT_HEADS, GPT_LEN, GPT_BLOCKS, GPT_BATCH, GPT_VOCAB = 256, 4, 128, 4, 8, 64
+# "fused": each block's Q, K, V weights are one d x 3d parameter W{b}qkv, sliced (PyTorch's
+# MultiheadAttention's in_proj_weight, GPT-2's c_attn); "apart": three d x d parameters (--qkv)
+GPT_QKV = "fused"
 MLP_BATCH, MLP_SIZES = 128, (784, 256, 10)  # examples/mnist_mlp.py (W3 of benchmarks/workloads.py)
 
 
@@ -315,7 +320,9 @@ def gpt_shapes() -> list[tuple[str, tuple[int, int]]]:
     """(name, shape) of the decoder's parameters, as examples/transformer_lm.py names them."""
     d = GPT_D
     blocks = [s for b in range(GPT_BLOCKS) for s in (
-        (f"g{b}a", (1, d)), (f"b{b}a", (1, d)), *((f"W{q}{b}", (d, d)) for q in "qkvo"),
+        (f"g{b}a", (1, d)), (f"b{b}a", (1, d)),
+        *(((f"W{b}qkv", (d, 3 * d)), (f"Wo{b}", (d, d))) if GPT_QKV == "fused" else
+          ((f"W{q}{b}", (d, d)) for q in "qkvo")),
         (f"g{b}m", (1, d)), (f"b{b}m", (1, d)), (f"W{b}up", (d, 4 * d)), (f"c{b}up", (1, 4 * d)),
         (f"W{b}down", (4 * d, d)), (f"c{b}down", (1, d)))]
     return [("E", (GPT_VOCAB, d)), ("P", (GPT_LEN, d)), *blocks, ("gf", (1, d)), ("bf", (1, d)),
@@ -332,7 +339,9 @@ def gpt() -> sbp.Model:
     x = nn.add_positions(nn.embedding(p["E"], ids, GPT_LEN), p["P"], positions)
     for b in range(GPT_BLOCKS):
         h = nn.layer_norm(x, p[f"g{b}a"], p[f"b{b}a"])
-        x = x + nn.self_attention(h, *(p[f"W{q}{b}"] for q in "qkvo"), GPT_HEADS)
+        qkv = ([p[f"W{b}qkv"][:, i * GPT_D:(i + 1) * GPT_D] for i in range(3)] if GPT_QKV == "fused" else
+               [p[f"W{q}{b}"] for q in "qkv"])
+        x = x + nn.self_attention(h, *qkv, p[f"Wo{b}"], GPT_HEADS)
         up = nn.layer_norm(x, p[f"g{b}m"], p[f"b{b}m"]).map(
             lambda h, b=b: nn.gelu(nn.linear(h, p[f"W{b}up"], p[f"c{b}up"])))
         x = x + up.map(lambda h, b=b: nn.linear(h, p[f"W{b}down"], p[f"c{b}down"]))
@@ -394,6 +403,13 @@ def gpt_loss(F, lib: str):
     d, heads, length = GPT_D, GPT_HEADS, GPT_LEN
     dh = d // heads
 
+    def projections(h, w, b):
+        """Q, K, V: one product by the fused weight, split (as MultiheadAttention), or three."""
+        if GPT_QKV == "fused":
+            qkv = h @ w[f"W{b}qkv"]
+            return qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
+        return tuple(h @ w[f"W{c}{b}"] for c in "qkv")
+
     if lib == "torch":
         import torch
 
@@ -401,7 +417,7 @@ def gpt_loss(F, lib: str):
             return F.layer_norm(x, (d,), w[g][0], w[b][0])
 
         def attention(h, w, b):
-            q, k, v = (h @ w[f"W{c}{b}"] for c in "qkv")
+            q, k, v = projections(h, w, b)
             q, k, v = (z.reshape(-1, length, heads, dh).transpose(1, 2) for z in (q, k, v))
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return out.transpose(1, 2).reshape(-1, d) @ w[f"Wo{b}"]
@@ -422,7 +438,7 @@ def gpt_loss(F, lib: str):
             return (x - mean) / jnp.sqrt(var + 1e-5) * w[g] + w[b]
 
         def attention(h, w, b):
-            q, k, v = (h @ w[f"W{c}{b}"] for c in "qkv")
+            q, k, v = projections(h, w, b)
             q, k, v = (z.reshape(-1, length, heads, dh) for z in (q, k, v))
             # by hand: jax.nn.dot_product_attention takes the softmax in float32, also of float64 scores
             scores = jnp.einsum("nthk,nshk->nhts", q, k) / np.sqrt(dh)
@@ -853,9 +869,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="wall: elapsed time; cpu: the process's CPU time (on a shared, loaded machine)")
     p.add_argument("--threads", type=int, default=1, help="CPUs pinned and threads of every peer")
     p.add_argument("--layers", action="store_true", help="time each convolution's kernels alone")
+    p.add_argument("--qkv", choices=("fused", "apart"), default="fused",
+                   help="the decoder's Q, K, V weights: one d x 3d parameter per block (sliced, as PyTorch's "
+                        "in_proj_weight) or three d x d parameters")
     p.add_argument("--note", action="append", default=[], help="a note shown under the saved table")
     p.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
     args = p.parse_args(argv)
+    global GPT_QKV
+    GPT_QKV = args.qkv
     pin_threads(args.threads)
     dtypes = args.dtype.split(",")
     peers, models = args.peers.split(","), args.models.split(",")

@@ -211,10 +211,55 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
     for b in (bq, bk, bv, bo):
         if b is not None and b.shape != (1, d):
             raise ModelError(f"self_attention's biases are rows of 1 x {d}; {b} is {b.shape}")
-    q, k, v = (Sequences(_affine(x.matrix, w, b), x.length) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+    q, k, v = (Sequences(m, x.length) for m in _projections(x.matrix, (wq, wk, wv), (bq, bk, bv)))
     out, probabilities = _attend(q, k, v, heads)
     mixed = Sequences(_affine(out.matrix, wo, bo), out.length)
     return (mixed, probabilities) if weights else mixed
+
+
+def _projections(x: sp.MatrixExpr, ws: Sequence[sp.MatrixExpr],
+                 bs: Sequence[sp.MatrixExpr | None]) -> list[sp.MatrixExpr]:
+    """x Wq + bq, x Wk + bk, x Wv + bv. Where the three weights are the
+    three d x d blocks of one fused parameter in order (PyTorch's
+    in_proj_weight W, 3d x d, as W[0:d, :].T, ...; or a d x 3d W as
+    W[:, 0:d], ...), one product x W (m x 3d) and its column slices (views):
+    one gemm for Q, K and V, one for the gradient of x and one for the
+    fused weight's (the slices' adjoints scatter into one buffer)."""
+    d = int(x.shape[1])
+    fused = _fused(ws, d)
+    if fused is None:
+        return [_affine(x, w, b) for w, b in zip(ws, bs)]
+    bias = _fused(bs, d) if all(b is not None for b in bs) else None
+    product = _affine(x, fused, bias)
+    parts = [product[:, i * d:(i + 1) * d] for i in range(3)]
+    return parts if bias is not None else [_affine_bias(p, b) for p, b in zip(parts, bs)]
+
+
+def _fused(ws: Sequence[sp.MatrixExpr | None], d: int) -> sp.MatrixExpr | None:
+    """The d x 3d (or 1 x 3d) matrix whose column blocks ws are, in order:
+    column slices of one parameter, or row slices of a 3d x d one transposed; else None."""
+    parents = set()
+    for i, w in enumerate(ws):
+        if w is None:
+            return None
+        transposed = isinstance(w, sp.Transpose)
+        piece = w.arg if transposed else w
+        if not isinstance(piece, sp.MatrixSlice):
+            return None
+        taken, whole = (piece.rowslice, piece.colslice) if transposed else (piece.colslice, piece.rowslice)
+        rows = int(piece.parent.shape[1] if transposed else piece.parent.shape[0])
+        if tuple(taken) != (i * d, (i + 1) * d, 1) or tuple(whole) != (0, rows, 1):
+            return None
+        parents.add((piece.parent, transposed))
+    if len(parents) != 1:
+        return None
+    ((parent, transposed),) = parents
+    fused = parent.T if transposed else parent
+    return fused if fused.shape[1] == 3 * d else None
+
+
+def _affine_bias(product: sp.MatrixExpr, b: sp.MatrixExpr | None) -> sp.MatrixExpr:
+    return product if b is None else product + sp.OneMatrix(product.shape[0], 1) * b
 
 
 def _affine(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None) -> sp.MatrixExpr:

@@ -25,6 +25,7 @@ from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_, pack, reduce_sum
 from symbackprop.ir.node import Node, placeholder, topological_order
 from symbackprop.messages import short
+from symbackprop.ops.slices import merge_scatters
 
 
 def unbroadcast(adjoint: Node, shape: tuple) -> Node:
@@ -84,7 +85,7 @@ def _readable(node: Node) -> dict:
 
 
 def add_all(terms: list[Node]) -> Node:
-    terms = _merge_packs(terms)
+    terms = merge_scatters(_merge_packs(terms))
     if len(terms) == 1:
         return terms[0]
     return map_(sp.Add(*[placeholder(i) for i in range(len(terms))]), terms, terms[0].shape)

@@ -39,7 +39,7 @@ import sympy as sp
 from symbackprop.base.registry import OpRecord, attrs_of, plain_grad_fn, register
 from symbackprop.declare import attention as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, min_rows_for_threads, worth_threads
-from symbackprop.ir.construct import map_
+from symbackprop.ir.construct import is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
 from symbackprop.ops.conv import Operand, bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
 from symbackprop.schedule.kernel import Equation, latex_name
@@ -236,6 +236,7 @@ class AttentionKernel:
     equations: tuple[Equation, ...]
     labels: tuple[str, ...]  # the arguments', for the loops' comments
     block: str | None = None  # the scores' workspace of L*dh: one (sequence, head)'s keys, transposed
+    strides: tuple[tuple[int, int], ...] = ()  # a product's arguments' (offset, row stride); () contiguous
 
     def reads(self) -> list[str]:
         return [buffer for buffer, _ in self.args if buffer is not None] + ([self.block] if self.block else [])
@@ -273,25 +274,54 @@ _MATH = {
 }
 
 
+def _strided_operands(sched, node: Node) -> tuple[list, list[str], tuple[tuple[int, int], ...]]:
+    """A product's arguments as kernel_operands reads them, but each may be
+    a view of rows of a wider matrix (a column slice: Q, K and V of one
+    fused product, m x 3d): its buffer, offset and row stride, numbers."""
+    args: list[tuple[str | None, sp.Expr | None]] = []
+    labels, strides = [], []
+    for arg in node.args:
+        rows, cols = arg.shape
+        view = None if is_const(arg) else sched.view(arg)
+        if view is None or view.col_stride != (1 if cols != 1 else 0) or rows == 1 or \
+                not (sp.sympify(view.offset).is_Integer and sp.sympify(view.row_stride).is_Integer):
+            (one,), (label,) = kernel_operands(sched, op_node(node.op, (arg,), node.shape, node.attrs))
+            args.append(one)
+            labels.append(label)
+            strides.append((0, int(cols)))
+            continue
+        args.append((view.buffer, None))
+        labels.append(sched.label(arg))
+        strides.append((int(view.offset), int(view.row_stride)))
+    return args, labels, tuple(strides)
+
+
 def _kernel(sched, node: Node, out: str) -> AttentionKernel:
-    args, labels = kernel_operands(sched, node)
     length, heads = node.attrs
     attrs = attrs_of(node.op, AttentionAttrs)
+    if attrs.product is None:
+        args, labels = kernel_operands(sched, node)
+        strides: tuple[tuple[int, int], ...] = ()
+    else:
+        args, labels, strides = _strided_operands(sched, node)
     dh = 0 if attrs.product is None else node.args[-1].shape[1] // heads  # a row pass: scores in, scores out
     entry, value = (part.format(*labels) for part in _MATH[node.op])
     value += f" (rows (e,t) = e*{length}+t, {heads} heads" + (f" of {dh} columns)" if dh else ")")
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
     block = sched.claim_scratch(f"{out}_block", (length, dh)) if attrs.workspace else None
     return AttentionKernel(node.op, out, tuple(args), node.shape[0], (length, heads, dh),
-                           (Equation(out + entry, value, latex),), tuple(labels), block)
+                           (Equation(out + entry, value, latex),), tuple(labels), block, strides)
 
 
 def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
     printer = CheckedPrinter(ScalarPrinter({}, em.real), kernel)
-    args = [Operand(em.namer.name(b)) if b is not None else Operand(None, printer.doprint(v)) for b, v in kernel.args]
     length, heads, dh = kernel.geometry
+    strides = kernel.strides or ((0, 0),) * len(kernel.args)  # a row pass: contiguous scores (no lda, ldb)
+    args = [Operand(em.namer.name(b) if not at else f"({em.namer.name(b)} + {at})") if b is not None
+            else Operand(None, printer.doprint(v)) for (b, v), (at, _) in zip(kernel.args, strides)]
     return {"m": em.dim(kernel.rows), "out": em.namer.name(kernel.out), "a": args[0],
             "b": args[1] if len(args) > 1 else None, "L": length, "H": heads, "DH": dh,
+            "lda": strides[0][1], "ldb": strides[-1][1],
             "a_label": kernel.labels[0], "b_label": kernel.labels[-1],
             "block": em.namer.name(kernel.block) if kernel.block is not None else None,
             "op": kernel.attrs, "parallel": worth_threads(kernel.rows),  # over the sequences: two at least, and enough work

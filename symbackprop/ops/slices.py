@@ -7,7 +7,11 @@ gradient of each slice of a fused weight lands in its own rows).
 
 A node's attrs are (r0, rs, c0, cs): the first row and column taken and
 the steps between them; its shape is the slice's. slice_scatter's are the
-same, its shape the parent's.
+same, its shape the parent's. A slice_scatter may also take several adjoints (the
+attrs then four per argument): the gradients of disjoint slices of one
+parent (the Q, K and V of a fused weight) scattered into one buffer, which
+is zeroed once and only where they leave entries uncovered
+(merge_scatters, from the sum of their adjoints).
 """
 
 from __future__ import annotations
@@ -46,6 +50,50 @@ def slice_scatter(g: Node, steps: Steps, shape: Shape) -> Node:
     return op_node("slice_scatter", (g,), shape, tuple(steps))
 
 
+def parts(node: Node) -> list[Steps]:
+    """Each argument's steps of a slice_scatter (four attrs an argument)."""
+    a = tuple(node.attrs)
+    return [(a[i], a[i + 1], a[i + 2], a[i + 3]) for i in range(0, len(a), 4)]
+
+
+def _indices(start: int, step: int, count: object) -> set[int] | None:
+    """The indices a slice takes along a dimension, None where its count is bound at call time."""
+    number = sp.sympify(count)
+    return set(range(start, start + step * int(number), step)) if number.is_Integer else None
+
+
+def _disjoint(a: tuple[Steps, Shape], b: tuple[Steps, Shape]) -> bool:
+    """Whether two slices of one parent share no entry: their rows or their columns are disjoint."""
+    (ar0, ars, ac0, acs), ashape = a
+    (br0, brs, bc0, bcs), bshape = b
+    for first, second in (((ar0, ars, ashape[0]), (br0, brs, bshape[0])), ((ac0, acs, ashape[1]), (bc0, bcs, bshape[1]))):
+        x, y = _indices(*first), _indices(*second)
+        if x is not None and y is not None and not x & y:
+            return True
+    return False
+
+
+def merge_scatters(terms: list[Node]) -> list[Node]:
+    """The slice_scatters among `terms` (a sum's terms) of one parent's shape
+    whose slices are disjoint, as one slice_scatter of all their arguments:
+    one buffer, zeroed at most once, not a zeroed parent per slice and a sum."""
+    scatters = [t for t in terms if t.op == "slice_scatter"]
+    if len(scatters) < 2 or any(t.shape != scatters[0].shape for t in scatters):
+        return terms
+    pieces = [(steps, arg.shape) for t in scatters for steps, arg in zip(parts(t), t.args)]
+    if any(not _disjoint(a, b) for i, a in enumerate(pieces) for b in pieces[i + 1:]):
+        return terms
+    merged = op_node("slice_scatter", tuple(a for t in scatters for a in t.args), scatters[0].shape,
+                     tuple(x for t in scatters for x in t.attrs))
+    return [merged] + [t for t in terms if t.op != "slice_scatter"]
+
+
+def _covers(node: Node) -> bool:
+    """Whether a slice_scatter's disjoint slices cover its whole shape (no zero to write)."""
+    taken = sum((sp.sympify(a.shape[0]) * sp.sympify(a.shape[1]) for a in node.args), sp.Integer(0))
+    return len(node.args) > 1 and sp.expand(taken - sp.sympify(node.shape[0]) * sp.sympify(node.shape[1])) == 0
+
+
 def _picked(steps: Steps, shape: tuple[int, int]) -> tuple[slice, slice]:
     r0, rs, c0, cs = steps
     return slice(r0, r0 + rs * shape[0], rs), slice(c0, c0 + cs * shape[1], cs)
@@ -57,7 +105,8 @@ def _slice_evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.
 
 def _scatter_evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarray:
     out = np.zeros(context.shape(node))
-    out[_picked(node.attrs, args[0].shape)] = args[0]
+    for steps, arg, value in zip(parts(node), node.args, args):
+        out[_picked(steps, context.shape(arg))] = np.broadcast_to(value, context.shape(arg))
     return out
 
 
@@ -132,19 +181,22 @@ register(OpRecord(
 
 @dataclass(frozen=True)
 class ScatterKernel:
-    """out (rows x cols, contiguous) = 0 but at the sliced entries, which are g's."""
+    """out (rows x cols, contiguous) = 0 but at the sliced entries, which are
+    the arguments' (one slice each, disjoint); `fill`: some entry is no
+    slice's (zeroed first)."""
 
     out: str
     shape: Shape
-    g: View | sp.Expr  # where g is, or its value where it is a constant
-    g_shape: Shape
-    steps: Steps
+    g: tuple[View | sp.Expr, ...]  # where each argument is, or its value where it is a constant
+    g_shape: tuple[Shape, ...]
+    steps: tuple[Steps, ...]
+    fill: bool
     equations: tuple[Equation, ...]
     kind: str = "slice_scatter"
     title = "a slice's adjoint into its parent's shape"
 
     def reads(self) -> list[str]:
-        return [self.g.buffer] if isinstance(self.g, View) else []
+        return [g.buffer for g in self.g if isinstance(g, View)]
 
     def writes(self) -> list[str]:
         return [self.out]
@@ -155,36 +207,47 @@ class ScatterKernel:
 
 
 def _scatter_kernel(sched, node: Node, out: str) -> ScatterKernel:
-    (g,) = node.args
-    where, label = _label(node.attrs, g.shape), str(g.attrs[0]) if is_const(g) else sched.label(g)
-    text = f"0 ({node.shape[0]} x {node.shape[1]}), {label} at {where}"
-    latex = rf"{latex_name(out)} = \operatorname{{scatter}}_{{{where}}}\left({latex_name(label)}\right)"
-    source = g.attrs[0] if is_const(g) else sched.view(g)  # a constant has no buffer
-    return ScatterKernel(out, node.shape, source, g.shape, node.attrs, (Equation(out, text, latex),))
+    pieces, written = [], []
+    for steps, g in zip(parts(node), node.args):
+        label, where = str(g.attrs[0]) if is_const(g) else sched.label(g), _label(steps, g.shape)
+        pieces.append(f"{label} at {where}")
+        written.append(rf"\operatorname{{scatter}}_{{{where}}}\left({latex_name(label)}\right)")
+    fill = not _covers(node)
+    text = (f"0 ({node.shape[0]} x {node.shape[1]}), " if fill else "") + ", ".join(pieces)
+    latex = rf"{latex_name(out)} = " + " + ".join(written)
+    sources = tuple(g.attrs[0] if is_const(g) else sched.view(g) for g in node.args)  # a constant has no buffer
+    return ScatterKernel(out, node.shape, sources, tuple(g.shape for g in node.args), tuple(parts(node)), fill,
+                         (Equation(out, text, latex),))
 
 
 def _scatter_emit(em: FunctionEmitter, kernel: ScatterKernel) -> dict:
     rows, cols = (sp.sympify(d) for d in kernel.shape)
-    r0, rs, c0, cs = kernel.steps
-    out = em.namer.name(kernel.out)
     zero = sp.Integer(0)
-    target = View(kernel.out, r0 * cols + c0 if rows != 1 else sp.Integer(c0),
-                  rs * cols if kernel.g_shape[0] != 1 else zero, sp.Integer(cs) if kernel.g_shape[1] != 1 else zero)
-    return {
-        "out": out,
-        "size": em.dim(rows * cols),
-        "rows": em.dim(kernel.g_shape[0]),
-        "cols": em.dim(kernel.g_shape[1]),
-        "dst": em.access(target, LOOP_I, LOOP_J),
-        "src": em.access(kernel.g, LOOP_I, LOOP_J) if isinstance(kernel.g, View)
-        else CheckedPrinter(ScalarPrinter({}, em.real), kernel).doprint(kernel.g),
-    }
+    copies = []
+    for (r0, rs, c0, cs), g, g_shape in zip(kernel.steps, kernel.g, kernel.g_shape):
+        target = View(kernel.out, r0 * cols + c0 if rows != 1 else sp.Integer(c0),
+                      rs * cols if g_shape[0] != 1 else zero, sp.Integer(cs) if g_shape[1] != 1 else zero)
+        copies.append({"rows": em.dim(g_shape[0]), "cols": em.dim(g_shape[1]), "dst": em.access(target, LOOP_I, LOOP_J),
+                       "src": em.access(g, LOOP_I, LOOP_J) if isinstance(g, View)
+                       else CheckedPrinter(ScalarPrinter({}, em.real), kernel).doprint(g)})
+    return {"out": em.namer.name(kernel.out), "size": em.dim(rows * cols), "fill": kernel.fill, "copies": copies}
+
+
+def _scatter_vjp(node: Node, g: Node, needed) -> tuple[Node, ...]:
+    return tuple(slice_view(g, steps, arg.shape) for steps, arg in zip(parts(node), node.args))
+
+
+def _scatter_jvp(node: Node, tangents) -> Node | None:
+    if all(t is None for t in tangents):
+        return None
+    args = tuple(const(0, arg.shape) if t is None else t for t, arg in zip(tangents, node.args))
+    return op_node("slice_scatter", args, node.shape, tuple(node.attrs))
 
 
 register(OpRecord(
     "slice_scatter",
-    vjp=lambda node, g, needed: (slice_view(g, node.attrs, node.args[0].shape),),
-    jvp=lambda node, tangents: slice_scatter(tangents[0], node.attrs, node.shape) if tangents[0] is not None else None,
+    vjp=_scatter_vjp,
+    jvp=_scatter_jvp,
     evaluate=_scatter_evaluate,
     kernel=_scatter_kernel,
     emit=_scatter_emit,

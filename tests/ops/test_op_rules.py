@@ -54,6 +54,7 @@ GAMMA, BETA = sp.MatrixSymbol("GAMMA", 1, 2), sp.MatrixSymbol("BETA", 1, 2)
 SQ, SK, SV = (sbp.sequences(name, n, 3, 4) for name in ("SQ", "SK", "SV"))  # n = 5 rows: sequences of 3, then 2
 LNG, LNB = sp.MatrixSymbol("LNG", 1, 3), sp.MatrixSymbol("LNB", 1, 3)
 S4 = sp.MatrixSymbol("S4", 4, 4)
+T5 = sp.MatrixSymbol("T5", 3, 5)  # disjoint column blocks 0:2 and 3:5: one slice_scatter of both adjoints
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,9 @@ CASES += [
                                  + _sum((S4[0:4:2, 1:3] * S4.T[2:4, :]).applyfunc(sp.sin)), params=(W, V, X, S4), inputs=()),
          lambda d: (np.sin(d["X"][:, 1:3] @ d["W"][0:2]).sum() + np.cos((d["W"] @ d["V"])[1:3, 0:2]).sum()
                     + np.sin(d["S4"][0:4:2, 1:3] @ d["S4"].T[2:4]).sum())),
+    Case("slices_disjoint", lambda: _model(_sum((X * T5[:, 0:2]).applyfunc(sp.sin)) + _sum((X * T5[:, 3:5]).applyfunc(sp.cos)),
+                                           params=(T5,)),
+         lambda d: np.sin(d["X"] @ d["T5"][:, 0:2]).sum() + np.cos(d["X"] @ d["T5"][:, 3:5]).sum()),
 ]
 
 
@@ -271,6 +275,7 @@ CASES += [
     _second_order("attention_grads", "causal_attention", ["SK"]),
     _second_order("normalize_rows_vjp", "layer_norm", ["X"]),
     _second_order("slice_scatter", "slice", ["W", "S4"]),
+    _second_order("slice_scatter_merged", "slices_disjoint", ["T5"]),
 ]
 
 
