@@ -35,6 +35,7 @@ Emitter = Callable[[Any, Any], dict]  # (codegen.FunctionEmitter, kernel) -> the
 GradFnName = Callable[["Node"], tuple[str, list]]  # node -> (grad_fn name, [operand shown below it])
 LoweringRule = Callable[[Any, Any], "Node"]  # (ir lowerer, SymPy expression) -> node
 ShapeRule = Callable[[Any, Callable[[Any], tuple]], tuple]  # (SymPy expression, shape of a subexpression) -> shape
+TermMerger = Callable[[list["Node"]], list["Node"]]  # a sum's terms -> the same sum in fewer terms
 
 
 class MissingRule(ModelError, LookupError):
@@ -83,6 +84,9 @@ class OpRecord:
     attrs: what the op's kernel does, as data of its family (a frozen
         dataclass: which loop nest, gather or scatter, ...): the family's
         kernel, emit and template read these, not the op's name.
+    merge_terms: how the terms of an adjoint's sum that are nodes of this
+        op combine into fewer (slice_scatter: disjoint slices of one parent
+        as one buffer); autodiff's sum applies it.
     """
 
     name: str
@@ -102,6 +106,7 @@ class OpRecord:
     helper: bool = False
     loop: bool = False
     attrs: object = None
+    merge_terms: TermMerger | None = None
 
     def need(self, field: str) -> Any:
         """The value of `field`, or MissingRule naming the op and the field."""

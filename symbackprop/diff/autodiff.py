@@ -19,13 +19,12 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from symbackprop.base.registry import rule
+from symbackprop.base.registry import records, rule
 from symbackprop.base.scalar import partials
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_, pack, reduce_sum
 from symbackprop.ir.node import Node, placeholder, topological_order
 from symbackprop.messages import short
-from symbackprop.ops.slices import merge_scatters
 
 
 def unbroadcast(adjoint: Node, shape: tuple) -> Node:
@@ -85,7 +84,10 @@ def _readable(node: Node) -> dict:
 
 
 def add_all(terms: list[Node]) -> Node:
-    terms = merge_scatters(_merge_packs(terms))
+    terms = _merge_packs(terms)
+    for record in records():  # ops that sum their adjoints in fewer terms (slice_scatter)
+        if record.merge_terms is not None and any(t.op == record.name for t in terms):
+            terms = record.merge_terms(terms)
     if len(terms) == 1:
         return terms[0]
     return map_(sp.Add(*[placeholder(i) for i in range(len(terms))]), terms, terms[0].shape)

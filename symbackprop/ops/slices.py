@@ -253,4 +253,5 @@ register(OpRecord(
     emit=_scatter_emit,
     template="slice_scatter_kernel",
     grad_fn=plain_grad_fn("SliceScatter"),
+    merge_terms=merge_scatters,
 ))
