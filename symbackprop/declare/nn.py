@@ -71,6 +71,7 @@ from symbackprop.declare.reductions import (  # noqa: F401  (sums and means: nn.
     sum_all,
 )
 from symbackprop.declare.standing import layered
+from symbackprop.deep import run_deep
 from symbackprop.errors import ModelError
 
 
@@ -118,6 +119,14 @@ def shallow(fn: Callable[..., Any], *args: Any) -> Any:
         What fn returns (an expression, or a tuple of them), with the
         stand-ins replaced by the arguments.
     """
+    try:
+        return _shallow(fn, args)
+    except RecursionError:  # SymPy walks a deep state's whole chain (its shape, its hash)
+        return run_deep("an unrolled network's step", _shallow, fn, args)
+
+
+def _shallow(fn: Callable[..., Any], args: tuple) -> Any:
+    """shallow, on the stack it runs on."""
     back = {}
     stand_ins = []
     for arg in args:
@@ -129,9 +138,20 @@ def shallow(fn: Callable[..., Any], *args: Any) -> Any:
     out = fn(*stand_ins)
     if not back:
         return out
-    if isinstance(out, tuple):
-        return tuple(o.xreplace(back) for o in out)
-    return out.xreplace(back)
+    outs = _put_back(out, back)
+    return outs if isinstance(out, tuple) else outs[0]
+
+
+def _put_back(out: Any, back: dict) -> tuple:
+    """shallow's results with the stand-ins replaced, each hashed: SymPy
+    hashes a node on first use, recursing into arguments not yet hashed, so
+    the nodes xreplace rebuilt are hashed now, while those below them are
+    (step k of an unrolled network costs a step, not a walk down k steps:
+    a 100-step GRU was a RecursionError in nn.mse)."""
+    outs = tuple(o.xreplace(back) for o in (out if isinstance(out, tuple) else (out,)))
+    for o in outs:
+        hash(o)
+    return outs
 
 
 def _gates(x, h, W, U, b, count: int, what: str) -> list:

@@ -136,3 +136,31 @@ def test_an_explicit_matrix_doit_is_sympys():
     ours, sympys = matrix.doit(), explicit.SYMPY_DOIT(matrix)
     assert ours == sympys
     assert ours != matrix  # the unevaluated parts were evaluated
+
+
+def test_an_unrolled_gru_of_100_steps_declares_its_loss():
+    """nn.gru_cell 100 times, then nn.mse: SymPy hashed the state's rebuilt
+    nodes and sorted the loss's sum down all 100 steps at once, a
+    RecursionError in nn.mse. The loss's value is the unrolled recurrence's
+    (numpy, below); its gradient is tested at shorter lengths elsewhere."""
+    n, hidden, steps = 3, 2, 100
+    x, t = sp.MatrixSymbol("X", n, hidden), sp.MatrixSymbol("T", n, hidden)
+    weights = [[sp.MatrixSymbol(f"{kind}{gate}", *shape) for gate in "rzh"]
+               for kind, shape in (("W", (hidden, hidden)), ("U", (hidden, hidden)), ("b", (1, hidden)))]
+    h = None
+    for _ in range(steps):
+        h = nn.gru_cell(x, h, *weights)
+    loss = nn.mse(h, t)
+    rng = np.random.default_rng(0)
+    values = {s: rng.standard_normal(s.shape) * 0.5 for group in weights for s in group}
+    values[x], values[t] = rng.standard_normal((n, hidden)), rng.standard_normal((n, hidden))
+    mod = sbp.compile(sbp.Model("gru100", inputs=[x, t], params=[s for g in weights for s in g], loss=loss))
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    (Wr, Wz, Wh), (Ur, Uz, Uh), (br, bz, bh) = [[values[s] for s in g] for g in weights]
+    X, state = values[x], np.zeros((n, hidden))
+    for _ in range(steps):
+        r, z = sig(X @ Wr + state @ Ur + br), sig(X @ Wz + state @ Uz + bz)
+        state = (1 - z) * np.tanh(X @ Wh + bh + r * (state @ Uh)) + z * state
+    expected = np.mean((state - values[t]) ** 2)
+    got = mod.forward(**{str(s): v for s, v in values.items()})["loss"]
+    assert np.isclose(got, expected, rtol=1e-12), (got, expected)
