@@ -22,7 +22,6 @@ import os
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import tables  # noqa: E402
-from benchmarks.interleave import _load, _summary  # noqa: E402
+from benchmarks.interleave import _load, _summary, sample_repeats, sample_times  # noqa: E402
 
 
 def data(n: int):
@@ -123,24 +122,11 @@ def main(argv=None) -> int:
     rows, columns = [], []
     for n in (int(s) for s in args.sizes.split(",")):
         calls = peers(n)
-        repeat = {}
-        for label, call in calls.items():
+        for call in calls.values():
             call()
-            t0 = time.process_time()
-            call()
-            repeat[label] = max(1, int(2e-3 / max(time.process_time() - t0, 1e-6)))
-        rounds = []
-        for _ in range(args.rounds):
-            medians = {}
-            for label, call in calls.items():
-                samples = []
-                for _ in range(args.calls):
-                    t0 = time.process_time()
-                    for _ in range(repeat[label]):
-                        call()
-                    samples.append((time.process_time() - t0) / repeat[label])
-                medians[label] = statistics.median(samples)
-            rounds.append(medians)
+        repeats = sample_repeats(calls, 0)
+        rounds = [{label: statistics.median(t) for label, t in sample_times(calls, repeats, args.calls, "cpu").items()}
+                  for _ in range(args.rounds)]
         summary = _summary(rounds)
         columns += [label for label in summary if label not in columns]
         print(f"n={n}:")

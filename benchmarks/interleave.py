@@ -73,24 +73,37 @@ def serve(peer_name: str, workload_name: str, dtype: str, size: str | None = Non
     for variant in variants:
         for _ in range(2):
             variant.call()
-    now = time.process_time if clock == "cpu" else time.perf_counter
-    repeats = {}
-    for variant in variants:  # --inner 0: as many calls as make a sample of 2 ms
-        t0 = time.perf_counter()
-        variant.call()
-        repeats[variant.label] = inner or max(1, min(100_000, int(2e-3 / max(time.perf_counter() - t0, 1e-9))))
-    print(json.dumps({"ready": [v.label for v in variants]}), flush=True)
+    calls = {variant.label: variant.call for variant in variants}
+    repeats = sample_repeats(calls, inner)
+    print(json.dumps({"ready": list(calls)}), flush=True)
     for line in sys.stdin:
-        calls = int(line)
-        times: dict[str, list[float]] = {}
-        for variant in variants:
-            call, repeat = variant.call, repeats[variant.label]
-            for _ in range(calls):
-                t0 = now()
-                for _ in range(repeat):
-                    call()
-                times.setdefault(variant.label, []).append((now() - t0) / repeat)
-        print(json.dumps(times), flush=True)
+        print(json.dumps(sample_times(calls, repeats, int(line), clock)), flush=True)
+
+
+def sample_repeats(calls: dict, inner: int) -> dict[str, int]:
+    """Back-to-back calls a timed sample of each takes: `inner`, or with 0
+    as many as make a sample of about 2 ms."""
+    repeats = {}
+    for label, call in calls.items():
+        t0 = time.perf_counter()
+        call()
+        repeats[label] = inner or max(1, min(100_000, int(2e-3 / max(time.perf_counter() - t0, 1e-9))))
+    return repeats
+
+
+def sample_times(calls: dict, repeats: dict[str, int], count: int, clock: str = "wall") -> dict[str, list[float]]:
+    """Each call's `count` samples in turn, a sample's time over its
+    repeats back-to-back calls (clock "cpu": the process's CPU time)."""
+    now = time.process_time if clock == "cpu" else time.perf_counter
+    times: dict[str, list[float]] = {}
+    for label, call in calls.items():
+        repeat = repeats[label]
+        for _ in range(count):
+            t0 = now()
+            for _ in range(repeat):
+                call()
+            times.setdefault(label, []).append((now() - t0) / repeat)
+    return times
 
 
 def _start(peer: str, args, workload: str, dtype: str, size: str | None, tmp: str) -> subprocess.Popen:

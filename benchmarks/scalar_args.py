@@ -18,7 +18,6 @@ import os
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ if str(ROOT) not in sys.path:
 
 import symbackprop as sbp  # noqa: E402
 from benchmarks import tables  # noqa: E402
-from benchmarks.interleave import _load, _summary  # noqa: E402
+from benchmarks.interleave import _load, _summary, sample_times  # noqa: E402
 
 
 def variants(dtype: str) -> dict:
@@ -64,25 +63,15 @@ def main(argv=None) -> int:
     p.add_argument("--save", default=None, metavar="NAME")
     args = p.parse_args(argv)
     load = [_load()]
-    now = time.process_time if args.clock == "cpu" else time.perf_counter
     rows, columns = [], []
     for dtype in args.dtype.split(","):
         calls = variants(dtype)
         for call in calls.values():
             for _ in range(100):
                 call()
-        rounds = []
-        for _ in range(args.rounds):
-            medians = {}
-            for label, call in calls.items():
-                samples = []
-                for _ in range(args.calls):
-                    t0 = now()
-                    for _ in range(args.inner):
-                        call()
-                    samples.append((now() - t0) / args.inner)
-                medians[label] = statistics.median(samples)
-            rounds.append(medians)
+        repeats = dict.fromkeys(calls, args.inner)
+        rounds = [{label: statistics.median(t) for label, t in sample_times(calls, repeats, args.calls, args.clock).items()}
+                  for _ in range(args.rounds)]
         summary = _summary(rounds)
         columns += [label for label in summary if label not in columns]
         print(f"{dtype}:")
