@@ -36,16 +36,25 @@ from symbackprop.errors import ModelError
 SCORES_OPS = frozenset({"attention_scores"})
 
 
+def attention_geometry(geometry: Sequence) -> tuple[int, int, bool]:
+    """(L, heads, causal) of an attention op's geometry: (L, heads) is
+    causal attention (keys s <= t), (L, heads, 0) attention over every key
+    of the sequence. The one place this spelling is read."""
+    length, heads, *rest = (int(g) for g in geometry)
+    return length, heads, not rest or bool(rest[0])
+
+
 def sequence_shape(op: str, geometry: tuple, shapes: Sequence[tuple]) -> tuple:
     """The shape of attention op `op`'s result from its geometry (L, heads)
-    and its operands' shapes: the rows of the first (the positions). The
-    one place this is written; the IR ops read it too."""
-    length, heads = geometry
+    or (L, heads, 0) and its operands' shapes: the rows of the first (the
+    positions). The one place this is written; the IR ops read it too."""
+    length, heads, _ = attention_geometry(geometry)
     return (shapes[0][0], heads * length if op in SCORES_OPS else shapes[-1][1])
 
 
 class SequenceOp(ImageOp):
-    """An attention op of `arity` matrices with geometry (L, heads); rows: positions."""
+    """An attention op of `arity` matrices with geometry (L, heads), or
+    (L, heads, 0) over every key (no causal mask); rows: positions."""
 
     @property
     def shape(self) -> tuple:
@@ -59,7 +68,7 @@ class AttentionScores(SequenceOp):
 
 
 class CausalSoftmax(SequenceOp):
-    """Each head's row of scores softmaxed over keys s <= t; exactly 0 for s > t."""
+    """Each head's row of scores softmaxed over keys s <= t; exactly 0 for s > t (over every key: (L, heads, 0))."""
 
     op, arity = "causal_softmax", 1
 
@@ -159,30 +168,54 @@ def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
     Raises:
         ModelError: q, k, v differ in shape or length, or d is not a multiple of heads.
     """
-    out, probabilities = _attend(q, k, v, heads)
+    out, probabilities = _attend(q, k, v, heads, causal=True)
     return (out, probabilities) if weights else out
 
 
-def _attend(q: Sequences, k: Sequences, v: Sequences, heads: int) -> tuple[Sequences, sp.MatrixExpr]:
-    """causal_attention's values and weights."""
-    q, k, v = (_checked(s, "causal_attention") for s in (q, k, v))
+def attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
+              weights: bool = False) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
+    """softmax(Q K^T / sqrt(dh)) V per sequence and per head over every key
+    of the sequence (no mask: an encoder's attention, PyTorch's
+    MultiheadAttention without attn_mask); as causal_attention otherwise
+    (its weights, m x (heads*L), have no zeros but past a shorter last
+    sequence's end).
+
+    Args:
+        q: the queries, Sequences (m x d).
+        k: the keys, Sequences of q's length and shape.
+        v: the values, Sequences of q's length and shape.
+        heads: the number of heads.
+        weights: also return the attention weights (see causal_attention).
+
+    Raises:
+        ModelError: q, k, v differ in shape or length, or d is not a multiple of heads.
+    """
+    out, probabilities = _attend(q, k, v, heads, causal=False)
+    return (out, probabilities) if weights else out
+
+
+def _attend(q: Sequences, k: Sequences, v: Sequences, heads: int, causal: bool) -> tuple[Sequences, sp.MatrixExpr]:
+    """causal_attention's (attention's where not causal) values and weights."""
+    what = "causal_attention" if causal else "attention"
+    q, k, v = (_checked(s, what) for s in (q, k, v))
     if not q.length == k.length == v.length or not q.matrix.shape == k.matrix.shape == v.matrix.shape:
-        raise ModelError("causal_attention's q, k and v must be sequences of one length and shape")
-    dh = _head_size(q.features, heads, "causal_attention")
+        raise ModelError(f"{what}'s q, k and v must be sequences of one length and shape")
+    dh = _head_size(q.features, heads, what)
+    geometry = (q.length, heads) if causal else (q.length, heads, 0)
     # the scale on the queries (on a weight, where q is a product: schedule-free), not on every score
-    scores = AttentionScores(q.matrix / sp.sqrt(dh), k.matrix, q.length, heads)
-    probabilities = CausalSoftmax(scores, q.length, heads)
-    return Sequences(AttentionMix(probabilities, v.matrix, q.length, heads), q.length), probabilities
+    scores = AttentionScores(q.matrix / sp.sqrt(dh), k.matrix, *geometry)
+    probabilities = CausalSoftmax(scores, *geometry)
+    return Sequences(AttentionMix(probabilities, v.matrix, *geometry), q.length), probabilities
 
 
 Biases = Sequence["sp.MatrixExpr | None"]
 
 
 def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.MatrixExpr, wo: sp.MatrixExpr,
-                   heads: int, biases: Biases | None = None,
-                   weights: bool = False) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
-    """Multi-head causal self-attention: causal_attention(x Wq + bq, x Wk + bk,
-    x Wv + bv) Wo + bo, with PyTorch's MultiheadAttention's projections
+                   heads: int, biases: Biases | None = None, weights: bool = False,
+                   causal: bool = True) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
+    """Multi-head self-attention: causal_attention(x Wq + bq, x Wk + bk,
+    x Wv + bv) Wo + bo (attention(...) where causal=False), with PyTorch's MultiheadAttention's projections
     transposed: Wq, Wk, Wv are in_proj_weight's three d x d blocks of rows
     transposed (slices of one fused parameter: `W[0:d, :].T`, ...), Wo is
     out_proj.weight transposed.
@@ -198,6 +231,7 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
             PyTorch's in_proj_bias (a 1 x 3d row b) is b[:, 0:d], b[:, d:2d],
             b[:, 2d:3d], out_proj.bias is bo. None: no biases.
         weights: also return the attention weights (see causal_attention).
+        causal: keys s <= t only (a decoder's); False: every key (an encoder's).
 
     Raises:
         ModelError: a weight is not d x d or a bias not 1 x d.
@@ -212,7 +246,7 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
         if b is not None and b.shape != (1, d):
             raise ModelError(f"self_attention's biases are rows of 1 x {d}; {b} is {b.shape}")
     q, k, v = (Sequences(m, x.length) for m in _projections(x.matrix, (wq, wk, wv), (bq, bk, bv)))
-    out, probabilities = _attend(q, k, v, heads)
+    out, probabilities = _attend(q, k, v, heads, causal)
     mixed = Sequences(_affine(out.matrix, wo, bo), out.length)
     return (mixed, probabilities) if weights else mixed
 

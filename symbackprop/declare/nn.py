@@ -34,6 +34,7 @@ from symbackprop.declare.activations import (  # noqa: F401  (the activations: n
 from symbackprop.declare.attention import (  # noqa: F401  (attention and transformer layers)
     Sequences,
     add_positions,
+    attention,
     causal_attention,
     embedding,
     layer_norm,

@@ -1,9 +1,12 @@
-"""The ops of causal attention (symbackprop.declare.attention, docs/attention.md).
+"""The ops of attention (symbackprop.declare.attention, docs/attention.md),
+causal as written below; an op whose geometry is (L, H, 0) reads every
+key of the sequence instead (the bounds "s <= t" become "s < len_e",
+"t >= s" every t: an encoder's attention, no mask).
 
 Rows are positions: m rows, sequence e its rows e*L .. e*L + len_e - 1
 (len_e = L but for a shorter last sequence). Q, K, V are m x d, a head h
 their columns h*dh .. h*dh + dh - 1; a scores matrix is m x (H*L), head h
-its columns h*L + s (s the key's position). The ops, all with attrs (L, H):
+its columns h*L + s (s the key's position). The ops, all with attrs (L, H) (causal) or (L, H, 0):
 
     attention_scores(A, B)  S[(e,t),(h,s)] = A[(e,t),h] . B[(e,s),h] for s <= t, 0 for s > t
     attention_mix(P, V)     O[(e,t),h] = sum_{s<=t} P[(e,t),(h,s)] V[(e,s),h]
@@ -50,6 +53,8 @@ A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))
 
 
 def _node(op: str, args: tuple[Node, ...], geometry: tuple) -> Node:
+    length, heads, causal = declared.attention_geometry(geometry)
+    geometry = (length, heads) if causal else (length, heads, 0)  # one spelling of each: CSE sees equal nodes
     return op_node(op, args, declared.sequence_shape(op, geometry, [a.shape for a in args]), geometry)
 
 
@@ -107,7 +112,7 @@ def _softmax_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
 
 def _head_sums(a: Node, b: Node, geometry: tuple) -> Node:
     """sum over each head's keys of a*b, broadcast back over the keys."""
-    length, heads = geometry
+    length, heads, _ = declared.attention_geometry(geometry)
     return channel_broadcast(channel_sum(map_(A0 * A1, [a, b]), (heads, length)), (heads, length))
 
 
@@ -148,48 +153,53 @@ def _rows(a: np.ndarray, rows: int) -> np.ndarray:
 
 def _heads(node: Node, context) -> tuple[int, int, int, int]:
     """(m, L, H, dh) of an op whose last argument is m x d."""
-    length, heads = node.attrs
+    length, heads, _ = declared.attention_geometry(node.attrs)
     return context.shape(node)[0], length, heads, node.args[-1].shape[1] // heads
 
 
-def _causal(length: int) -> np.ndarray:
-    """[t, s]: key s is at or before query t (the causal triangle)."""
-    return np.tril(np.ones((length, length)))
+def _allowed(node: Node, rows: int) -> np.ndarray:
+    """[e, t, s]: whether query t of sequence e reads key s: a key of the
+    sequence (the last one may be shorter), at or before t where causal."""
+    length, _, causal = declared.attention_geometry(node.attrs)
+    count = -(-rows // length)
+    keys = np.ones((count, length, length))
+    keys[-1, :, rows - (count - 1) * length:] = 0
+    return keys * np.tril(np.ones((length, length))) if causal else keys
 
 
 def _eval_scores(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    length, heads = node.attrs
+    length, heads, _ = declared.attention_geometry(node.attrs)
     m, dh = context.shape(node)[0], node.args[0].shape[1] // heads
     a, b = (_blocks(x, m, length, heads, dh) for x in args)
-    return _rows(np.einsum("ethk,eshk,ts->eths", a, b, _causal(length)), m)
+    return _rows(np.einsum("ethk,eshk,ets->eths", a, b, _allowed(node, m)), m)
 
 
 def _eval_mix(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     m, length, heads, dh = _heads(node, context)
     p, v = _blocks(args[0], m, length, heads, length), _blocks(args[1], m, length, heads, dh)
-    return _rows(np.einsum("eths,eshk,ts->ethk", p, v, _causal(length)), m)
+    return _rows(np.einsum("eths,eshk,ets->ethk", p, v, _allowed(node, m)), m)
 
 
 def _eval_mix_t(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     m, length, heads, dh = _heads(node, context)
     p, v = _blocks(args[0], m, length, heads, length), _blocks(args[1], m, length, heads, dh)
-    return _rows(np.einsum("eths,ethk,ts->eshk", p, v, _causal(length)), m)
+    return _rows(np.einsum("eths,ethk,ets->eshk", p, v, _allowed(node, m)), m)
 
 
 def _eval_softmax(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    length, heads = node.attrs
+    length, heads, _ = declared.attention_geometry(node.attrs)
     m = context.shape(node)[0]
     s = _blocks(args[0], m, length, heads, length)
-    allowed = _causal(length).astype(bool)[None, :, None, :]
+    allowed = _allowed(node, m).astype(bool)[:, :, None, :]
     s = np.where(allowed, s, -np.inf)
     e = np.exp(s - s.max(axis=3, keepdims=True))
     return _rows(e / e.sum(axis=3, keepdims=True), m)
 
 
 def _eval_softmax_vjp(node: Node, args: list[np.ndarray], context) -> np.ndarray:
-    length, heads = node.attrs
+    length, heads, _ = declared.attention_geometry(node.attrs)
     m = context.shape(node)[0]
-    p, d = (_blocks(a, m, length, heads, length) * _causal(length)[None, :, None, :] for a in args)
+    p, d = (_blocks(a, m, length, heads, length) * _allowed(node, m)[:, :, None, :] for a in args)
     return _rows(p * (d - (p * d).sum(axis=3, keepdims=True)), m)
 
 
@@ -237,6 +247,7 @@ class AttentionKernel:
     labels: tuple[str, ...]  # the arguments', for the loops' comments
     block: str | None = None  # the scores' workspace of L*dh: one (sequence, head)'s keys, transposed
     strides: tuple[tuple[int, int], ...] = ()  # a product's arguments' (offset, row stride); () contiguous
+    causal: bool = True  # keys s <= t only; else every key of the sequence
 
     def reads(self) -> list[str]:
         return [buffer for buffer, _ in self.args if buffer is not None] + ([self.block] if self.block else [])
@@ -253,9 +264,9 @@ class AttentionKernel:
         return attrs_of(self.kind, AttentionAttrs)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
-        """(multiply-adds, other operations): the causal triangle, (L+1)/2 keys a query."""
+        """(multiply-adds, other operations): the causal triangle, (L+1)/2 keys a query, or all L."""
         length, heads, dh = self.geometry
-        keys = sp.sympify(self.rows) * heads * sp.Rational(length + 1, 2)
+        keys = sp.sympify(self.rows) * heads * (sp.Rational(length + 1, 2) if self.causal else length)
         if self.attrs.product is None:
             madds, other = self.attrs.row_work
             return madds * keys, other * keys
@@ -271,6 +282,16 @@ _MATH = {
                        "sum_{{s'<=t}} exp(...) for s <= t, 0 for s > t (the causal mask)"),
     "softmax_vjp": ("[(e,t),(h,s)]", "{0}[(e,t),(h,s)] * ({1}[(e,t),(h,s)] - sum_{{s'<=t}} {0}[(e,t),(h,s')] * "
                     "{1}[(e,t),(h,s')]) for s <= t, 0 for s > t"),
+}
+# The same without the mask: every key s of the sequence (s < len, the last sequence's length).
+_MATH_ALL_KEYS = {
+    "attention_scores": ("[(e,t),(h,s)]", "sum_k {0}[(e,t),h*dh+k] * {1}[(e,s),h*dh+k] for every key s"),
+    "attention_mix": ("[(e,t),h*dh+k]", "sum_s {0}[(e,t),(h,s)] * {1}[(e,s),h*dh+k]"),
+    "attention_mix_t": ("[(e,s),h*dh+k]", "sum_t {0}[(e,t),(h,s)] * {1}[(e,t),h*dh+k]"),
+    "causal_softmax": ("[(e,t),(h,s)]", "exp({0}[(e,t),(h,s)] - max_{{s'}} {0}[(e,t),(h,s')]) / "
+                       "sum_{{s'}} exp(...) over every key (no mask)"),
+    "softmax_vjp": ("[(e,t),(h,s)]", "{0}[(e,t),(h,s)] * ({1}[(e,t),(h,s)] - sum_{{s'}} {0}[(e,t),(h,s')] * "
+                    "{1}[(e,t),(h,s')]) over every key"),
 }
 
 
@@ -297,7 +318,7 @@ def _strided_operands(sched, node: Node) -> tuple[list, list[str], tuple[tuple[i
 
 
 def _kernel(sched, node: Node, out: str) -> AttentionKernel:
-    length, heads = node.attrs
+    length, heads, causal = declared.attention_geometry(node.attrs)
     attrs = attrs_of(node.op, AttentionAttrs)
     if attrs.product is None:
         args, labels = kernel_operands(sched, node)
@@ -305,12 +326,12 @@ def _kernel(sched, node: Node, out: str) -> AttentionKernel:
     else:
         args, labels, strides = _strided_operands(sched, node)
     dh = 0 if attrs.product is None else node.args[-1].shape[1] // heads  # a row pass: scores in, scores out
-    entry, value = (part.format(*labels) for part in _MATH[node.op])
+    entry, value = (part.format(*labels) for part in (_MATH if causal else _MATH_ALL_KEYS)[node.op])
     value += f" (rows (e,t) = e*{length}+t, {heads} heads" + (f" of {dh} columns)" if dh else ")")
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
     block = sched.claim_scratch(f"{out}_block", (length, dh)) if attrs.workspace else None
     return AttentionKernel(node.op, out, tuple(args), node.shape[0], (length, heads, dh),
-                           (Equation(out + entry, value, latex),), tuple(labels), block, strides)
+                           (Equation(out + entry, value, latex),), tuple(labels), block, strides, causal)
 
 
 def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
@@ -325,8 +346,15 @@ def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
             "a_label": kernel.labels[0], "b_label": kernel.labels[-1],
             "block": em.namer.name(kernel.block) if kernel.block is not None else None,
             "op": kernel.attrs, "parallel": worth_threads(kernel.rows),  # over the sequences: two at least, and enough work
-            "min_rows": max(length + 1, min_rows_for_threads(heads * (length + 1) // 2 * max(dh, 4))),
+            "causal": kernel.causal,
+            "min_rows": max(length + 1, min_rows_for_threads(heads * _keys(kernel) * max(dh, 4))),
             "exp": printer.doprint(sp.exp(sp.Symbol("val", real=True) - sp.Symbol("top", real=True)))}
+
+
+def _keys(kernel: AttentionKernel) -> int:
+    """The keys a query reads, on average (as the parallel threshold counted them)."""
+    length = kernel.geometry[0]
+    return (length + 1) // 2 if kernel.causal else length
 
 
 def _lower(lowerer, expr: declared.SequenceOp) -> Node:

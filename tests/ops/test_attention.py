@@ -46,9 +46,10 @@ def _check(model, reference, arrays, wrt, blas=None):
     return mod, grads
 
 
-def _torch_attention(q, k, v, length, heads):
+def _torch_attention(q, k, v, length, heads, causal=True):
     """Causal attention per sequence of `length` rows (the last may be
-    shorter) and per head, the mask as -inf scores (PyTorch's recipe)."""
+    shorter) and per head, the mask as -inf scores (PyTorch's recipe);
+    without the mask where not causal."""
     rows, d = q.shape
     dh = d // heads
     out = []
@@ -57,7 +58,7 @@ def _torch_attention(q, k, v, length, heads):
         size = at.stop - at.start
         qe, ke, ve = (z[at].reshape(size, heads, dh).transpose(0, 1) for z in (q, k, v))
         scores = qe @ ke.transpose(1, 2) / dh**0.5
-        masked = torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=1)
+        masked = torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=1) & causal
         weights = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
         out.append((weights @ ve).transpose(0, 1).reshape(size, d))
     return torch.cat(out)
@@ -76,6 +77,22 @@ def test_causal_attention(rows, length, heads, blas):
     arrays = {s: rng.standard_normal((rows, d)) for s in ("q", "k", "v")}
     _check(model, lambda t: torch.sin(_torch_attention(t["q"], t["k"], t["v"], length, heads)).sum(), arrays, "qkv",
            blas)
+
+
+@BUILDS
+@pytest.mark.parametrize(("rows", "length", "heads"), [(5, 5, 1), (13, 5, 3), (7, 3, 2), (4, 1, 2)])
+def test_attention_over_every_key(rows, length, heads, blas):
+    """nn.attention (no mask): every key of its sequence, a shorter last one's too (13 = 5+5+3, 7 = 3+3+1)."""
+    d = 6
+    q, k, v = (sbp.sequences(s, m, length, d) for s in ("q", "k", "v"))
+    out = nn.attention(q, k, v, heads)
+    model = sbp.Model("attn_all_keys", inputs=[q.matrix, k.matrix, v.matrix],
+                      grad_inputs=[q.matrix, k.matrix, v.matrix], params=[],
+                      loss=nn.sum_all(out.matrix.applyfunc(sp.sin)))
+    rng = np.random.default_rng(rows + 7 * heads)
+    arrays = {s: rng.standard_normal((rows, d)) for s in ("q", "k", "v")}
+    _check(model, lambda t: torch.sin(_torch_attention(t["q"], t["k"], t["v"], length, heads, causal=False)).sum(),
+           arrays, "qkv", blas)
 
 
 def test_masked_weights_and_their_gradients_are_exactly_zero():

@@ -190,6 +190,9 @@ CASES = [
     Case("causal_attention", lambda: _model(_sum(nn.causal_attention(SQ, SK, SV, 2).matrix.applyfunc(sp.sin)),
                                             params=(SQ.matrix, SK.matrix, SV.matrix), inputs=()),
          lambda d: np.sin(_np_attention(d["SQ"], d["SK"], d["SV"], 3, 2)).sum()),
+    Case("attention", lambda: _model(_sum(nn.attention(SQ, SK, SV, 2).matrix.applyfunc(sp.sin)),
+                                     params=(SQ.matrix, SK.matrix, SV.matrix), inputs=()),
+         lambda d: np.sin(_np_attention(d["SQ"], d["SK"], d["SV"], 3, 2, causal=False)).sum()),
     Case("layer_norm", lambda: _model(_sum(nn.layer_norm(X, LNG, LNB).applyfunc(sp.sin)), params=(X, LNG, LNB),
                                       inputs=()),
          lambda d: np.sin((d["X"] - d["X"].mean(1, keepdims=True)) / np.sqrt(d["X"].var(1, keepdims=True) + 1e-5)
@@ -273,6 +276,7 @@ CASES += [
     _second_order("max_unpool2d_padded", "max_pool2d_padded", ["IMG"]),
     _second_order("avg_unpool2d_padded", "avg_pool2d_padded", ["IMG"]),
     _second_order("attention_grads", "causal_attention", ["SK"]),
+    _second_order("attention_grads_all_keys", "attention", ["SQ", "SV"]),
     _second_order("normalize_rows_vjp", "layer_norm", ["X"]),
     _second_order("slice_scatter", "slice", ["W", "S4"]),
     _second_order("slice_scatter_merged", "slices_disjoint", ["T5"]),
@@ -317,18 +321,20 @@ def _np_batch_norm(x, gamma, beta, eps=1e-5):
     return (x - mean) / np.sqrt(var + eps) * gamma.reshape(1, 2, 1, 1) + beta.reshape(1, 2, 1, 1)
 
 
-def _np_attention(q, k, v, length, heads):
+def _np_attention(q, k, v, length, heads, causal=True):
     """Causal attention by its definition: each sequence of `length` rows
-    (the last shorter), each head's columns, keys s <= t only."""
+    (the last shorter), each head's columns, keys s <= t only (every key
+    of the sequence where not causal)."""
     out = np.zeros_like(q)
     dh = q.shape[1] // heads
     for first in range(0, q.shape[0], length):
         for t in range(first, min(first + length, q.shape[0])):
             for h in range(heads):
                 cols = slice(h * dh, (h + 1) * dh)
-                scores = np.array([q[t, cols] @ k[s, cols] / np.sqrt(dh) for s in range(first, t + 1)])
+                end = t + 1 if causal else min(first + length, q.shape[0])
+                scores = np.array([q[t, cols] @ k[s, cols] / np.sqrt(dh) for s in range(first, end)])
                 weights = np.exp(scores - scores.max())
-                out[t, cols] = (weights / weights.sum()) @ v[first:t + 1, cols]
+                out[t, cols] = (weights / weights.sum()) @ v[first:end, cols]
     return out
 
 
@@ -435,7 +441,7 @@ def test_jvp_matches_directional_difference(case):
                                   "shift_down_fill", "shift_left_axis1",
                                   "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm",
                                   "conv2d_rect", "max_pool2d_padded", "avg_pool2d_padded",
-                                  "causal_attention", "layer_norm", "slice", "slice_scatter"])
+                                  "causal_attention", "attention", "layer_norm", "slice", "slice_scatter"])
 def test_compiled_module_agrees_with_the_interpreter(name):
     case = next(c for c in CASES if c.name == name)
     model = case.build()
