@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from symbackprop._version import __version__
-from symbackprop.declare.attention import Sequences, position_ids, sequences
+from symbackprop.declare.attention import Sequences, position_ids, sequence_starts, sequences
 from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp, stop_gradient
 from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
@@ -98,6 +98,7 @@ __all__ = [
     "position_ids",
     "reduce",
     "scan",
+    "sequence_starts",
     "sequences",
     "set_num_threads",
     "shift",

@@ -364,3 +364,33 @@ def position_ids(n: int, length: int) -> np.ndarray:
         length: L.
     """
     return np.tile(np.arange(length, dtype=np.int64), n)
+
+
+def sequence_starts(n: int, length: int) -> np.ndarray:
+    """The Index of each sequence's first row: 0, L, 2L, ..., (n-1)L (for
+    first_positions and sequence_mean).
+
+    Args:
+        n: the number of sequences.
+        length: L.
+    """
+    return np.arange(n, dtype=np.int64) * whole_number("length", length)
+
+
+def first_positions(x: Sequences, starts: Index) -> sp.MatrixExpr:
+    """Each sequence's first row (n x d: PyTorch's x[:, 0] of (n, L, d));
+    `starts` the Index of those rows (sequence_starts(n, L))."""
+    return gather(_checked(x, "first_positions").matrix, starts)
+
+
+def sequence_mean(x: Sequences, starts: Index) -> sp.MatrixExpr:
+    """The mean of each sequence's rows (n x d: PyTorch's x.mean(1) of (n,
+    L, d)); `starts` the Index of each sequence's first row
+    (sequence_starts(n, L)). It is attention with equal weights, the
+    softmax of zero scores over every key (1/len of the sequence's rows,
+    the shorter last one's too), read at each sequence's first row: the
+    attention ops' loops, their gradient a broadcast back over the rows."""
+    x = _checked(x, "sequence_mean")
+    geometry = (x.length, 1, 0)  # one head, every key
+    uniform = CausalSoftmax(sp.ZeroMatrix(x.matrix.shape[0], x.length), *geometry)
+    return gather(AttentionMix(uniform, x.matrix, *geometry), starts)

@@ -37,8 +37,10 @@ from symbackprop.declare.attention import (  # noqa: F401  (attention and transf
     attention,
     causal_attention,
     embedding,
+    first_positions,
     layer_norm,
     self_attention,
+    sequence_mean,
     sequences,
 )
 from symbackprop.declare.conv import (  # noqa: F401  (the convolutional layers: nn.conv2d, ...)

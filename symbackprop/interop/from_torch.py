@@ -47,6 +47,7 @@ from symbackprop.declare.model import Model
 from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
 from symbackprop.interop import torch_attention as att
+from symbackprop.interop import torch_encoder as enc
 from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
 from symbackprop.interop.torch_images import running_updates
 from symbackprop.interop.torch_ops import functions, layers, method, op_name
@@ -176,12 +177,19 @@ class _Builder:
         self.updates: dict[str, sp.MatrixExpr] = {}  # a running statistic -> its new value (batch norm, training)
         self.attention = False  # sequences for attention: buffers are values, calls on constants run by torch
         self.positions: Index | None = None  # each row's position, where a positional table is added
+        self.starts: Index | None = None  # each sequence's first row, where the sequences are pooled
 
     def position_ids(self) -> Index:
         """The model's Index input `positions` (sbp.position_ids(n, L)), made where first used."""
         if self.positions is None:
             self.positions = Index("positions", POSITIONS)
         return self.positions
+
+    def sequence_starts(self) -> Index:
+        """The model's Index input `starts` (sbp.sequence_starts(n, L)), made where first used."""
+        if self.starts is None:
+            self.starts = Index("starts", BATCH)
+        return self.starts
 
     def param(self, torch_key: str, tensor: Any) -> sp.MatrixSymbol:
         if id(tensor) in self.seen:
@@ -210,6 +218,8 @@ class _Builder:
         kind = type(module)
         if att.is_attention(module):
             return att.mha_layer(module, path, args, kwargs, lambda key: self._dotted(module, path, key))
+        if enc.is_transformer(module):
+            return enc.transformer(module, path, args, kwargs, self.layer)
         if self.attention and kind.__name__ == "Embedding" and args and att.concrete(args[0]):
             return att.position_rows(args[0], self._dotted(module, path, "weight"))
         convert = layers().get(kind)
@@ -306,6 +316,9 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
     if builder.attention and att.reads_shape(node, args):  # x.size(1), x.shape, x.device: known
         return att.shape_or_device(node, args, kwargs)
     if att.has_positions(args, kwargs) and not writes_in_place(node, root):
+        pooled = att.pooled(node, args, kwargs, builder.sequence_starts)  # x.mean(1), x[:, 0]: (n, features)
+        if pooled is not None:
+            return pooled
         if node.target in (operator.add, _torch().add, "add"):  # x + a positional table (L, features)
             args = att.add_positions(args, builder.position_ids)
         return _per_position(node, args, kwargs)
@@ -388,6 +401,8 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder) -> sp.Ma
             out = builder.layer(module, "", (x,), {})
         except (ModelError, sp.ShapeError) as error:
             raise ModelError(f"the module: {error}") from error
+        if isinstance(out, Positions):  # a TransformerEncoderLayer as the network: (n, L, k), its n*L rows
+            out = out.matrix
         if isinstance(out, Images):
             raise ModelError(f"the module: {type(module).__name__} returns images (batch, {out.channels}, "
                              f"{out.height}, {out.width}); from_torch converts a network returning (batch, outputs): "
@@ -504,8 +519,7 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     Y = _network(module, x, builder)
     loss_expr, inputs = _loss(loss, Y, X, reduction)
     running = {f"{key}_new": key for key in builder.updates}  # output -> the running statistic it updates
-    if builder.positions is not None:
-        inputs.append(builder.positions)
+    inputs += [index for index in (builder.positions, builder.starts) if index is not None]
     model = Model(name, inputs=(*inputs, *builder.frozen), params=tuple(builder.symbols), loss=loss_expr,
                   outputs={"Y": Y, **{out: builder.updates[key] for out, key in running.items()}})
     return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes,

@@ -1,6 +1,7 @@
 """from_torch's attention: torch.nn.MultiheadAttention as symbackprop's
-causal self-attention (nn.self_attention), and the per-position layers of
-a transformer around it.
+self-attention (nn.self_attention: causal under torch's causal attn_mask,
+over every key without one), and the per-position layers of a
+transformer around it.
 
 A network with a MultiheadAttention takes sequences: an example input of
 (batch, L, features) floats or (batch, L) integer token ids for an
@@ -24,7 +25,7 @@ from typing import Any
 
 import sympy as sp
 
-from symbackprop.declare.attention import Sequences, self_attention
+from symbackprop.declare.attention import Sequences, first_positions, self_attention, sequence_mean
 from symbackprop.declare.tensor import Index, gather
 from symbackprop.errors import ModelError
 from symbackprop.interop.torch_values import Positions, torch_module
@@ -185,57 +186,101 @@ class Unused:
                 "translated: use only its output")
 
 
-def _refuse(module: Any, a: dict, length: int) -> None:
-    """What symbackprop's causal self-attention does not compute as torch does, named."""
+def masks_nothing(mask: Any) -> bool:
+    """Whether mask is an attn_mask that masks nothing: all False (bool) or all 0 (float)."""
+    torch = torch_module()
+    if not isinstance(mask, torch.Tensor):
+        return False
+    return not bool(mask.any()) if mask.dtype == torch.bool or mask.is_floating_point() else False
+
+
+def _refuse(module: Any, a: dict, length: int) -> bool:
+    """What symbackprop's self-attention does not compute as torch does,
+    named; else whether the attention is causal (False: no mask, every key)."""
     query = a["query"]
     if not isinstance(query, Positions) or getattr(query.matrix, "is_index", False):
         raise ModelError("MultiheadAttention takes sequences: from_torch's example input (batch, L, features), "
                          "or (L, batch, features) where batch_first=False, or token ids into an Embedding")
     if not (query is a["key"] and query is a["value"]):
         raise ModelError("MultiheadAttention with different query, key and value (cross-attention) is not "
-                         "translated; from_torch translates self-attention, mha(x, x, x, attn_mask=causal)")
+                         "translated; from_torch translates self-attention, mha(x, x, x) or mha(x, x, x, attn_mask=causal)")
     if not module._qkv_same_embed_dim:
         raise ModelError(f"MultiheadAttention(kdim={module.kdim}, vdim={module.vdim}) with embed_dim="
                          f"{module.embed_dim}: separate key/value projections are not translated")
     if module.bias_k is not None or module.add_zero_attn:
         raise ModelError("MultiheadAttention(add_bias_kv=True or add_zero_attn=True) is not translated")
     if a.get("key_padding_mask") is not None:
-        raise ModelError("MultiheadAttention with a key_padding_mask is not translated (symbackprop's attention "
-                         "masks the keys after each query only)")
+        raise ModelError("MultiheadAttention with a key_padding_mask is not translated: symbackprop's attention "
+                         "reads every key of a sequence or those up to the query (a causal attn_mask), none masked "
+                         "per example; pass sequences of one length without padding")
     if module.dropout and module.training:
         raise ModelError(f"MultiheadAttention(dropout={module.dropout}) in training mode is random; call .eval()")
     mask, hinted = a.get("attn_mask"), a.get("is_causal", False) and not a.get("need_weights", True)
-    if mask is None:
-        raise ModelError("MultiheadAttention without a causal attn_mask: symbackprop's attention is causal only; "
-                         f"pass attn_mask=torch.triu(torch.ones({length}, {length}, dtype=torch.bool), diagonal=1) "
-                         "(or a float mask of -inf above the diagonal), with is_causal=True if you like")
+    if mask is None and a.get("is_causal", False):
+        raise ModelError("MultiheadAttention(is_causal=True) without an attn_mask: torch takes is_causal as a hint "
+                         "about the mask; pass the causal attn_mask too")
+    if mask is None or masks_nothing(mask):
+        return False
     if not hinted and not causal_mask(mask, length):
         shape = tuple(mask.shape) if hasattr(mask, "shape") else mask
-        raise ModelError(f"MultiheadAttention's attn_mask {shape} is not the causal mask of {length} x {length} "
-                         "(True or -inf above the diagonal, False or 0 elsewhere); symbackprop's attention is "
-                         "causal only")
+        raise ModelError(f"MultiheadAttention's attn_mask {shape} is neither the causal mask of {length} x {length} "
+                         "(True or -inf above the diagonal, False or 0 elsewhere) nor one that masks nothing; "
+                         "symbackprop's attention reads every key or the keys up to the query, no other pattern")
+    return True
 
 
 def mha_layer(module: Any, path: str, args: tuple, kwargs: dict, param: Callable[[str], Any]) -> tuple:
-    """torch.nn.MultiheadAttention(x, x, x, attn_mask=causal): (output, weights) as torch returns them,
-    the weights refused where used."""
+    """torch.nn.MultiheadAttention(x, x, x), with attn_mask=causal or none:
+    (output, weights) as torch returns them, the weights refused where used."""
     try:
         a = inspect.signature(module.forward).bind(*args, **kwargs).arguments
     except TypeError as error:
         raise ModelError(f"MultiheadAttention called with arguments from_torch does not translate ({error}); it "
-                         "translates mha(x, x, x, attn_mask=causal mask)") from error
+                         "translates mha(x, x, x) and mha(x, x, x, attn_mask=causal mask)") from error
     query = a["query"]
     length = query.length if isinstance(query, Positions) else 0
-    _refuse(module, a, length)
+    causal = _refuse(module, a, length)
     d, heads = module.embed_dim, module.num_heads
     w, b = param("in_proj_weight"), param("in_proj_bias")
     rows = [slice(k * d, (k + 1) * d) for k in range(3)]
     wq, wk, wv = (w[r, :].T for r in rows)
     biases = (*(None if b is None else b[:, r] for r in rows), param("out_proj.bias"))
     out = self_attention(Sequences(query.matrix, length), wq, wk, wv, param("out_proj.weight").T, heads,
-                         biases=biases)
+                         biases=biases, causal=causal)
     assert isinstance(out, Sequences)
     return query.like(out.matrix), Unused(path) if a.get("need_weights", True) else None
+
+
+def _positions_dim(dim: Any, x: Positions) -> bool:
+    """Whether dim (an int, or a tuple of one) is the positions' (L's) dimension of x's torch shape."""
+    dim = dim[0] if isinstance(dim, tuple) and len(dim) == 1 else dim
+    along = 1 if x.batch_first else 0
+    return isinstance(dim, int) and dim in (along, along - 3)
+
+
+def _first_index(index: Any, x: Positions) -> bool:
+    """Whether index is x[:, 0] (batch_first) or x[0], what a classifier reads (its first token)."""
+    index = index if isinstance(index, tuple) else (index,)
+    while len(index) > 1 and index[-1] == slice(None):
+        index = index[:-1]
+    return index == ((slice(None), 0) if x.batch_first else (0,))
+
+
+def pooled(node: Any, args: tuple, kwargs: dict, starts: Callable[[], Index]) -> sp.MatrixExpr | None:
+    """x.mean over the positions (x.mean(1), torch.mean(x, dim=1); dim 0
+    where not batch_first) or the first position (x[:, 0], x[0]) of
+    sequences, as the (n, features) matrix (nn.sequence_mean,
+    nn.first_positions at the rows `starts`); None for anything else."""
+    x = args[0] if args else None
+    if not isinstance(x, Positions) or getattr(x.matrix, "is_index", False):
+        return None
+    mean = node.target == "mean" if node.op == "call_method" else node.target is torch_module().mean
+    if mean and set(kwargs) <= {"dim", "keepdim"} and not kwargs.get("keepdim", False) and len(args) <= 2 and \
+            _positions_dim(args[1] if len(args) > 1 else kwargs.get("dim"), x):
+        return sequence_mean(Sequences(x.matrix, x.length), starts())
+    if node.op == "call_function" and node.target is operator.getitem and _first_index(args[1], x):
+        return first_positions(Sequences(x.matrix, x.length), starts())
+    return None
 
 
 def is_attention(module: Any) -> bool:
@@ -256,6 +301,7 @@ __all__ = [
     "mha_layer",
     "per_position",
     "per_position_functions",
+    "pooled",
     "position_rows",
     "reads_shape",
     "shape_or_device",

@@ -1,4 +1,5 @@
 """sbp.from_torch of torch.nn.MultiheadAttention as causal self-attention
+(tests/models/test_from_torch_encoder.py: without a mask, and the encoders)
 (its fused in_proj_weight / in_proj_bias sliced per q, k, v) and of a
 2-layer GPT-style decoder around it (token and positional embeddings,
 pre-norm blocks x + attn(ln1(x)), x + mlp(ln2(x)), a final LayerNorm and
@@ -157,8 +158,8 @@ class Bad(tnn.Module):
         self.how, self.proj = how, tnn.Linear(d, d)
 
     def forward(self, x):
-        if self.how == "no mask":
-            return self.attn(x, x, x)[0]
+        if self.how == "hint alone":
+            return self.attn(x, x, x, is_causal=True, need_weights=False)[0]
         if self.how == "padding":
             return self.attn(x, x, x, attn_mask=self.mask, key_padding_mask=self.padding)[0]
         if self.how == "not causal":
@@ -173,7 +174,7 @@ class Bad(tnn.Module):
 
 
 @pytest.mark.parametrize(("how", "message"), [
-    ("no mask", "without a causal attn_mask"), ("padding", "key_padding_mask"), ("not causal", "is not the causal"),
+    ("hint alone", "without an attn_mask"), ("padding", "key_padding_mask"), ("not causal", "neither the causal"),
     ("kdim", "kdim=2"), ("dropout", "training mode"), ("cross", "cross-attention"),
     ("weights", "attention weights of attn"), ("last step", "of sequences is not translated"),
 ])
