@@ -347,14 +347,14 @@ def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
             "block": em.namer.name(kernel.block) if kernel.block is not None else None,
             "op": kernel.attrs, "parallel": worth_threads(kernel.rows),  # over the sequences: two at least, and enough work
             "causal": kernel.causal,
-            "min_rows": max(length + 1, min_rows_for_threads(heads * _keys(kernel) * max(dh, 4))),
+            "min_rows": max(length + 1, min_rows_for_threads(_head_keys(kernel) * max(dh, 4))),
             "exp": printer.doprint(sp.exp(sp.Symbol("val", real=True) - sp.Symbol("top", real=True)))}
 
 
-def _keys(kernel: AttentionKernel) -> int:
-    """The keys a query reads, on average (as the parallel threshold counted them)."""
-    length = kernel.geometry[0]
-    return (length + 1) // 2 if kernel.causal else length
+def _head_keys(kernel: AttentionKernel) -> int:
+    """The keys a query reads in all heads, on average (as the parallel threshold counts them)."""
+    length, heads, _ = kernel.geometry
+    return heads * (length + 1) // 2 if kernel.causal else heads * length
 
 
 def _lower(lowerer, expr: declared.SequenceOp) -> Node:
