@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from symbackprop._version import __version__
-from symbackprop.declare.attention import Sequences, position_ids, sequence_starts, sequences
+from symbackprop.declare.attention import Sequences, key_padding, position_ids, sequence_starts, sequences
 from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp, stop_gradient
 from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
@@ -93,6 +93,7 @@ __all__ = [
     "images",
     "iterations",
     "jvp",
+    "key_padding",
     "logdet",
     "map_examples",
     "position_ids",

@@ -144,8 +144,8 @@ def _head_size(d: object, heads: int, what: str) -> int:
     return int(d) // heads
 
 
-def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
-                     weights: bool = False) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
+def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int, weights: bool = False,
+                     key_bias: sp.MatrixExpr | None = None) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
     """softmax(Q K^T / sqrt(dh), keys s <= t) V per sequence and per head
     (dh = d / heads: head h reads and writes columns h*dh .. h*dh+dh-1).
     Keys after the query are excluded exactly (weight 0, as -inf scores).
@@ -161,6 +161,10 @@ def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
             (n, heads, L, L) weights of MultiheadAttention(...,
             average_attn_weights=False) are its
             `.reshape(n, L, heads, L).transpose(1, 2)`.
+        key_bias: an m x 1 column added to every score of key s (row s):
+            PyTorch's float key_padding_mask, (n, L) as a column; -inf
+            masks the key out (a bool mask's True, sbp.key_padding(mask)).
+            A model input: no gradient is taken through it.
 
     Returns:
         The Sequences of the mixed values, and with `weights` the weights.
@@ -168,12 +172,12 @@ def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
     Raises:
         ModelError: q, k, v differ in shape or length, or d is not a multiple of heads.
     """
-    out, probabilities = _attend(q, k, v, heads, causal=True)
+    out, probabilities = _attend(q, k, v, heads, causal=True, key_bias=key_bias)
     return (out, probabilities) if weights else out
 
 
-def attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
-              weights: bool = False) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
+def attention(q: Sequences, k: Sequences, v: Sequences, heads: int, weights: bool = False,
+              key_bias: sp.MatrixExpr | None = None) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
     """softmax(Q K^T / sqrt(dh)) V per sequence and per head over every key
     of the sequence (no mask: an encoder's attention, PyTorch's
     MultiheadAttention without attn_mask); as causal_attention otherwise
@@ -186,15 +190,17 @@ def attention(q: Sequences, k: Sequences, v: Sequences, heads: int,
         v: the values, Sequences of q's length and shape.
         heads: the number of heads.
         weights: also return the attention weights (see causal_attention).
+        key_bias: an m x 1 column added to key s's scores (see causal_attention).
 
     Raises:
         ModelError: q, k, v differ in shape or length, or d is not a multiple of heads.
     """
-    out, probabilities = _attend(q, k, v, heads, causal=False)
+    out, probabilities = _attend(q, k, v, heads, causal=False, key_bias=key_bias)
     return (out, probabilities) if weights else out
 
 
-def _attend(q: Sequences, k: Sequences, v: Sequences, heads: int, causal: bool) -> tuple[Sequences, sp.MatrixExpr]:
+def _attend(q: Sequences, k: Sequences, v: Sequences, heads: int, causal: bool,
+            key_bias: sp.MatrixExpr | None = None) -> tuple[Sequences, sp.MatrixExpr]:
     """causal_attention's (attention's where not causal) values and weights."""
     what = "causal_attention" if causal else "attention"
     q, k, v = (_checked(s, what) for s in (q, k, v))
@@ -204,16 +210,28 @@ def _attend(q: Sequences, k: Sequences, v: Sequences, heads: int, causal: bool) 
     geometry = (q.length, heads) if causal else (q.length, heads, 0)
     # the scale on the queries (on a weight, where q is a product: schedule-free), not on every score
     scores = AttentionScores(q.matrix / sp.sqrt(dh), k.matrix, *geometry)
+    if key_bias is not None:
+        scores = scores + _key_scores(key_bias, q.matrix.shape[0], heads, geometry)
     probabilities = CausalSoftmax(scores, *geometry)
     return Sequences(AttentionMix(probabilities, v.matrix, *geometry), q.length), probabilities
+
+
+def _key_scores(key_bias: sp.MatrixExpr, rows: sp.Expr, heads: int, geometry: tuple) -> sp.MatrixExpr:
+    """The scores matrix whose entry (e,t),(h,s) is key_bias[(e,s)]: the
+    scores op of a 1-column head, ones times each head's copy of the bias
+    (no op of its own; the masked entries are the scores' own)."""
+    if tuple(key_bias.shape) != (rows, 1):
+        raise ModelError(f"a key bias is a column of one entry a position, {rows} x 1; {key_bias} is "
+                         f"{key_bias.shape}")
+    return AttentionScores(sp.OneMatrix(rows, heads), key_bias * sp.OneMatrix(1, heads), *geometry)
 
 
 Biases = Sequence["sp.MatrixExpr | None"]
 
 
 def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.MatrixExpr, wo: sp.MatrixExpr,
-                   heads: int, biases: Biases | None = None, weights: bool = False,
-                   causal: bool = True) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
+                   heads: int, biases: Biases | None = None, weights: bool = False, causal: bool = True,
+                   key_bias: sp.MatrixExpr | None = None) -> Sequences | tuple[Sequences, sp.MatrixExpr]:
     """Multi-head self-attention: causal_attention(x Wq + bq, x Wk + bk,
     x Wv + bv) Wo + bo (attention(...) where causal=False), with PyTorch's MultiheadAttention's projections
     transposed: Wq, Wk, Wv are in_proj_weight's three d x d blocks of rows
@@ -232,6 +250,7 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
             b[:, 2d:3d], out_proj.bias is bo. None: no biases.
         weights: also return the attention weights (see causal_attention).
         causal: keys s <= t only (a decoder's); False: every key (an encoder's).
+        key_bias: an m x 1 column added to key s's scores (see causal_attention).
 
     Raises:
         ModelError: a weight is not d x d or a bias not 1 x d.
@@ -246,7 +265,7 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
         if b is not None and b.shape != (1, d):
             raise ModelError(f"self_attention's biases are rows of 1 x {d}; {b} is {b.shape}")
     q, k, v = (Sequences(m, x.length) for m in _projections(x.matrix, (wq, wk, wv), (bq, bk, bv)))
-    out, probabilities = _attend(q, k, v, heads, causal)
+    out, probabilities = _attend(q, k, v, heads, causal, key_bias)
     mixed = Sequences(_affine(out.matrix, wo, bo), out.length)
     return (mixed, probabilities) if weights else mixed
 
@@ -394,3 +413,18 @@ def sequence_mean(x: Sequences, starts: Index) -> sp.MatrixExpr:
     geometry = (x.length, 1, 0)  # one head, every key
     uniform = CausalSoftmax(sp.ZeroMatrix(x.matrix.shape[0], x.length), *geometry)
     return gather(AttentionMix(uniform, x.matrix, *geometry), starts)
+
+
+def key_padding(mask: np.ndarray) -> np.ndarray:
+    """PyTorch's key_padding_mask (n, L) as the m x 1 key bias column the
+    attention adds to each key's scores: -inf where a bool mask is True
+    (the key ignored), 0 elsewhere; a float mask's own values.
+
+    Args:
+        mask: the (n, L) mask, bool or float (a tensor or an array).
+    """
+    mask = np.asarray(mask.detach().cpu().numpy() if hasattr(mask, "detach") else mask)
+    if mask.ndim != 2:
+        raise ModelError(f"a key padding mask is (n, L); got shape {mask.shape}")
+    column = np.where(mask, -np.inf, 0.0) if mask.dtype == bool else mask.astype(np.float64)
+    return np.ascontiguousarray(column.reshape(-1, 1))

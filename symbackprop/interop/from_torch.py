@@ -394,9 +394,13 @@ def _overwrite(node: Any, values: dict, writes: Writes) -> None:
         values[alias] = Images(matrix, old.channels, old.height, old.width) if isinstance(old, Images) else matrix
 
 
-def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder) -> sp.MatrixExpr:
-    """The network's output: a torch.nn layer as it is, anything else traced."""
+def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder, extra: list) -> sp.MatrixExpr:
+    """The network's output: a torch.nn layer as it is, anything else traced
+    (its forward's inputs x and, after it, those of `extra`)."""
     if _torch().fx.Tracer().is_leaf_module(module, ""):
+        if extra:
+            raise ModelError(f"the module: {type(module).__name__} as the network takes one input; wrap it in a "
+                             "module whose forward(x, mask) passes the mask on")
         try:
             out = builder.layer(module, "", (x,), {})
         except (ModelError, sp.ShapeError) as error:
@@ -409,16 +413,19 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder) -> sp.Ma
                              "end it with nn.Flatten() and a Linear")
         return out
     graph = trace(module)
-    inputs = [node.target for node in graph.nodes if node.op == "placeholder"]
-    if len(inputs) != 1:
-        raise ModelError(f"{type(module).__name__}.forward takes {inputs}; from_torch converts a forward of "
-                         "one input, the batch")
+    inputs = [node for node in graph.nodes if node.op == "placeholder"]
+    if len(inputs) != 1 + len(extra):
+        raise ModelError(f"{type(module).__name__}.forward takes {[node.target for node in inputs]}; from_torch "
+                         f"converts a forward of one input, the batch, and of a key padding mask after it where "
+                         f"given one (from_torch(net, (x, mask))); it was given {1 + len(extra)}")
+    given = dict(zip(inputs[1:], extra))
     writes = Writes(graph, module, lambda node: _where(node, module))
     values: dict[Any, Any] = {}
     node = None
     try:
         for node in graph.nodes:
-            values[node] = _stopped(node, _value(node, module, builder, values, x), builder)
+            values[node] = given[node] if node in given else _stopped(
+                node, _value(node, module, builder, values, x), builder)
             if writes_in_place(node, module):  # every name of what it overwrote reads its result, as in torch
                 _overwrite(node, values, writes)
     except (ModelError, sp.ShapeError) as error:
@@ -452,6 +459,18 @@ def _loss(loss: Any, Y: sp.MatrixExpr, X: Any, reduction: str) -> tuple[Any, lis
     return loss(Y, T), [X, T]
 
 
+def _example_inputs(example: Any) -> list:
+    """The forward's example inputs: one, or a tuple of tensors or arrays (x, mask)."""
+    if isinstance(example, tuple) and len(example) > 1 and all(hasattr(e, "shape") for e in example):
+        return list(example)
+    return [example]
+
+
+def _no_padding(more: list) -> list:
+    raise ModelError(f"from_torch was given {1 + len(more)} example inputs; a second one, a key padding mask, is "
+                     "taken by a network with MultiheadAttention only")
+
+
 def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixExpr, sp.MatrixSymbol], Any] | None = "mse",
                name: str = "from_torch", reduction: str = "mean") -> tuple[Model, TorchParams]:
     """A PyTorch network, and a loss, as a symbackprop Model and its
@@ -470,7 +489,10 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             an LSTM or GRU (X the time-major (L*n) x features rows), or
             sequences (batch, L, features) / (batch, L) token ids for a
             network with a MultiheadAttention (X the example-major n*L
-            rows; (L, batch, ...) where it is not batch_first).
+            rows; (L, batch, ...) where it is not batch_first), with a
+            key padding mask: a tuple (x, mask), mask (batch, L) bool or
+            float, the forward's second input (the model's input
+            padding, sbp.key_padding(mask)).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
             (torch.nn.CrossEntropyLoss() with class probabilities as
             targets, T (batch, classes)), "cross_entropy_labels" (the same
@@ -494,6 +516,7 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             an unknown loss, or a
             reduction with a loss that is not named.
     """
+    example_input, *more = _example_inputs(example_input)
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
     ids = len(shape) == 1 and np.issubdtype(_dtype(example_input), np.integer)
     attention = att.attention_layout(module, shape, np.issubdtype(_dtype(example_input), np.integer))
@@ -516,10 +539,12 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     builder.attention = attention is not None
     x = (Images(X, *(int(s) for s in shape[1:])) if len(shape) == 4 else Sequence(X, BATCH) if sequences
          else Positions(X, attention[1], BATCH, attention[0]) if attention else X)
-    Y = _network(module, x, builder)
+    extra = att.padding_inputs(more, attention[1], POSITIONS) if attention else _no_padding(more) if more else []
+    Y = _network(module, x, builder, extra)
     loss_expr, inputs = _loss(loss, Y, X, reduction)
     running = {f"{key}_new": key for key in builder.updates}  # output -> the running statistic it updates
     inputs += [index for index in (builder.positions, builder.starts) if index is not None]
+    inputs += [padding.column for padding in extra]
     model = Model(name, inputs=(*inputs, *builder.frozen), params=tuple(builder.symbols), loss=loss_expr,
                   outputs={"Y": Y, **{out: builder.updates[key] for out, key in running.items()}})
     return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes,

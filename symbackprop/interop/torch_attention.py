@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sympy as sp
@@ -175,6 +176,32 @@ def causal_mask(mask: Any, length: int) -> bool:
     return bool((mask[upper] == -float("inf")).all()) and bool((mask[~upper] == 0).all())
 
 
+@dataclass(frozen=True)
+class KeyPadding:
+    """The forward's second input, a key padding mask (n, L): the model's
+    m x 1 input `column` (sbp.key_padding(mask)), added to each key's scores."""
+
+    column: sp.MatrixExpr
+
+    def __repr__(self) -> str:
+        return ("the key padding mask (the forward's second input), which only MultiheadAttention's "
+                "key_padding_mask (TransformerEncoder's src_key_padding_mask) takes")
+
+
+def padding_inputs(extra: list, length: int, rows: sp.Expr) -> list[KeyPadding]:
+    """The forward's inputs after the first, for a network with attention
+    on sequences of `length`: one key padding mask (n, L), bool or float,
+    as the model's input `padding`."""
+    if not extra:
+        return []
+    mask_shape = tuple(getattr(extra[0], "shape", ()))
+    if len(extra) != 1 or len(mask_shape) != 2 or mask_shape[1] != length:
+        raise ModelError(f"from_torch's example inputs after the first are one key padding mask (batch, L) for a "
+                         f"network with MultiheadAttention; got {len(extra)} more of shapes "
+                         f"{[tuple(getattr(e, 'shape', ())) for e in extra]}")
+    return [KeyPadding(sp.MatrixSymbol("padding", rows, 1))]
+
+
 class Unused:
     """MultiheadAttention's weights (need_weights=True): not translated; refused where used."""
 
@@ -209,10 +236,11 @@ def _refuse(module: Any, a: dict, length: int) -> bool:
                          f"{module.embed_dim}: separate key/value projections are not translated")
     if module.bias_k is not None or module.add_zero_attn:
         raise ModelError("MultiheadAttention(add_bias_kv=True or add_zero_attn=True) is not translated")
-    if a.get("key_padding_mask") is not None:
-        raise ModelError("MultiheadAttention with a key_padding_mask is not translated: symbackprop's attention "
-                         "reads every key of a sequence or those up to the query (a causal attn_mask), none masked "
-                         "per example; pass sequences of one length without padding")
+    if a.get("key_padding_mask") is not None and not isinstance(a["key_padding_mask"], KeyPadding):
+        raise ModelError("MultiheadAttention's key_padding_mask is a constant of the module (a buffer, or made of "
+                         "constants): from_torch translates one that is the forward's second input, "
+                         "forward(x, mask) translated by from_torch(net, (x, mask)) (the model's input padding, "
+                         "sbp.key_padding(mask))")
     if module.dropout and module.training:
         raise ModelError(f"MultiheadAttention(dropout={module.dropout}) in training mode is random; call .eval()")
     mask, hinted = a.get("attn_mask"), a.get("is_causal", False) and not a.get("need_weights", True)
@@ -245,8 +273,9 @@ def mha_layer(module: Any, path: str, args: tuple, kwargs: dict, param: Callable
     rows = [slice(k * d, (k + 1) * d) for k in range(3)]
     wq, wk, wv = (w[r, :].T for r in rows)
     biases = (*(None if b is None else b[:, r] for r in rows), param("out_proj.bias"))
+    padding = a.get("key_padding_mask")
     out = self_attention(Sequences(query.matrix, length), wq, wk, wv, param("out_proj.weight").T, heads,
-                         biases=biases, causal=causal)
+                         biases=biases, causal=causal, key_bias=padding.column if padding is not None else None)
     assert isinstance(out, Sequences)
     return query.like(out.matrix), Unused(path) if a.get("need_weights", True) else None
 
@@ -290,6 +319,7 @@ def is_attention(module: Any) -> bool:
 __all__ = [
     "PER_POSITION_LAYERS",
     "PER_POSITION_METHODS",
+    "KeyPadding",
     "Unused",
     "add_positions",
     "attention_layout",
@@ -299,6 +329,7 @@ __all__ = [
     "has_positions",
     "is_attention",
     "mha_layer",
+    "padding_inputs",
     "per_position",
     "per_position_functions",
     "pooled",

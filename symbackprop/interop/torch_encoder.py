@@ -11,7 +11,8 @@ dropout2; its activation relu, gelu (the strings, the functions or the
 modules) or another per-position function or layer. An encoder is its
 layers in turn, each given the encoder's mask, and its final norm where
 it has one. Dropout is translated in eval mode or with p=0 only (it is
-random otherwise); a key padding mask is refused by the attention. The
+random otherwise); a src_key_padding_mask reaches the attention as it is
+(the forward's second input, torch_attention.KeyPadding). The
 decoder (TransformerDecoderLayer, TransformerDecoder, Transformer) attends
 to a memory, cross-attention, and is refused.
 """

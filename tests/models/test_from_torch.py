@@ -272,12 +272,13 @@ class _TwoInputs(tnn.Module):
 
 
 class _Attention(tnn.Module):
-    def __init__(self):
+    def __init__(self, cross=False):
         super().__init__()
         self.attn = tnn.MultiheadAttention(3, 1)
+        self.cross = cross
 
     def forward(self, h):
-        return self.attn(h, h, h)[0]
+        return self.attn(h, 2 * h, h)[0] if self.cross else self.attn(h, h, h)[0]
 
 
 @pytest.mark.parametrize("net, message", [
@@ -371,8 +372,8 @@ class _Tokens(tnn.Module):
 @pytest.mark.parametrize("net, example, message", [
     (tnn.Sequential(OrderedDict(emb=tnn.Embedding(10, 3))), np.zeros((2, 3, 4)), r"^emb: Embedding .*nn\.embedding"),
     (tnn.Sequential(OrderedDict(c=tnn.Conv1d(1, 1, 3))), np.zeros((2, 1, 8)), r"^c: Conv1d .*\(2, 1, 8\).*nn\.conv2d"),
-    (tnn.Sequential(OrderedDict(block=_Attention())), np.zeros((2, 3, 3)),
-     r"^block\.attn: MultiheadAttention without a causal attn_mask: symbackprop's attention is causal only"),
+    (tnn.Sequential(OrderedDict(block=_Attention(cross=True))), np.zeros((2, 3, 3)),
+     r"^block\.attn: MultiheadAttention with different query, key and value \(cross-attention\)"),
     (_Tokens(), np.zeros((2, 5), dtype=np.int64), r"^embed: Embedding of \(n, 5\): .*one id per example.*nn\.embedding"),
     (tnn.Sequential(OrderedDict(rnn=tnn.GRUCell(3, 3))), np.zeros((2, 3)), r"^rnn: GRUCell .*nn\.gru_cell"),
 ])

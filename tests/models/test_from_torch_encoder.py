@@ -150,6 +150,82 @@ def _twice(t):
     return 2 * t
 
 
+class Padded(tnn.Module):
+    """forward(x, mask): attention, or an encoder and its first position, under a key padding mask."""
+
+    def __init__(self, kind, causal=False, d=8, length=5):
+        super().__init__()
+        if kind == "encoder":
+            layer = tnn.TransformerEncoderLayer(d, 2, dim_feedforward=12, batch_first=True, norm_first=True)
+            self.encoder = tnn.TransformerEncoder(layer, 2, norm=tnn.LayerNorm(d), enable_nested_tensor=False)
+            self.head = tnn.Linear(d, 3)
+        else:
+            self.attn = tnn.MultiheadAttention(d, 2, batch_first=kind == "attention")
+        self.register_buffer("causal", torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1))
+        self.kind, self.is_causal = kind, causal
+
+    def forward(self, x, mask):
+        if self.kind == "encoder":
+            return self.head(self.encoder(x, src_key_padding_mask=mask)[:, 0])
+        causal = self.causal if self.is_causal else None
+        return self.attn(x, x, x, key_padding_mask=mask, attn_mask=causal)[0]
+
+
+def _padding(batch, length, seed, dtype=torch.bool):
+    """A key padding mask of sequences of random lengths 1..L (True past the end), as bool or float."""
+    lengths = torch.randint(1, length + 1, (batch,), generator=torch.Generator().manual_seed(seed))
+    mask = torch.arange(length)[None, :] >= lengths[:, None]
+    return mask if dtype == torch.bool else torch.zeros(batch, length, dtype=dtype).masked_fill(mask, -1e300)
+
+
+@pytest.mark.parametrize(("kind", "causal", "dtype"), [
+    ("attention", False, torch.bool), ("attention", True, torch.float64), ("attention time-major", False, torch.bool),
+])
+def test_a_key_padding_mask_is_an_input_of_the_module(kind, causal, dtype):
+    net = Padded(kind, causal).double()
+    _init(net, seed=6)
+    batch_first = kind == "attention"
+    shape = (3, 5, 8) if batch_first else (5, 3, 8)
+    x, t = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+    mask = _padding(3, 5, seed=1, dtype=dtype)
+    model, params = sbp.from_torch(net, (x, mask), loss="mse")
+    assert [str(i) for i in model.inputs] == ["X", "T", "padding"]
+    loss, grads = sbp.compile(model).value_and_grad(X=_rows(x, batch_first), T=_rows(t, batch_first),
+                                                    padding=sbp.key_padding(mask), **params)
+    expected = F.mse_loss(net(x, mask), t)
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-12)
+    _check_grads(net, params, grads)
+
+
+def test_an_encoder_classifier_of_padded_sequences_of_several_lengths():
+    net = Padded("encoder").double().eval()
+    _init(net, seed=7)
+    model, params = sbp.from_torch(net, (torch.randn(2, 5, 8, dtype=torch.float64), _padding(2, 5, seed=0)),
+                                   loss="cross_entropy_labels")
+    mod = sbp.compile(model)
+    for batch, seed in ((4, 2), (1, 3)):       # one module, sequences of 1..5 positions padded to 5
+        x, labels, mask = torch.randn(batch, 5, 8, dtype=torch.float64), torch.randint(0, 3, (batch,)), \
+            _padding(batch, 5, seed)
+        loss, grads = mod.value_and_grad(X=_rows(x, True), T=labels.numpy(), padding=sbp.key_padding(mask),
+                                         starts=sbp.sequence_starts(batch, 5), **params)
+        net.zero_grad()
+        expected = F.cross_entropy(net(x, mask), labels)
+        expected.backward()
+        assert loss == pytest.approx(expected.item(), rel=1e-12)
+        _check_grads(net, params, grads)
+
+
+def test_example_inputs_after_the_first_are_one_padding_mask():
+    x, mask = torch.randn(2, 5, 8, dtype=torch.float64), _padding(2, 5, seed=0)
+    with pytest.raises(ModelError, match="one key padding mask"):
+        sbp.from_torch(Padded("attention").double(), (x, mask, mask), loss=None)
+    with pytest.raises(ModelError, match=r"one key padding mask \(batch, L\)"):
+        sbp.from_torch(Padded("attention").double(), (x, mask[:, :4]), loss=None)
+    with pytest.raises(ModelError, match="taken by a network with MultiheadAttention only"):
+        sbp.from_torch(tnn.Linear(8, 2).double(), (x[:, 0], mask), loss=None)
+
+
 class Pooled(tnn.Module):
     """An encoder layer of (L, n, d) sequences and their mean or first position, (n, d)."""
 
@@ -210,7 +286,7 @@ class Bad(tnn.Module):
 @pytest.mark.parametrize(("how", "where", "message"), [
     ("bias kv", "attn", "add_bias_kv=True"), ("zero attn", "attn", "add_zero_attn=True"),
     ("float pattern", "layer", r"self_attn: MultiheadAttention's attn_mask \(3, 3\) is neither the causal"),
-    ("padding", "layer", "self_attn: MultiheadAttention with a key_padding_mask"),
+    ("padding", "layer", "self_attn: MultiheadAttention's key_padding_mask is a constant of the module"),
     ("decoder", "decoder", "TransformerDecoderLayer is not translated: .*cross-attention"),
     ("training", "layer", r"TransformerEncoderLayer\(dropout=0.1\) in training mode"),
     ("activation", "layer", "activation=<function _twice"),

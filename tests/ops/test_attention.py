@@ -95,6 +95,35 @@ def test_attention_over_every_key(rows, length, heads, blas):
            arrays, "qkv", blas)
 
 
+@BUILDS
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_key_bias_masks_keys_per_sequence(causal, blas):
+    """key_bias (PyTorch's key_padding_mask as a column, -inf where True) on
+    both attentions, against torch's masked_fill of the scores; no
+    gradient is NaN although -inf is in the arithmetic."""
+    n, length, d, heads = 3, 4, 6, 2
+    q, k, v = (sbp.sequences(s, m, length, d) for s in ("q", "k", "v"))
+    bias = sp.MatrixSymbol("bias", m, 1)
+    out = (nn.causal_attention if causal else nn.attention)(q, k, v, heads, key_bias=bias)
+    model = sbp.Model("attn_key_bias", inputs=[q.matrix, k.matrix, v.matrix, bias],
+                      grad_inputs=[q.matrix, k.matrix, v.matrix], params=[],
+                      loss=nn.sum_all(out.matrix.applyfunc(sp.sin)))
+    mask = np.array([[False, False, True, True], [False] * 4, [False, True, False, True]])
+    rng = np.random.default_rng(5)
+    arrays = {s: rng.standard_normal((n * length, d)) for s in ("q", "k", "v")}
+
+    def reference(t):
+        qq, kk, vv = (t[s].reshape(n, length, heads, d // heads).transpose(1, 2) for s in ("q", "k", "v"))
+        scores = (qq @ kk.transpose(-1, -2) / (d // heads) ** 0.5).masked_fill(torch.tensor(mask)[:, None, None, :],
+                                                                               float("-inf"))
+        if causal:
+            scores = scores.masked_fill(torch.triu(torch.ones(length, length, dtype=torch.bool), 1), float("-inf"))
+        return torch.sin((torch.softmax(scores, -1) @ vv).transpose(1, 2).reshape(n * length, d)).sum()
+
+    _, grads = _check(model, reference, {**arrays, "bias": sbp.key_padding(mask)}, "qkv", blas)
+    assert all(np.isfinite(grads[s]).all() for s in "qkv")
+
+
 def test_masked_weights_and_their_gradients_are_exactly_zero():
     """Weights of keys after the query are 0, and so is the gradient of
     their scores: exactly, not nearly (no -inf reaches any arithmetic)."""
