@@ -1329,6 +1329,27 @@ SYMBACKPROP_HELPER void symbackprop_f64_causal_mix(int transpose, int64_t n, int
     }
     SYMBACKPROP_CBLAS_DTRMM(101, 141, 122, transpose ? 112 : 111, 131, (int)n, (int)k, 1, p, (int)ldp, c, (int)ldc);
 }
+
+/* The same products over every key (attention without a mask): the n x n
+ * scores a b^T, zero from column n to width (past a shorter last
+ * sequence's keys, which its softmax then skips) ... */
+SYMBACKPROP_HELPER void symbackprop_f64_full_scores(int64_t n, int64_t k, const double *a, int64_t lda,
+                                                    const double *b, int64_t ldb, double *s, int64_t lds, int64_t width)
+{
+    SYMBACKPROP_CBLAS_DGEMM(101, 111, 112, (int)n, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t u = n; u < width; ++u) {
+            s[t * lds + u] = 0;
+        }
+    }
+}
+
+/* ... and p v or p^T v, one gemm. */
+SYMBACKPROP_HELPER void symbackprop_f64_full_mix(int transpose, int64_t n, int64_t k, const double *p, int64_t ldp,
+                                                 const double *v, int64_t ldv, double *c, int64_t ldc)
+{
+    SYMBACKPROP_CBLAS_DGEMM(101, transpose ? 112 : 111, 111, (int)n, (int)k, (int)n, 1, p, (int)ldp, v, (int)ldv, 0, c, (int)ldc);
+}
 #endif
 
 /* --- float32 (float) helpers --- */
@@ -2431,6 +2452,27 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
     }
     SYMBACKPROP_CBLAS_STRMM(101, 141, 122, transpose ? 112 : 111, 131, (int)n, (int)k, 1, p, (int)ldp, c, (int)ldc);
 }
+
+/* The same products over every key (attention without a mask): the n x n
+ * scores a b^T, zero from column n to width (past a shorter last
+ * sequence's keys, which its softmax then skips) ... */
+SYMBACKPROP_HELPER void symbackprop_f32_full_scores(int64_t n, int64_t k, const float *a, int64_t lda,
+                                                    const float *b, int64_t ldb, float *s, int64_t lds, int64_t width)
+{
+    SYMBACKPROP_CBLAS_SGEMM(101, 111, 112, (int)n, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t u = n; u < width; ++u) {
+            s[t * lds + u] = 0;
+        }
+    }
+}
+
+/* ... and p v or p^T v, one gemm. */
+SYMBACKPROP_HELPER void symbackprop_f32_full_mix(int transpose, int64_t n, int64_t k, const float *p, int64_t ldp,
+                                                 const float *v, int64_t ldv, float *c, int64_t ldc)
+{
+    SYMBACKPROP_CBLAS_SGEMM(101, transpose ? 112 : 111, 111, (int)n, (int)k, (int)n, 1, p, (int)ldp, v, (int)ldv, 0, c, (int)ldc);
+}
 #endif
 
 /* A float64 module compiled in single precision (its <PREFIX>_REAL=float)
@@ -2446,6 +2488,8 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_det symbackprop_f32_det
 #define symbackprop_f64_exp_store symbackprop_f32_exp_store
 #define symbackprop_f64_exp_store1 symbackprop_f32_exp_store1
+#define symbackprop_f64_full_mix symbackprop_f32_full_mix
+#define symbackprop_f64_full_scores symbackprop_f32_full_scores
 #define symbackprop_f64_gemm symbackprop_f32_gemm
 #define symbackprop_f64_inverse_t symbackprop_f32_inverse_t
 #define symbackprop_f64_is_identity symbackprop_f32_is_identity
