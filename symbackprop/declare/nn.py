@@ -100,6 +100,35 @@ def linear(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None) -
 
 
 
+def concat_columns(blocks: Sequence[sp.MatrixExpr]) -> sp.MatrixExpr:
+    """The blocks side by side (numpy's hstack), as the sum of each block
+    times the 0/1 matrix placing its columns: exact (one product by 1 per
+    entry; the rest adds zeros), and differentiated as any product.
+
+    Args:
+        blocks: matrices of one number of rows (symbolic or not) and fixed
+            numbers of columns.
+
+    Returns:
+        The (rows, sum of the columns) matrix expression.
+
+    Raises:
+        ModelError: the blocks' rows differ, or a block's columns are not a number.
+    """
+    if len({b.shape[0] for b in blocks}) != 1:
+        raise ModelError(f"blocks of rows {[b.shape[0] for b in blocks]} side by side: they differ")
+    if not all(sp.sympify(b.shape[1]).is_Integer for b in blocks):
+        raise ModelError(f"blocks of columns {[b.shape[1] for b in blocks]} side by side: each must be a number")
+    widths = [int(b.shape[1]) for b in blocks]
+    total, out, start = sum(widths), [], 0
+    for block, width in zip(blocks, widths):
+        place = sp.zeros(width, total)
+        place[:, start:start + width] = sp.eye(width)
+        out.append(block * sp.ImmutableMatrix(place))
+        start += width
+    return sp.MatAdd(*out) if len(out) > 1 else out[0]
+
+
 def shallow(fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args), with each matrix argument that is an expression (not a
     MatrixSymbol) stood in for by a placeholder symbol while fn builds its
