@@ -47,16 +47,7 @@ from symbackprop.declare.model import Model
 from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
 from symbackprop.interop import torch_attention as att
-from symbackprop.interop.torch_graph import (
-    PACKING,
-    Writes,
-    out_of_place,
-    refuse_hooks,
-    refuse_packing,
-    trace,
-    writes_in_place,
-    written,
-)
+from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
 from symbackprop.interop.torch_images import running_updates
 from symbackprop.interop.torch_ops import functions, layers, method, op_name
 from symbackprop.interop.torch_rnn import Sequence
@@ -235,6 +226,8 @@ class _Builder:
                      else f"the layers {', '.join(sorted(t.__name__ for t in layers()))}")
             raise ModelError(f"{kind.__name__} is not supported yet; from_torch converts {known} and the functions "
                              "of torch_ops.functions()" + built_in_hint(kind.__name__))
+        if _is_recurrent(module):  # hx=None: the zero states, as without it
+            args, kwargs = tuple(a for a in args if a is not None), {k: v for k, v in kwargs.items() if v is not None}
         if (len(args) != 1 or kwargs) and _is_recurrent(module):
             raise ModelError(f"{kind.__name__} called with initial states: from_torch translates {kind.__name__}(x), "
                              "which starts from zero states; call it on the sequences alone")
@@ -331,8 +324,6 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
         convert, name = method(node.target), f"Tensor.{node.target}()"
     else:
         convert, name = functions().get(node.target), op_name(node.target)
-    if convert is None and getattr(node.target, "__name__", None) in PACKING:
-        refuse_packing()
     if convert is None:
         known = sorted({op_name(f) for f in functions()})
         raise ModelError(f"{name} is not supported yet; from_torch converts {', '.join(known)} "

@@ -21,12 +21,11 @@ show, read before the graph is translated (symbackprop.interop.from_torch).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import operator
+import traceback
 from typing import Any
-from unittest import mock
 
 from symbackprop.errors import ModelError
 from symbackprop.interop.torch_ops import functions, layers, op_name
@@ -121,24 +120,15 @@ def tracer_class() -> type:
     return Tracer
 
 
-# torch.nn.utils.rnn's packing, which fx cannot trace (it branches on the lengths): refused by name
-PACKING = ("pack_padded_sequence", "pack_sequence", "pad_packed_sequence")
+PACKING_REFUSED = ("packed sequences (torch.nn.utils.rnn.pack_padded_sequence, pack_sequence, "
+                   "pad_packed_sequence) are not translated: from_torch runs an LSTM or GRU over every step of "
+                   "sequences of one length; pass it the padded (batch, L, features) tensor itself")
 
 
-def refuse_packing(*args: Any, **kwargs: Any) -> Any:
-    raise ModelError("packed sequences (torch.nn.utils.rnn.pack_padded_sequence, pack_sequence, "
-                     "pad_packed_sequence) are not translated: from_torch runs an LSTM or GRU over every step of "
-                     "sequences of one length; pass it the padded (batch, L, features) tensor itself")
-
-
-def _packing_refused() -> contextlib.ExitStack:
-    """While tracing, torch.nn.utils.rnn.pack_... refuses (where a forward
-    calls it as an attribute; one imported by name is left a call, refused
-    when translated)."""
-    stack = contextlib.ExitStack()
-    for name in PACKING:
-        stack.enter_context(mock.patch.object(_torch().nn.utils.rnn, name, refuse_packing))
-    return stack
+def _in_packing(error: BaseException) -> bool:
+    """Whether tracing failed inside torch.nn.utils.rnn (its packing branches on the lengths)."""
+    rnn_utils = _torch().nn.utils.rnn.__file__
+    return any(frame.filename == rnn_utils for frame in traceback.extract_tb(error.__traceback__))
 
 
 def trace(module: Any) -> Any:
@@ -146,17 +136,16 @@ def trace(module: Any) -> Any:
     calls), with grad mode on around it (as training runs it), its dead code
     removed but for what writes in place."""
     torch = _torch()
-    packing = tuple(getattr(torch.nn.utils.rnn, name) for name in PACKING)
-    tracer = tracer_class()(autowrap_functions=packing)
+    tracer = tracer_class()()
     try:
-        with torch.enable_grad(), _packing_refused():
+        with torch.enable_grad():
             graph = tracer.trace(module)
     except Exception as error:  # TraceError, or whatever the forward raised given a Proxy
         stack = list(getattr(tracer, "module_stack", {}))  # the modules whose forward was being traced
         path = stack[-1] if stack else ""
         where = path or type(module).__name__
-        if isinstance(error, ModelError):
-            raise ModelError(f"{where}: {error}") from error
+        if _in_packing(error):
+            raise ModelError(f"{where}: {PACKING_REFUSED}") from error
         kind = type(module.get_submodule(path)).__name__
         raise ModelError(f"{where}: torch.fx cannot trace {kind}.forward ({type(error).__name__}: {error}); "
                          "from_torch reads a forward torch.fx can trace (no control flow on the data)") from error
@@ -350,5 +339,5 @@ def _node_name(node: Any) -> str:
     return str(node.target)
 
 
-__all__ = ["IN_PLACE_OPERATORS", "PACKING", "Writes", "out_of_place", "refuse_hooks", "refuse_packing", "trace",
-           "tracer_class", "writes_in_place", "written", "written_as"]
+__all__ = ["IN_PLACE_OPERATORS", "PACKING_REFUSED", "Writes", "out_of_place", "refuse_hooks", "trace", "tracer_class",
+           "writes_in_place", "written", "written_as"]
