@@ -19,8 +19,11 @@ x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d
 translate (a batch norm in training mode by the batch's statistics, what it
 writes into its running ones an output: TorchParams.running); one of
 (batch,) integers is an Index X of ids for an Embedding; one of 3
-dimensions, of a network with an LSTM or GRU, a batch of sequences: X is
-its time-major (L*n) x features matrix (symbackprop.interop.torch_rnn);
+dimensions (or (batch, L) token ids), of a network with an LSTM or GRU, a
+batch of sequences: X is its time-major (L*n) x features matrix (or Index
+of ids), and where no input has a row a sequence (outputs per step) the
+model's Index input `batch`, np.arange(n), binds n
+(symbackprop.interop.torch_rnn);
 of a network with a MultiheadAttention, (batch, L, features) floats or
 (batch, L) token ids are sequences for attention: X their example-major
 (n*L) rows (symbackprop.interop.torch_attention).
@@ -486,7 +489,9 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             or images (batch, C, H, W) (X is then n x C*H*W, their NCHW
             rows), or (batch,) integer ids for an Embedding (X an Index),
             or sequences (batch, L, features) or (L, batch, features) for
-            an LSTM or GRU (X the time-major (L*n) x features rows), or
+            an LSTM or GRU, or their (batch, L) token ids for an Embedding
+            before it (X the time-major (L*n) x features rows or ids; the
+            input `batch`, np.arange(n), where the outputs are per step), or
             sequences (batch, L, features) / (batch, L) token ids for a
             network with a MultiheadAttention (X the example-major n*L
             rows; (L, batch, ...) where it is not batch_first).
