@@ -112,6 +112,25 @@ def test_the_first_and_last_steps_of_one_direction_match_torch(last):
     _check(Classifier("GRU", 4, last=last).double(), 2, 4)
 
 
+class Steps(tnn.Module):
+    """Ends of two bidirectional layers and of a sum computed per step."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = tnn.GRU(FEATURES, 4, batch_first=True, bidirectional=True)
+        self.lstm = tnn.LSTM(FEATURES, 4, batch_first=True, bidirectional=True)
+        self.fc = tnn.Linear(24, CLASSES)
+
+    def forward(self, x):
+        a, _ = self.gru(x)
+        b, _ = self.lstm(x)
+        return self.fc(torch.cat((a[:, -1], b[:, -1], (a + b)[:, 0]), dim=1))
+
+
+def test_steps_of_several_layers_and_of_their_sum_match_torch():
+    _check(Steps().double(), 3, 5)
+
+
 class EveryStep(tnn.Module):
     """A score per step: Linear, an activation and arithmetic on every step's output."""
 
