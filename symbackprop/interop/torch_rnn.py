@@ -25,7 +25,7 @@ from typing import Any
 import sympy as sp
 
 from symbackprop.declare.activations import sigmoid, tanh
-from symbackprop.declare.nn import concat_columns, linear, lstm_cell
+from symbackprop.declare.nn import column_blocks, concat_columns, linear, lstm_cell
 from symbackprop.errors import ModelError
 from symbackprop.loops.declare import final_state, scan
 
@@ -123,16 +123,30 @@ def _refuse(module: Any, kind: str, x: Any) -> None:
                          "translated; call .eval() (or set dropout=0)")
 
 
+def _parts(seq: sp.MatrixExpr) -> list[sp.MatrixExpr]:
+    """The sequences side by side in seq (a bidirectional layer's outputs):
+    the blocks of concat_columns where they tile its columns, else [seq]."""
+    blocks = sorted(column_blocks(seq) or [], key=lambda found: found[1])
+    starts = [sum(int(b.shape[1]) for b, _ in blocks[:k]) for k in range(len(blocks))]
+    if not blocks or starts != [start for _, start in blocks] or sum(int(b.shape[1]) for b, _ in blocks) != seq.shape[1]:
+        return [seq]
+    return [block for block, _ in blocks]
+
+
 def _direction(step: Callable, seq: sp.MatrixExpr, weights: tuple, states: int, hidden: int, n: sp.Symbol,
                reverse: bool) -> tuple[sp.MatrixExpr, tuple]:
-    """One layer's scan in one direction: (its outputs, (N x H), its final states)."""
+    """One layer's scan in one direction: (its outputs, (N x H), its final states). A
+    layer below's directions are read as two sequences: the step multiplies each
+    by its columns of the weights (nn.linear of blocks side by side), never
+    computing them side by side."""
     base = str(weights[0])  # weight_ih_l{k}[_reverse]'s name: the scan's symbols, apart from every other's
     state = tuple(sp.MatrixSymbol(f"{base}_{s}", n, hidden) for s in "hc"[:states])
-    inp = sp.MatrixSymbol(f"{base}_x", n, seq.shape[1])
-    new = step(inp, state, weights, hidden)
+    parts = _parts(seq)
+    inputs = [sp.MatrixSymbol(f"{base}_x{k if len(parts) > 1 else ''}", n, p.shape[1]) for k, p in enumerate(parts)]
+    new = step(concat_columns(inputs), state, weights, hidden)
     zero = sp.ZeroMatrix(n, hidden)
-    out = scan(new if states > 1 else new[0], new[0], state if states > 1 else state[0], inp,
-               (zero,) * states if states > 1 else zero, seq, batch=n, reverse=reverse)
+    out = scan(new if states > 1 else new[0], new[0], state if states > 1 else state[0], tuple(inputs),
+               (zero,) * states if states > 1 else zero, tuple(parts), batch=n, reverse=reverse)
     last = final_state(out)
     return out, tuple(last) if states > 1 else (last,)
 

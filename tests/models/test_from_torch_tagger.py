@@ -115,6 +115,17 @@ def test_training_steps_match_torch_optim(optimizer):
         np.testing.assert_allclose(value.numpy(), want.numpy(), rtol=1e-11, atol=1e-12, err_msg=key)
 
 
+def test_the_directions_are_never_placed_side_by_side():
+    """Both directions' outputs feed the next layer's step and the Linear as
+    two blocks, each times its columns of the weights (nn.linear of
+    nn.concat_columns): no 0/1 placing product is left in the model."""
+    import sympy as sp
+
+    net = _net("gru_stacked_bidirectional_time_major")
+    model, _ = sbp.from_torch(net, torch.zeros(4, 2, dtype=torch.int64), loss="cross_entropy_labels")
+    assert not model.loss.atoms(sp.ImmutableMatrix)  # atoms reach into the scans' steps
+
+
 def test_the_batch_input_gives_the_number_of_sequences():
     """X and T have L*n rows: `batch` (np.arange(n)) binds n; rows that are not
     whole steps of it are refused, not read as other sequences."""
