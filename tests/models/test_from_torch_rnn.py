@@ -285,3 +285,20 @@ def test_layers_without_biases_in_eval_mode_match_torch_and_refuse_training_drop
     with pytest.raises(sbp.ModelError, match=rf"rnn: {kind}\(dropout=0.3\) in training mode"):
         sbp.from_torch(net, torch.zeros(5, 3, FEATURES, dtype=torch.float64), loss="cross_entropy_labels")
     _check(net.eval(), 3, 5, batch_first=False)
+
+
+class NamedBatch(EveryStep):
+    """A parameter named like the input that gives the number of sequences."""
+
+    def __init__(self):
+        super().__init__()
+        self.batch = tnn.Parameter(torch.zeros(CLASSES))
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.fc(out) + self.batch
+
+
+def test_a_parameter_named_batch_is_refused_where_the_input_needs_the_name():
+    with pytest.raises(sbp.ModelError, match="a parameter is named 'batch'"):
+        sbp.from_torch(NamedBatch().double(), torch.zeros(2, 3, FEATURES, dtype=torch.float64), loss="mse")
