@@ -80,6 +80,8 @@ from symbackprop.errors import ModelError
 
 def linear(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None) -> sp.MatrixExpr:
     """x @ w, plus the row b broadcast over the batch: x*w + ones(n, 1)*b.
+    Of blocks side by side (concat_columns), the sum of each block times
+    its rows of w.
 
     Args:
         x: the batch, (n, in).
@@ -93,14 +95,75 @@ def linear(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None) -
         ModelError: b is not a row.
         sympy.ShapeError: x and w cannot be multiplied.
     """
-    # SymPy's x * w, but for its doit, deep, down the whole stack below x
-    product = shallow_doit(sp.MatMul(x, w))
+    blocks = column_blocks(x)
+    if blocks is not None:  # blocks side by side: each times its rows of w, the placing never computed
+        product = sp.MatAdd(*(linear(block, w[start:start + block.shape[1], :]) for block, start in blocks))
+    else:  # SymPy's x * w, but for its doit, deep, down the whole stack below x
+        product = shallow_doit(sp.MatMul(x, w))
     if b is None:
         return product  # SymPy's own product: a product it is in takes in its factors
     if b.shape[0] != 1:
         raise ModelError(f"the bias {b} must be a row (1 x out); its shape is {b.shape}")
     return shallow_doit(sp.MatAdd(layered(product), shallow_doit(sp.MatMul(ones(x.shape[0], 1), b))))
 
+
+
+def concat_columns(blocks: Sequence[sp.MatrixExpr]) -> sp.MatrixExpr:
+    """The blocks side by side (numpy's hstack), as the sum of each block
+    times the 0/1 matrix placing its columns: exact (one product by 1 per
+    entry; the rest adds zeros), and differentiated as any product.
+
+    Args:
+        blocks: matrices of one number of rows (symbolic or not) and fixed
+            numbers of columns.
+
+    Returns:
+        The (rows, sum of the columns) matrix expression.
+
+    Raises:
+        ModelError: the blocks' rows differ, or a block's columns are not a number.
+    """
+    if len({b.shape[0] for b in blocks}) != 1:
+        raise ModelError(f"blocks of rows {[b.shape[0] for b in blocks]} side by side: they differ")
+    if not all(sp.sympify(b.shape[1]).is_Integer for b in blocks):
+        raise ModelError(f"blocks of columns {[b.shape[1] for b in blocks]} side by side: each must be a number")
+    widths = [int(b.shape[1]) for b in blocks]
+    total, out, start = sum(widths), [], 0
+    for block, width in zip(blocks, widths):
+        place = sp.zeros(width, total)
+        place[:, start:start + width] = sp.eye(width)
+        out.append(block * sp.ImmutableMatrix(place))
+        start += width
+    return sp.MatAdd(*out) if len(out) > 1 else out[0]
+
+
+def column_blocks(x: Any) -> list[tuple[sp.MatrixExpr, int]] | None:
+    """[(block, first column)] of a matrix concat_columns made: a sum of
+    blocks each times a 0/1 matrix placing its columns; None for any other."""
+    if not isinstance(x, sp.MatAdd):
+        return None
+    found = []
+    for term in x.args:
+        factors: tuple[Any, ...] = tuple(term.args) if isinstance(term, sp.MatMul) else ()
+        if len(factors) < 2 or not isinstance(factors[-1], sp.ImmutableMatrix):
+            return None
+        start = _placed_at(factors[-1])
+        if start is None:
+            return None
+        found.append((factors[0] if len(factors) == 2 else sp.MatMul(*factors[:-1]), start))
+    return found
+
+
+def _placed_at(place: sp.ImmutableMatrix) -> int | None:
+    """The first column of the identity a 0/1 placing matrix (w x total) holds, else None."""
+    width, total = place.shape
+    starts = [j for j in range(total) if place[0, j] != 0]
+    if not starts or starts[0] + width > total:
+        return None
+    start = starts[0]
+    wanted = sp.zeros(width, total)
+    wanted[:, start:start + width] = sp.eye(width)
+    return start if place == sp.ImmutableMatrix(wanted) else None
 
 
 def shallow(fn: Callable[..., Any], *args: Any) -> Any:

@@ -19,8 +19,11 @@ x.reshape(len(x), -1)) and the convolutions, pools and BatchNorm2d
 translate (a batch norm in training mode by the batch's statistics, what it
 writes into its running ones an output: TorchParams.running); one of
 (batch,) integers is an Index X of ids for an Embedding; one of 3
-dimensions, of a network with an LSTM or GRU, a batch of sequences: X is
-its time-major (L*n) x features matrix (symbackprop.interop.torch_rnn);
+dimensions (or (batch, L) token ids), of a network with an LSTM or GRU, a
+batch of sequences: X is its time-major (L*n) x features matrix (or Index
+of ids), and where no input has a row a sequence (outputs per step) the
+model's Index input `batch`, np.arange(n), binds n
+(symbackprop.interop.torch_rnn);
 of a network with a MultiheadAttention, (batch, L, features) floats or
 (batch, L) token ids are sequences for attention: X their example-major
 (n*L) rows (symbackprop.interop.torch_attention).
@@ -75,10 +78,13 @@ def built_in_hint(kind: str) -> str:
     return f"; declare the model with symbackprop's {use} instead" if use else ""
 
 
+def _is_recurrent(module: Any) -> bool:
+    return isinstance(module, (_torch().nn.LSTM, _torch().nn.GRU))
+
+
 def _recurrent(module: Any) -> bool:
     """Whether the network has an LSTM or a GRU (whose input is a sequence)."""
-    kinds = (_torch().nn.LSTM, _torch().nn.GRU)
-    return any(isinstance(sub, kinds) for sub in module.modules()) if hasattr(module, "modules") else False
+    return any(_is_recurrent(sub) for sub in module.modules()) if hasattr(module, "modules") else False
 
 
 def _refuse_by_layer(module: Any, shape: tuple) -> None:
@@ -223,15 +229,21 @@ class _Builder:
         if self.attention and kind.__name__ == "Embedding" and args and att.concrete(args[0]):
             return att.position_rows(args[0], self._dotted(module, path, "weight"))
         convert = layers().get(kind)
-        if att.has_positions(args, kwargs) and (kind.__name__ not in att.PER_POSITION_LAYERS or convert is None):
+        per_step = kind.__name__ in att.PER_POSITION_LAYERS and convert is not None
+        if att.has_positions(args, kwargs) and not per_step and not _is_recurrent(module):
             raise ModelError(f"{kind.__name__} of sequences is not translated; on sequences from_torch translates "
-                             f"the per-position layers {', '.join(sorted(att.PER_POSITION_LAYERS))} and "
-                             "MultiheadAttention")
+                             f"the per-position layers {', '.join(sorted(att.PER_POSITION_LAYERS))}, "
+                             "MultiheadAttention, LSTM and GRU")
         if convert is None:
             known = ("the layers of torch_ops.layers()" if kind.__name__ in BUILT_INS  # the hint is what to read
                      else f"the layers {', '.join(sorted(t.__name__ for t in layers()))}")
             raise ModelError(f"{kind.__name__} is not supported yet; from_torch converts {known} and the functions "
                              "of torch_ops.functions()" + built_in_hint(kind.__name__))
+        if _is_recurrent(module):  # hx=None: the zero states, as without it
+            args, kwargs = tuple(a for a in args if a is not None), {k: v for k, v in kwargs.items() if v is not None}
+        if (len(args) != 1 or kwargs) and _is_recurrent(module):
+            raise ModelError(f"{kind.__name__} called with initial states: from_torch translates {kind.__name__}(x), "
+                             "which starts from zero states; call it on the sequences alone")
         if len(args) != 1 or kwargs:
             raise ModelError(f"{kind.__name__} called with {len(args) + len(kwargs)} arguments; it takes one")
 
@@ -239,7 +251,7 @@ class _Builder:
             tensor = getattr(module, key, None)
             return None if tensor is None else self.param(f"{path}.{key}" if path else key, tensor)
 
-        if isinstance(args[0], Positions):
+        if isinstance(args[0], Positions) or (isinstance(args[0], Sequence) and per_step):
             return att.per_position(lambda x: convert(module, x, param), args, {}, kind.__name__)
         out = convert(module, args[0], param)
         for name, value in running_updates(module, args[0], param):
@@ -315,11 +327,11 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
         return att.fold(node, args, kwargs)  # a mask, torch.arange: computed by torch
     if builder.attention and att.reads_shape(node, args):  # x.size(1), x.shape, x.device: known
         return att.shape_or_device(node, args, kwargs)
-    if att.has_positions(args, kwargs) and not writes_in_place(node, root):
+    if att.has_positions(args, kwargs) and not writes_in_place(node, root) and not _indexes(node, args):
         pooled = att.pooled(node, args, kwargs, builder.sequence_starts)  # x.mean(1), x[:, 0]: (n, features)
         if pooled is not None:
             return pooled
-        if node.target in (operator.add, _torch().add, "add"):  # x + a positional table (L, features)
+        if node.target in (operator.add, _torch().add, "add") and _any_positions(args):  # x + a positional table
             args = att.add_positions(args, builder.position_ids)
         return _per_position(node, args, kwargs)
     if writes_in_place(node, root):  # y.mul_(2): y * 2, what the caller makes y stand for
@@ -339,7 +351,20 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
     return convert(*args, **kwargs)
 
 
-def _per_position(node: Any, args: tuple, kwargs: dict) -> Positions:
+def _indexes(node: Any, args: tuple) -> bool:
+    """out[:, -1]: indexing a recurrent layer's outputs, which the converter of getitem translates."""
+    return node.op == "call_function" and node.target is operator.getitem and isinstance(args[0], Sequence)
+
+
+def _any_positions(args: tuple) -> bool:
+    return any(isinstance(a, Positions) for a in args)
+
+
+def _any_steps(args: tuple) -> bool:
+    return any(isinstance(a, Sequence) for a in args)
+
+
+def _per_position(node: Any, args: tuple, kwargs: dict) -> Positions | Sequence:
     """A function or method of sequences that is computed per position, on their rows."""
     if node.op == "call_method":
         convert, name = method(node.target), f"Tensor.{node.target}()"
@@ -348,8 +373,10 @@ def _per_position(node: Any, args: tuple, kwargs: dict) -> Positions:
         convert, name = functions().get(node.target), op_name(node.target)
         known = node.target in att.per_position_functions()
     if convert is None or not known:
+        steps = ("; a recurrent layer's outputs stay per step: return them as they are (Y is their time-major "
+                 "(L*n) x k rows) or take a step (out[:, -1])") if _any_steps(args) else ""
         raise ModelError(f"{name} of sequences is not translated; on sequences from_torch translates per-position "
-                         "layers and functions, elementwise arithmetic and MultiheadAttention")
+                         f"layers and functions, elementwise arithmetic, MultiheadAttention, LSTM and GRU{steps}")
     return att.per_position(convert, args, kwargs, name)
 
 
@@ -431,7 +458,7 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder, extra: l
     except (ModelError, sp.ShapeError) as error:
         raise ModelError(f"{_where(node, module)}: {error}") from error
     out = values[next(node for node in graph.nodes if node.op == "output")]
-    if isinstance(out, Positions) and not getattr(out.matrix, "is_index", False):  # (n, L, k): its n*L rows
+    if isinstance(out, (Positions, Sequence)) and not getattr(out.matrix, "is_index", False):  # its rows
         out = out.matrix
     if isinstance(out, Images):
         raise ModelError(f"{type(module).__name__}.forward returns images (batch, {out.channels}, {out.height}, "
@@ -441,6 +468,16 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder, extra: l
         raise ModelError(f"{type(module).__name__}.forward returns {out!r}; from_torch converts a forward "
                          "returning one (batch, outputs) tensor")
     return out
+
+
+def _batch_input(builder: _Builder) -> Index:
+    """The input `batch` (np.arange(n)), whose length binds n where no other
+    input has a row a sequence: X's rows are L*n, and the targets of a loss
+    per step are too."""
+    if "batch" in builder.arrays:
+        raise ModelError("a parameter is named 'batch', the name of the input that gives the number of sequences; "
+                         "rename it")
+    return Index("batch", BATCH)
 
 
 def _loss(loss: Any, Y: sp.MatrixExpr, X: Any, reduction: str) -> tuple[Any, list]:
@@ -486,7 +523,9 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             or images (batch, C, H, W) (X is then n x C*H*W, their NCHW
             rows), or (batch,) integer ids for an Embedding (X an Index),
             or sequences (batch, L, features) or (L, batch, features) for
-            an LSTM or GRU (X the time-major (L*n) x features rows), or
+            an LSTM or GRU, or their (batch, L) token ids for an Embedding
+            before it (X the time-major (L*n) x features rows or ids; the
+            input `batch`, np.arange(n), where the outputs are per step), or
             sequences (batch, L, features) / (batch, L) token ids for a
             network with a MultiheadAttention (X the example-major n*L
             rows; (L, batch, ...) where it is not batch_first), with a
@@ -518,12 +557,10 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     """
     example_input, *more = _example_inputs(example_input)
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
-    ids = len(shape) == 1 and np.issubdtype(_dtype(example_input), np.integer)
-    attention = att.attention_layout(module, shape, np.issubdtype(_dtype(example_input), np.integer))
-    sequences = len(shape) == 3 and _recurrent(module) and attention is None
-    if sequences and loss is None:
-        raise ModelError("from_torch of sequences takes a loss: its targets T bind the batch n (X's rows are "
-                         "L*n); give loss= a named loss or a callable")
+    integer = np.issubdtype(_dtype(example_input), np.integer)
+    ids = len(shape) == 1 and integer
+    attention = att.attention_layout(module, shape, integer)
+    sequences = len(shape) == (2 if integer else 3) and _recurrent(module) and attention is None
     if len(shape) not in (2, 4) and not ids and not sequences and attention is None:
         _refuse_by_layer(module, shape)
         raise ModelError(f"from_torch takes a (batch, features), (batch, C, H, W) or, for an Embedding, (batch,) "
@@ -533,7 +570,7 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
                          "loss reduces as it computes")
     refuse_hooks(module)
     rows = POSITIONS if attention else ROWS if sequences else BATCH
-    X = Index("X", rows) if ids or (attention and len(shape) == 2) else sp.MatrixSymbol(
+    X = Index("X", rows) if ids or (integer and (attention or sequences) and len(shape) == 2) else sp.MatrixSymbol(
         "X", rows, int(shape[-1] if sequences or attention else np.prod(shape[1:])))
     builder = _Builder()
     builder.attention = attention is not None
@@ -542,6 +579,8 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     extra = att.padding_inputs(more, attention[1], POSITIONS) if attention else _no_padding(more) if more else []
     Y = _network(module, x, builder, extra)
     loss_expr, inputs = _loss(loss, Y, X, reduction)
+    if sequences and not any(BATCH in getattr(v, "shape", ()) for v in inputs):
+        inputs.append(_batch_input(builder))
     running = {f"{key}_new": key for key in builder.updates}  # output -> the running statistic it updates
     inputs += [index for index in (builder.positions, builder.starts) if index is not None]
     inputs += [padding.column for padding in extra]

@@ -29,6 +29,7 @@ import sympy as sp
 from symbackprop.declare.attention import Sequences, first_positions, self_attention, sequence_mean
 from symbackprop.declare.tensor import Index, gather
 from symbackprop.errors import ModelError
+from symbackprop.interop.torch_rnn import Sequence
 from symbackprop.interop.torch_values import Positions, torch_module
 
 # torch.nn layers that act on each position alone (on the (n*L) x F rows as on a batch)
@@ -94,7 +95,8 @@ def fold(node: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def has_positions(args: tuple, kwargs: dict) -> bool:
-    return any(isinstance(v, Positions) for v in (*args, *kwargs.values()))
+    """Whether an argument is sequences (for attention, or a recurrent layer's rows)."""
+    return any(isinstance(v, (Positions, Sequence)) for v in (*args, *kwargs.values()))
 
 
 def reads_shape(node: Any, args: tuple) -> bool:
@@ -120,15 +122,24 @@ def shape_or_device(node: Any, args: tuple, kwargs: dict) -> Any:
     return shape[dim]
 
 
-def per_position(convert: Callable[..., Any], args: tuple, kwargs: dict, what: str) -> Positions:
+def _layout(seqs: Any) -> tuple:
+    """What sequences must share to be computed on row by row: their kind,
+    length and batch (a recurrent layer's rows: their batch and time-major
+    order, whatever layout torch indexes them by)."""
+    if isinstance(seqs, Sequence):
+        return (Sequence, seqs.batch)
+    return (Positions, seqs.length, seqs.batch_first)
+
+
+def per_position(convert: Callable[..., Any], args: tuple, kwargs: dict, what: str) -> Positions | Sequence:
     """convert on the rows of the sequences among the arguments, as sequences again."""
-    seqs = [v for v in (*args, *kwargs.values()) if isinstance(v, Positions)]
-    first = seqs[0]
-    if any(s.length != first.length or s.batch_first != first.batch_first for s in seqs):
+    seqs = [v for v in (*args, *kwargs.values()) if isinstance(v, (Positions, Sequence))]
+    first = next((s for s in seqs if s.batch_first is not None), seqs[0])  # the layout torch indexes by
+    if any(_layout(s) != _layout(first) for s in seqs):
         raise ModelError(f"{what} of sequences of different lengths or layouts")
 
     def rows(v: Any) -> Any:
-        return v.matrix if isinstance(v, Positions) else v
+        return v.matrix if isinstance(v, (Positions, Sequence)) else v
 
     return first.like(convert(*(rows(a) for a in args), **{k: rows(v) for k, v in kwargs.items()}))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
+import traceback
 from typing import Any
 
 from symbackprop.errors import ModelError
@@ -119,6 +120,17 @@ def tracer_class() -> type:
     return Tracer
 
 
+PACKING_REFUSED = ("packed sequences (torch.nn.utils.rnn.pack_padded_sequence, pack_sequence, "
+                   "pad_packed_sequence) are not translated: from_torch runs an LSTM or GRU over every step of "
+                   "sequences of one length; pass it the padded (batch, L, features) tensor itself")
+
+
+def _in_packing(error: BaseException) -> bool:
+    """Whether tracing failed inside torch.nn.utils.rnn (its packing branches on the lengths)."""
+    rnn_utils = _torch().nn.utils.rnn.__file__
+    return any(frame.filename == rnn_utils for frame in traceback.extract_tb(error.__traceback__))
+
+
 def trace(module: Any) -> Any:
     """The module's forward as a torch.fx Graph (torch.nn layers left as
     calls), with grad mode on around it (as training runs it), its dead code
@@ -132,6 +144,8 @@ def trace(module: Any) -> Any:
         stack = list(getattr(tracer, "module_stack", {}))  # the modules whose forward was being traced
         path = stack[-1] if stack else ""
         where = path or type(module).__name__
+        if _in_packing(error):
+            raise ModelError(f"{where}: {PACKING_REFUSED}") from error
         kind = type(module.get_submodule(path)).__name__
         raise ModelError(f"{where}: torch.fx cannot trace {kind}.forward ({type(error).__name__}: {error}); "
                          "from_torch reads a forward torch.fx can trace (no control flow on the data)") from error
@@ -325,5 +339,5 @@ def _node_name(node: Any) -> str:
     return str(node.target)
 
 
-__all__ = ["IN_PLACE_OPERATORS", "Writes", "out_of_place", "refuse_hooks", "trace", "tracer_class", "writes_in_place",
-           "written", "written_as"]
+__all__ = ["IN_PLACE_OPERATORS", "PACKING_REFUSED", "Writes", "out_of_place", "refuse_hooks", "trace", "tracer_class",
+           "writes_in_place", "written", "written_as"]

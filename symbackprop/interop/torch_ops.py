@@ -219,8 +219,7 @@ def _reshape(input: Any, shape: Any) -> sp.MatrixExpr:
 
 
 def _cat(tensors: Any, dim: int = 0) -> Any:
-    """Side by side: the sum of each block times the 0/1 matrix placing its
-    columns, exact (one product by 1 per entry; the rest adds zeros)."""
+    """Side by side (nn.concat_columns)."""
     if dim not in (1, -1) or (dim == -1 and any(isinstance(t, Images) for t in tensors)):
         raise ModelError(f"cat along dim {dim}: only along the features or the channels (dim=1) is supported")
     if any(isinstance(t, Images) for t in tensors):  # NCHW rows: the channels' blocks side by side
@@ -228,17 +227,7 @@ def _cat(tensors: Any, dim: int = 0) -> Any:
             raise ModelError("cat of images along the channels takes images of one height and width")
         return Images(_cat([t.matrix for t in tensors], 1), sum(t.channels for t in tensors), tensors[0].height,
                       tensors[0].width)
-    blocks = [as_matrix(t, "cat") for t in tensors]
-    if len({b.shape[0] for b in blocks}) != 1:
-        raise ModelError(f"cat of blocks of rows {[b.shape[0] for b in blocks]}: they differ")
-    widths = [int(b.shape[1]) for b in blocks]
-    total, out, start = sum(widths), [], 0
-    for block, width in zip(blocks, widths):
-        place = sp.zeros(width, total)
-        place[:, start:start + width] = sp.eye(width)
-        out.append(block * sp.ImmutableMatrix(place))
-        start += width
-    return sp.MatAdd(*out) if len(out) > 1 else out[0]
+    return nn.concat_columns([as_matrix(t, "cat") for t in tensors])
 
 
 def _flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> sp.MatrixExpr:

@@ -1,15 +1,19 @@
 """from_torch's recurrent layers: torch.nn.LSTM and torch.nn.GRU as an
-`sbp.scan` over time, batched (`batch=n`), each layer one scan.
+`sbp.scan` over time, batched (`batch=n`), each layer and direction one scan.
 
 A sequence is a `Sequence`: the time-major (L*n) x features matrix whose
 rows t*n .. t*n+n-1 are step t of the n sequences (torch's (L, n, F)
-memory; a batch_first (n, L, F) tensor is x.transpose(0, 1).reshape(-1, F)).
-The fused weights weight_ih_l{k} (G*H x in), weight_hh_l{k} (G*H x H) and
-the biases bias_ih_l{k}, bias_hh_l{k} are one parameter each, sliced per
-gate in torch's order (LSTM i, f, g, o; GRU r, z, n), so their gradients
-are torch's parameters' own. The layer returns what torch's does: the
-outputs (a Sequence, of which the last step `out[:, -1]` / `out[-1]` is
-translated) and the final states, one (n, H) matrix a layer (`h[-1]`).
+memory; a batch_first (n, L, F) tensor is x.transpose(0, 1).reshape(-1, F)),
+or the Index of L*n token ids in that order for an Embedding. The fused
+weights weight_ih_l{k} (G*H x in), weight_hh_l{k} (G*H x H) and the biases
+bias_ih_l{k}, bias_hh_l{k} (and their _reverse twins) are one parameter
+each, sliced per gate in torch's order (LSTM i, f, g, o; GRU r, z, n), so
+their gradients are torch's parameters' own. The layer returns what torch's
+does: the outputs, a Sequence of the same rows (the directions side by
+side, per step), on which the per-step layers apply (from_torch.py) and of
+which the last and first steps (out[:, -1], out[:, 0]) are translated; and
+the final states, one (n, H) matrix a layer and direction in torch's h_n
+order (layer 0 forward, layer 0 backward, layer 1 forward, ...).
 """
 
 from __future__ import annotations
@@ -21,34 +25,51 @@ from typing import Any
 import sympy as sp
 
 from symbackprop.declare.activations import sigmoid, tanh
-from symbackprop.declare.nn import linear, lstm_cell
+from symbackprop.declare.nn import column_blocks, concat_columns, linear, lstm_cell
 from symbackprop.errors import ModelError
 from symbackprop.loops.declare import final_state, scan
 
 
 @dataclass(frozen=True)
 class Sequence:
-    """A batch of sequences: `matrix` the time-major (L*n) x features rows,
-    `batch` the batch's symbol n, `batch_first` how the module that made it
-    indexes it (None for the network's input), `last` its last step's
-    (n, features) rows where known (a recurrent layer's final hidden state)."""
+    """A batch of sequences: `matrix` the time-major (L*n) x features rows
+    (or an Index of L*n token ids), `batch` the batch's symbol n,
+    `batch_first` how the module that made it indexes it (None for the
+    network's input and what is computed from it per step), `last` its
+    last step's (n, features) rows where known (a recurrent layer's final
+    hidden state)."""
 
-    matrix: sp.MatrixExpr
+    matrix: Any
     batch: sp.Symbol
     batch_first: bool | None = None
     last: sp.MatrixExpr | None = None
 
+    def like(self, matrix: Any) -> Sequence:
+        """matrix, computed per step from this one's rows, as a Sequence of the same layout."""
+        return Sequence(matrix, self.batch, self.batch_first)
+
     def step(self, index: Any) -> sp.MatrixExpr:
-        """out[:, -1] (batch_first) or out[-1]: the last step, (n, features)."""
+        """out[:, -1] or out[:, 0] (batch_first), out[-1] or out[0]: the last or the first step, (n, features)."""
         index = index if isinstance(index, tuple) else (index,)
         while len(index) > 1 and index[-1] == slice(None):
             index = index[:-1]
-        last = (slice(None), -1) if self.batch_first else (-1,)
-        if self.last is None or index != last:
-            wanted = "out[:, -1]" if self.batch_first else "out[-1]"
+        at = (slice(None),) if self.batch_first else ()
+        if self.batch_first is None or index not in ((*at, -1), (*at, 0)) or getattr(self.matrix, "is_index", False):
+            wanted = "out[:, -1] or out[:, 0]" if self.batch_first else "out[-1] or out[0]"
             raise ModelError(f"indexing a recurrent layer's outputs by {index!r} is not translated; only the last "
-                             f"step ({wanted}, or the final state h_n[-1]) is")
-        return self.last
+                             f"or the first step ({wanted}, or the final state h_n[-1]) is")
+        if index[-1] == -1 and self.last is not None:
+            return self.last
+        return end_rows(self.matrix, self.batch, first=index[-1] == 0)
+
+
+def end_rows(rows: sp.MatrixExpr, batch: sp.Symbol, first: bool) -> sp.MatrixExpr:
+    """The last (or first) step's n rows of time-major rows: the final state of
+    a scan that keeps the rows it reads (run backwards for the first), a
+    copy of N*F entries where a slice would need N - n as a number."""
+    width = rows.shape[1]
+    kept, read = sp.MatrixSymbol(f"end_{width}_kept", batch, width), sp.MatrixSymbol(f"end_{width}_row", batch, width)
+    return scan(read, None, kept, read, sp.ZeroMatrix(batch, width), rows, batch=batch, reverse=first)
 
 
 def _gates(weight: sp.MatrixExpr, bias: sp.MatrixExpr | None, count: int, hidden: int) -> tuple[list, list]:
@@ -88,17 +109,46 @@ def _gru_step(x: Any, state: tuple, weights: tuple, hidden: int) -> tuple:
 
 
 def _refuse(module: Any, kind: str, x: Any) -> None:
-    """What the scan does not compute as torch does, named."""
+    """What the scans do not compute as torch does, named with what to do."""
     if not isinstance(x, Sequence):
         raise ModelError(f"{kind} takes a sequence: from_torch's example input (batch, L, features) or (L, batch, "
-                         f"features), 3-D; got {x!r}")
-    if module.bidirectional:
-        raise ModelError(f"{kind}(bidirectional=True) is not supported yet: from_torch translates a "
-                         f"unidirectional {kind} (a scan forward in time)")
+                         f"features), 3-D, or (batch, L) token ids into an Embedding; got {x!r}")
+    if getattr(x.matrix, "is_index", False):
+        raise ModelError(f"{kind} of token ids: embed them first (an nn.Embedding before the {kind})")
     if getattr(module, "proj_size", 0):
-        raise ModelError(f"{kind}(proj_size={module.proj_size}) is not supported yet")
+        raise ModelError(f"{kind}(proj_size={module.proj_size}) is not translated; use proj_size=0 and a Linear "
+                         "on the outputs")
     if module.dropout and module.training and module.num_layers > 1:
-        raise ModelError(f"{kind}(dropout={module.dropout}) in training mode is not translated; call .eval()")
+        raise ModelError(f"{kind}(dropout={module.dropout}) in training mode is random between the layers and not "
+                         "translated; call .eval() (or set dropout=0)")
+
+
+def _parts(seq: sp.MatrixExpr) -> list[sp.MatrixExpr]:
+    """The sequences side by side in seq (a bidirectional layer's outputs):
+    the blocks of concat_columns where they tile its columns, else [seq]."""
+    blocks = sorted(column_blocks(seq) or [], key=lambda found: found[1])
+    starts = [sum(int(b.shape[1]) for b, _ in blocks[:k]) for k in range(len(blocks))]
+    if not blocks or starts != [start for _, start in blocks] or sum(int(b.shape[1]) for b, _ in blocks) != seq.shape[1]:
+        return [seq]
+    return [block for block, _ in blocks]
+
+
+def _direction(step: Callable, seq: sp.MatrixExpr, weights: tuple, states: int, hidden: int, n: sp.Symbol,
+               reverse: bool) -> tuple[sp.MatrixExpr, tuple]:
+    """One layer's scan in one direction: (its outputs, (N x H), its final states). A
+    layer below's directions are read as two sequences: the step multiplies each
+    by its columns of the weights (nn.linear of blocks side by side), never
+    computing them side by side."""
+    base = str(weights[0])  # weight_ih_l{k}[_reverse]'s name: the scan's symbols, apart from every other's
+    state = tuple(sp.MatrixSymbol(f"{base}_{s}", n, hidden) for s in "hc"[:states])
+    parts = _parts(seq)
+    inputs = [sp.MatrixSymbol(f"{base}_x{k if len(parts) > 1 else ''}", n, p.shape[1]) for k, p in enumerate(parts)]
+    new = step(concat_columns(inputs), state, weights, hidden)
+    zero = sp.ZeroMatrix(n, hidden)
+    out = scan(new if states > 1 else new[0], new[0], state if states > 1 else state[0], tuple(inputs),
+               (zero,) * states if states > 1 else zero, tuple(parts), batch=n, reverse=reverse)
+    last = final_state(out)
+    return out, tuple(last) if states > 1 else (last,)
 
 
 def recurrent_layer(module: Any, x: Any, param: Callable[[str], Any], kind: str) -> tuple:
@@ -106,20 +156,19 @@ def recurrent_layer(module: Any, x: Any, param: Callable[[str], Any], kind: str)
     _refuse(module, kind, x)
     step, states = (_lstm_step, 2) if kind == "LSTM" else (_gru_step, 1)
     hidden, n, seq = module.hidden_size, x.batch, x.matrix
-    finals: list[list[sp.MatrixExpr]] = [[] for _ in range(states)]
+    suffixes = ("", "_reverse") if module.bidirectional else ("",)
+    finals: list[list[sp.MatrixExpr]] = [[] for _ in range(states)]  # h_n (c_n): layer-major, then direction
     for layer in range(module.num_layers):
-        weights = tuple(param(f"{key}_l{layer}") for key in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
-        base = str(weights[0])
-        state = tuple(sp.MatrixSymbol(f"{base}_{s}", n, hidden) for s in "hc"[:states])
-        inp = sp.MatrixSymbol(f"{base}_x", n, seq.shape[1])
-        new = step(inp, state, weights, hidden)
-        zero = sp.ZeroMatrix(n, hidden)
-        seq = scan(new if states > 1 else new[0], new[0], state if states > 1 else state[0], inp,
-                   (zero,) * states if states > 1 else zero, seq, batch=n)
-        last = final_state(seq)
-        for k, value in enumerate(last if states > 1 else (last,)):
-            finals[k].append(value)
-    out = Sequence(seq, n, bool(module.batch_first), finals[0][-1])
+        outs = []
+        for reverse, suffix in enumerate(suffixes):
+            weights = tuple(param(f"{key}_l{layer}{suffix}") for key in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+            out, last = _direction(step, seq, weights, states, hidden, n, bool(reverse))
+            outs.append(out)
+            for k, value in enumerate(last):
+                finals[k].append(value)
+        seq = concat_columns(outs) if len(outs) > 1 else outs[0]
+    last_step = None if module.bidirectional else finals[0][-1]  # the backward direction's is its first step's
+    out = Sequence(seq, n, bool(module.batch_first), last_step)
     if kind == "LSTM":
         return out, (tuple(finals[0]), tuple(finals[1]))
     return out, tuple(finals[0])
@@ -133,4 +182,4 @@ def gru_layer(module: Any, x: Any, param: Callable[[str], Any]) -> tuple:
     return recurrent_layer(module, x, param, "GRU")
 
 
-__all__ = ["Sequence", "gru_layer", "lstm_layer", "recurrent_layer"]
+__all__ = ["Sequence", "end_rows", "gru_layer", "lstm_layer", "recurrent_layer"]

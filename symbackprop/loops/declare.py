@@ -99,11 +99,12 @@ class LoopSpec(Standing, sp.Basic):
 class ScanSpec(LoopSpec):
     """What `scan` was given, as one SymPy object (hashed with the model)."""
 
-    def __new__(cls, states, inputs, next_states, outputs, inits, sequences, every, batch=1) -> ScanSpec:
-        return sp.Basic.__new__(
-            cls, sp.Tuple(*states), sp.Tuple(*inputs), sp.Tuple(*next_states), sp.Tuple(*outputs),
-            sp.Tuple(*inits), sp.Tuple(*sequences), sp.Integer(every), sp.sympify(batch),
-        )
+    def __new__(cls, states, inputs, next_states, outputs, inits, sequences, every, batch=1,
+                reverse=False) -> ScanSpec:
+        args = (sp.Tuple(*states), sp.Tuple(*inputs), sp.Tuple(*next_states), sp.Tuple(*outputs),
+                sp.Tuple(*inits), sp.Tuple(*sequences), sp.Integer(every), sp.sympify(batch))
+        # reverse only where set: a forward scan hashes (and names its C) as before
+        return sp.Basic.__new__(cls, *args, sp.true) if reverse else sp.Basic.__new__(cls, *args)
 
     states = property(lambda self: tuple(self.args[0]))
     inputs = property(lambda self: tuple(self.args[1]))
@@ -113,6 +114,7 @@ class ScanSpec(LoopSpec):
     sequences = property(lambda self: tuple(self.args[5]))
     every = property(lambda self: int(self.args[6]))
     batch = property(lambda self: self.args[7])  # rows a step (1: one row, a vector)
+    reverse = property(lambda self: len(self.args) > 8)  # steps from the last rows to the first
 
     @property
     def rows(self) -> sp.Expr:
@@ -127,7 +129,7 @@ class ScanSpec(LoopSpec):
     def _sympystr(self, printer: Any) -> str:
         seqs = ", ".join(printer._print(s) for s in self.sequences)
         states = ", ".join(printer._print(s) for s in self.states)
-        return f"scan[{states}]({seqs})"
+        return f"scan[{states}]({seqs}{', reversed' if self.reverse else ''})"
 
 
 class ScanOutput(Standing, sp.MatrixExpr):
@@ -186,7 +188,7 @@ class ScanFinal(LoopFinal):
 
 
 def scan(step_state: Any, step_output: Any, state: Any, inp: Any, init: Any, sequence: Any,
-         checkpoint_every: int | None = None, batch: Any = 1) -> Any:
+         checkpoint_every: int | None = None, batch: Any = 1, reverse: bool = False) -> Any:
     """A recurrence over the rows of `sequence`, run as a loop in the C.
 
     With `batch=B`, each step reads B rows (the t-th step of B sequences,
@@ -215,6 +217,12 @@ def scan(step_state: Any, step_output: Any, state: Any, inp: Any, init: Any, seq
             integer or symbolic dimension B (bound at call time by an input
             or param that has it, e.g. the initial state). The sequences'
             rows must be a multiple of B.
+        reverse: run the steps from the last rows to the first (the
+            backward direction of a bidirectional RNN): the first step
+            reads step T-1's rows and the output of the step that read
+            step t's rows is step t's rows of the outputs, so the outputs
+            line up with the sequence; the final state is the state after
+            reading step 0.
 
     Returns:
         The outputs as a (T x O) ScanOutput (a SymPy matrix expression), a
@@ -233,8 +241,12 @@ def scan(step_state: Any, step_output: Any, state: Any, inp: Any, init: Any, seq
     if isinstance(every, bool) or not isinstance(every, (int, sp.Integer)) or int(every) < 1:
         raise ModelError(f"scan: checkpoint_every must be a positive integer or None; got {checkpoint_every!r}")
     batch = _checked_batch(batch)
+    if not isinstance(reverse, bool):
+        raise ModelError(f"scan: reverse must be True or False; got {reverse!r}")
+    if reverse and every > 1:  # a segment recomputes forward in time from its checkpoint
+        raise ModelError("scan: checkpoint_every is not supported with reverse=True; leave it None")
     _check_declaration(states, inputs, next_states, inits, sequences, outputs, batch)
-    spec = ScanSpec(states, inputs, next_states, outputs, inits, sequences, int(every), batch)
+    spec = ScanSpec(states, inputs, next_states, outputs, inits, sequences, int(every), batch, reverse)
     if not outputs:
         return final_state(ScanFinal(spec, 0))
     results = tuple(ScanOutput(spec, k) for k in range(len(outputs)))

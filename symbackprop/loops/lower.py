@@ -80,6 +80,7 @@ def _build_scan(lowerer: Lowerer, spec: ScanSpec) -> Node:
         outputs=tuple(roots[len(next_states):]),
         every=spec.every,
         length=length,
+        reverse=spec.reverse,
     )
     return scan_node(step, inits + seqs + [values[c] for c in captured])
 

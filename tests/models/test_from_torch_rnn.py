@@ -1,12 +1,16 @@
-"""sbp.from_torch of torch.nn.LSTM and torch.nn.GRU (one scan a layer over
-the time-major rows) in a sequence classifier, against the same network run
-by PyTorch in float64: the loss and every parameter's gradient from torch
-autograd to 1e-12 relative, at L = 1 and 5, batch 1 and 3, hidden 4 and 7."""
+"""sbp.from_torch of torch.nn.LSTM and torch.nn.GRU (one scan a layer and
+direction over the time-major rows) in sequence classifiers and per-step
+models, against the same network run by PyTorch in float64: the loss and
+every parameter's gradient from torch autograd to 1e-12 relative, at L = 1
+and 5, batch 1 and 3, hidden 4 and 7, bidirectional or not; and what is
+not translated, refused by its module."""
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from torch.nn.utils.rnn import pack_padded_sequence  # noqa: E402
 
 import symbackprop as sbp  # noqa: E402
 
@@ -15,23 +19,29 @@ FEATURES, CLASSES = 3, 5
 
 
 class Classifier(tnn.Module):
-    """x -> LSTM/GRU -> Linear of the last step's hidden state (out[:, -1],
-    out[-1] time-major, or the final state h_n[-1])."""
+    """x -> LSTM/GRU -> Linear of one step: the last (out[:, -1], out[-1]
+    time-major), the first (out[:, 0]), the final state h_n[-1], or both
+    directions' final states side by side (cat(h_n[-2], h_n[-1]))."""
 
-    def __init__(self, kind, hidden, layers=1, batch_first=True, last="out"):
+    def __init__(self, kind, hidden, layers=1, batch_first=True, last="out", bidirectional=False):
         super().__init__()
-        self.rnn = getattr(tnn, kind)(FEATURES, hidden, num_layers=layers, batch_first=batch_first)
-        self.fc = tnn.Linear(hidden, CLASSES)
+        self.rnn = getattr(tnn, kind)(FEATURES, hidden, num_layers=layers, batch_first=batch_first,
+                                      bidirectional=bidirectional)
+        width = hidden * (2 if bidirectional and last in ("out", "first", "cat") else 1)
+        self.fc = tnn.Linear(width, CLASSES)
         self.kind, self.last, self.batch_first = kind, last, batch_first
 
     def forward(self, x):
         if self.kind == "LSTM":
             out, (h, _c) = self.rnn(x)
         else:
-            out, h = self.rnn(x)
+            out, h = self.rnn(x, None)  # hx=None: the zero state
         if self.last == "h":
             return self.fc(h[-1])
-        return self.fc(out[:, -1] if self.batch_first else out[-1])
+        if self.last == "cat":
+            return self.fc(torch.cat((h[-2], h[-1]), dim=1))
+        step = 0 if self.last == "first" else -1
+        return self.fc(out[:, step] if self.batch_first else out[step])
 
 
 def _check(net, batch, steps, batch_first=True):
@@ -87,18 +97,95 @@ def test_one_module_takes_any_number_of_steps():
         assert loss == pytest.approx(expected.item(), rel=1e-12)
 
 
-class Bidirectional(tnn.Module):
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize(("last", "batch_first", "layers"), [
+    ("out", True, 1), ("first", False, 2), ("h", True, 2), ("cat", False, 1)])
+def test_bidirectional_layers_match_torch(kind, last, batch_first, layers):
+    """The backward direction a reversed scan: its outputs beside the forward's
+    per step (its last step its first state), h_n in torch's order."""
+    net = Classifier(kind, 4, layers=layers, batch_first=batch_first, last=last, bidirectional=True).double()
+    _check(net, 3, 5, batch_first=batch_first)
+
+
+@pytest.mark.parametrize("last", ["out", "first"])
+def test_the_first_and_last_steps_of_one_direction_match_torch(last):
+    _check(Classifier("GRU", 4, last=last).double(), 2, 4)
+
+
+class Steps(tnn.Module):
+    """Ends of two bidirectional layers and of a sum computed per step."""
+
     def __init__(self):
         super().__init__()
-        self.encoder = tnn.LSTM(FEATURES, 4, batch_first=True, bidirectional=True)
-        self.fc = tnn.Linear(8, CLASSES)
+        self.gru = tnn.GRU(FEATURES, 4, batch_first=True, bidirectional=True)
+        self.lstm = tnn.LSTM(FEATURES, 4, batch_first=True, bidirectional=True)
+        self.fc = tnn.Linear(24, CLASSES)
 
     def forward(self, x):
-        out, _ = self.encoder(x)
-        return self.fc(out[:, -1])
+        a, _ = self.gru(x)
+        b, _ = self.lstm(x)
+        return self.fc(torch.cat((a[:, -1], b[:, -1], (a + b)[:, 0]), dim=1))
+
+
+def test_steps_of_several_layers_and_of_their_sum_match_torch():
+    _check(Steps().double(), 3, 5)
 
 
 class EveryStep(tnn.Module):
+    """A score per step: Linear, an activation and arithmetic on every step's output."""
+
+    def __init__(self, kind="GRU", batch_first=True):
+        super().__init__()
+        self.rnn = getattr(tnn, kind)(FEATURES, 4, batch_first=batch_first)
+        self.fc = tnn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return torch.tanh(self.fc(out)) * 2 + 1
+
+
+@pytest.mark.parametrize(("kind", "batch_first"), [("GRU", True), ("LSTM", False)])
+def test_every_steps_outputs_match_torch(kind, batch_first):
+    """Y is the time-major (L*n) x k rows of torch's output; a mean squared
+    error against T of those rows, at two lengths with one module."""
+    net = EveryStep(kind, batch_first).double()
+    example = torch.zeros((2, 3, FEATURES) if batch_first else (3, 2, FEATURES), dtype=torch.float64)
+    model, params = sbp.from_torch(net, example, loss="mse")
+    mod = sbp.compile(model)
+    for batch, steps in ((2, 3), (3, 6)):
+        x, t = torch.randn(batch, steps, FEATURES, dtype=torch.float64), torch.randn(batch, steps, CLASSES,
+                                                                                      dtype=torch.float64)
+        given, target = (x, t) if batch_first else (x.transpose(0, 1), t.transpose(0, 1))
+        rows = {"X": _time_major(x), "T": _time_major(t), "batch": np.arange(batch)}
+        loss, grads = mod.value_and_grad(**rows, **params)
+        net.zero_grad()
+        out = net(given)
+        expected = torch.nn.functional.mse_loss(out, target)
+        expected.backward()
+        assert loss == pytest.approx(expected.item(), rel=1e-12)
+        rows_out = out.transpose(0, 1) if batch_first else out
+        np.testing.assert_allclose(mod.forward(**rows, **params)["Y"], rows_out.reshape(-1, CLASSES).detach().numpy(),
+                                   rtol=1e-12)
+        for key, grad in params.state_dict(grads).items():
+            want = net.get_parameter(key).grad
+            np.testing.assert_allclose(grad.numpy(), want.numpy(), rtol=1e-12, atol=1e-12 * float(want.abs().max()))
+
+
+def _time_major(x):
+    """(n, L, k) as the (L*n) x k rows from_torch reads."""
+    return np.ascontiguousarray(x.transpose(0, 1).reshape(-1, x.shape[-1]).numpy())
+
+
+def test_without_a_loss_the_batch_input_binds_n():
+    net = Classifier("LSTM", 4, bidirectional=True).double()
+    model, params = sbp.from_torch(net, torch.zeros(2, 3, FEATURES, dtype=torch.float64), loss=None)
+    assert [str(i) for i in model.inputs] == ["X", "batch"]
+    x = torch.randn(3, 5, FEATURES, dtype=torch.float64)
+    got = sbp.compile(model).forward(X=_time_major(x), batch=np.arange(3), **params)["Y"]
+    np.testing.assert_allclose(got, net(x).detach().numpy(), rtol=1e-12)
+
+
+class Middle(tnn.Module):
     def __init__(self):
         super().__init__()
         self.rnn = tnn.GRU(FEATURES, 4, batch_first=True)
@@ -106,28 +193,74 @@ class EveryStep(tnn.Module):
 
     def forward(self, x):
         out, _ = self.rnn(x)
+        return self.fc(out[:, 1])
+
+
+class Reshaped(Middle):
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.fc(out).reshape(-1, CLASSES)
+
+
+class Projected(Middle):
+    def __init__(self):
+        super().__init__()
+        self.rnn = tnn.LSTM(FEATURES, 4, batch_first=True, proj_size=2)
+        self.fc = tnn.Linear(2, CLASSES)
+
+
+class Packed(Middle):
+    def forward(self, x):
+        packed = tnn.utils.rnn.pack_padded_sequence(x, [3, 3], batch_first=True)
+        out, _ = self.rnn(packed)
+        out, _ = tnn.utils.rnn.pad_packed_sequence(out, batch_first=True)
         return self.fc(out)
 
 
-class FirstStep(EveryStep):
+class PackedByName(Middle):
+    def forward(self, x):
+        out, _ = self.rnn(pack_padded_sequence(x, [3, 3], batch_first=True))
+        return self.fc(out)
+
+
+class InitialState(Middle):
+    """An encoder's final state as the decoder's initial one."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = tnn.GRU(FEATURES, 4, batch_first=True)
+
+    def forward(self, x):
+        _, h = self.encoder(x)
+        out, _ = self.rnn(x, h)
+        return self.fc(out)
+
+
+class TokensIntoLSTM(Middle):
     def forward(self, x):
         out, _ = self.rnn(x)
-        return self.fc(out[:, 0])
+        return self.fc(out)
 
 
 @pytest.mark.parametrize(("net", "message"), [
-    (Bidirectional(), r"encoder: LSTM\(bidirectional=True\) is not supported"),
-    (EveryStep(), r"fc: .*of a sequence .* is not translated"),
-    (FirstStep(), r"only the last step \(out\[:, -1\]"),
+    (Middle(), r"only the last or the first step \(out\[:, -1\] or out\[:, 0\]"),
+    (Reshaped(), r"Tensor.reshape\(\) of sequences is not translated.*return them as they are"),
+    (Projected(), r"rnn: LSTM\(proj_size=2\) is not translated; use proj_size=0"),
+    (Packed(), r"packed sequences .* are not translated.*pass it the padded"),
+    (PackedByName(), r"packed sequences .* are not translated"),
+    (InitialState(), r"rnn: GRU called with initial states"),
 ])
 def test_what_is_not_translated_is_refused_by_its_module(net, message):
     with pytest.raises(sbp.ModelError, match=message):
         sbp.from_torch(net.double(), torch.zeros(2, 3, FEATURES, dtype=torch.float64), loss="cross_entropy_labels")
 
 
-def test_sequences_need_a_loss_and_a_sequence():
-    with pytest.raises(sbp.ModelError, match="takes a loss"):
-        sbp.from_torch(Classifier("LSTM", 4).double(), torch.zeros(2, 3, FEATURES, dtype=torch.float64), loss=None)
+def test_token_ids_into_a_recurrent_layer_say_to_embed_them():
+    with pytest.raises(sbp.ModelError, match=r"rnn: GRU of token ids: embed them first"):
+        sbp.from_torch(TokensIntoLSTM().double(), torch.zeros(2, 3, dtype=torch.int64), loss="cross_entropy_labels")
+
+
+def test_a_recurrent_layer_needs_a_sequence():
     with pytest.raises(sbp.ModelError, match=r"LSTM takes a sequence"):
         sbp.from_torch(tnn.Sequential(tnn.Linear(FEATURES, 3), tnn.LSTM(3, 4)).double(),
                        torch.zeros(2, FEATURES, dtype=torch.float64))
@@ -152,3 +285,20 @@ def test_layers_without_biases_in_eval_mode_match_torch_and_refuse_training_drop
     with pytest.raises(sbp.ModelError, match=rf"rnn: {kind}\(dropout=0.3\) in training mode"):
         sbp.from_torch(net, torch.zeros(5, 3, FEATURES, dtype=torch.float64), loss="cross_entropy_labels")
     _check(net.eval(), 3, 5, batch_first=False)
+
+
+class NamedBatch(EveryStep):
+    """A parameter named like the input that gives the number of sequences."""
+
+    def __init__(self):
+        super().__init__()
+        self.batch = tnn.Parameter(torch.zeros(CLASSES))
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.fc(out) + self.batch
+
+
+def test_a_parameter_named_batch_is_refused_where_the_input_needs_the_name():
+    with pytest.raises(sbp.ModelError, match="a parameter is named 'batch'"):
+        sbp.from_torch(NamedBatch().double(), torch.zeros(2, 3, FEATURES, dtype=torch.float64), loss="mse")

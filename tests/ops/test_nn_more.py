@@ -93,3 +93,32 @@ def test_cross_entropy_of_an_index_of_labels_and_the_sum_reduction():
         nn.one_hot(labels, n)
     with pytest.raises(sbp.ModelError, match="reduction is one of"):
         nn.mse(Z, Y, reduction="none")
+
+
+def test_blocks_side_by_side_and_a_linear_of_them():
+    """concat_columns is numpy's hstack; nn.linear of it multiplies each block
+    by its rows of the weights (no placing product left), with the gradients
+    of the product of the hstack (central differences)."""
+    n = sp.Symbol("n", integer=True, positive=True)
+    A, B, W, bias = (sp.MatrixSymbol("A", n, 2), sp.MatrixSymbol("B", n, 3), sp.MatrixSymbol("W", 5, 4),
+                     sp.MatrixSymbol("bias", 1, 4))
+    both = nn.concat_columns([A, B])
+    assert nn.column_blocks(both) == [(A, 0), (B, 2)]
+    assert nn.column_blocks(A + A) is None and nn.column_blocks(A) is None
+    Y = nn.linear(both, W, bias)
+    assert not Y.atoms(sp.ImmutableMatrix)  # the placing matrices are gone
+    loss = nn.sum_all(sp.HadamardProduct(Y, Y)) + nn.sum_all(both.applyfunc(sp.sin))
+    mod = sbp.compile(sbp.Model("concat_linear", inputs=[A, B], params=[W, bias], loss=loss, grad_inputs=[A, B]))
+    rng = np.random.default_rng(0)
+    data = {"A": rng.standard_normal((3, 2)), "B": rng.standard_normal((3, 3)), "W": rng.standard_normal((5, 4)),
+            "bias": rng.standard_normal((1, 4))}
+
+    def reference(d):
+        x = np.hstack([d["A"], d["B"]])
+        y = x @ d["W"] + d["bias"]
+        return float(np.sum(y * y) + np.sum(np.sin(x)))
+
+    value, grads = mod.value_and_grad(**data)
+    assert value == pytest.approx(reference(data), rel=1e-13)
+    for name in data:
+        assert relative_error(grads[name], central_differences(reference, data, name)) < 1e-7, name
