@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--sizes", help="sizes for every case chosen (default: each case's own)")
     parser.add_argument("--peer", help="another checkout to time beside this one, interleaved")
+    parser.add_argument("--peer-commit", help="the peer's commit, where it is not a git checkout (a git archive)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--save", help="write benchmarks/results/<name>.json")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -257,12 +258,13 @@ def _save(name: str, results: list[dict], codes: dict[str, Path], args: argparse
         rows.append(row)
     columns = [{"key": f"{label}_{what}", "label": f"{label}: {what}", "ratio": False}
                for label in codes for what in ("compile_s", "cpu_s", "gcc_cpu_s", "c_lines")]
-    peer = f" --peer {args.peer}" if args.peer else ""
+    peer = f" --peer {args.peer}" + (f" --peer-commit {args.peer_commit}" if args.peer_commit else "") if args.peer else ""
     out.write_text(json.dumps({
         "title": "Compile time of N repeated blocks (sbp.compile: forward and value_and_grad, float64, a fresh cache)",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load {load}",
         "date": time.strftime("%Y-%m-%d"),
-        "commit": {label: _commit(code) for label, code in codes.items()},
+        "commit": {label: (args.peer_commit if label == "peer" and args.peer_commit else _commit(code))
+                   for label, code in codes.items()},
         "command": f"python benchmarks/compile_blocks.py --cases {args.cases} --repeats {args.repeats}{peer} "
                    f"--save {name}",
         "conditions": "each run a child process pinned to CPU 1 (taskset -c 1) with a fresh cache folder; "
