@@ -214,8 +214,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peer-commit", help="the peer's commit, where it is not a git checkout (a git archive)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--save", help="write benchmarks/results/<name>.json")
+    parser.add_argument("--render", metavar="NAME", help="rewrite the table of benchmarks/results/NAME.json from its records")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.render:
+        render(args.render)
+        return
     if args.child:
         child(args.child[0], int(args.child[1]), args.child[2])
         return
@@ -242,35 +246,59 @@ def _median(results: list[dict], key: str) -> float | None:
 
 
 def _save(name: str, results: list[dict], codes: dict[str, Path], args: argparse.Namespace) -> None:
-    """A row a (case, size); columns: compile seconds (median) of each
-    checkout, and the C's lines; every record whole under "results"."""
+    """The result file benchmarks/tables.py renders (see _table), with
+    where it was measured and every record whole under "results"."""
     out = HERE / "results" / f"{name}.json"
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    rows = []
-    for case, size in dict.fromkeys((r["case"], r["size"]) for r in results):
-        row: dict = {"label": f"{case} {size}"}
-        for label in codes:
-            mine = [r for r in results if (r["case"], r["size"], r["code"]) == (case, size, label)]
-            row[f"{label}_compile_s"] = _median(mine, "compile_s")
-            row[f"{label}_cpu_s"] = _median(mine, "compile_cpu_s")
-            row[f"{label}_gcc_cpu_s"] = _median(mine, "gcc_cpu_s")
-            row[f"{label}_c_lines"] = next((r["c"].get("lines") for r in mine if r.get("c")), None)
-        rows.append(row)
-    columns = [{"key": f"{label}_{what}", "label": f"{label}: {what}", "ratio": False}
-               for label in codes for what in ("compile_s", "cpu_s", "gcc_cpu_s", "c_lines")]
+    commits = {label: (args.peer_commit if label == "peer" and args.peer_commit else _commit(code))
+               for label, code in codes.items()}
     peer = f" --peer {args.peer}" + (f" --peer-commit {args.peer_commit}" if args.peer_commit else "") if args.peer else ""
-    out.write_text(json.dumps({
-        "title": "Compile time of N repeated blocks (sbp.compile: forward and value_and_grad, float64, a fresh cache)",
+    record = {
+        "title": "Compile CPU of N repeated blocks (sbp.compile: forward and value_and_grad, float64, a fresh cache)",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load {load}",
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": {label: (args.peer_commit if label == "peer" and args.peer_commit else _commit(code))
-                   for label, code in codes.items()},
+        "date": time.strftime("%Y-%m-%d"), **_commit_fields(commits),
         "command": f"python benchmarks/compile_blocks.py --cases {args.cases} --repeats {args.repeats}{peer} "
                    f"--save {name}",
         "conditions": "each run a child process pinned to CPU 1 (taskset -c 1) with a fresh cache folder; "
-                      f"checkouts interleaved run by run; medians of {args.repeats}",
-        "source": "benchmarks/compile_blocks.py", "row_header": "case and N",
-        "columns": columns, "rows": rows, "results": results}, indent=1) + "\n")
+                      f"checkouts interleaved run by run; CPU seconds (the process's and its compilers'), "
+                      f"medians of {args.repeats}",
+        "source": "benchmarks/compile_blocks.py", "row_header": "case and N", "results": results}
+    out.write_text(json.dumps({**record, **_table(results, commits)}, indent=1) + "\n")
+
+
+def _commit_fields(commits: dict[str, str]) -> dict:
+    """The commit as text (this one, and the peer's before it) and by checkout."""
+    text = commits["this"] + (f" (the peer, before: {commits['peer']})" if "peer" in commits else "")
+    return {"commit": text, "commits": commits}
+
+
+def _table(results: list[dict], commits: dict[str, str]) -> dict:
+    """A row a (case, size); a column each checkout's median CPU seconds
+    (the peer's first, the baseline of this one's ratio) and of them its
+    compilers'."""
+    labels = sorted(commits, key=lambda label: label != "peer")  # the peer (before) first
+    rows = []
+    for case, size in dict.fromkeys((r["case"], r["size"]) for r in results):
+        seconds = {}
+        for label in labels:
+            mine = [r for r in results if (r["case"], r["size"], r["code"]) == (case, size, label)]
+            seconds[f"{label}_cpu"], seconds[f"{label}_gcc"] = _median(mine, "compile_cpu_s"), _median(mine, "gcc_cpu_s")
+        rows.append({"label": f"{case} {size}", "seconds": seconds})
+    columns = [{"key": f"{label}_{what}", "label": f"{commits[label]}: {heading}",
+                "ratio": what == "cpu" and label == "this" and "peer" in commits}
+               for label in labels for what, heading in (("cpu", "CPU"), ("gcc", "of it GCC"))]
+    return {"baseline": "peer_cpu" if "peer" in commits else None, "columns": columns, "rows": rows,
+            "ratio_note": "in parentheses this checkout's CPU over the peer's (below 1: it compiles faster)"}
+
+
+def render(name: str) -> None:
+    """Rewrite the table of a result file from its own records (after a
+    change of _table), keeping where and when they were measured."""
+    path = HERE / "results" / f"{name}.json"
+    saved = json.loads(path.read_text())
+    commits = saved.get("commits") or saved["commit"]  # (a first file held them under "commit")
+    fields = {**_commit_fields(commits), **_table(saved["results"], commits)}
+    path.write_text(json.dumps({**saved, **fields}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
