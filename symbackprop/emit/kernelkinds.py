@@ -66,7 +66,7 @@ def share_kernels(module: CModule, claim: Callable[[str], str]) -> CModule:
     kinds: dict[str, MapKind] = {}
     canonical: dict[int, _Canonical] = {}
     for fn in module.internal + module.functions:
-        scope = _scope(fn)
+        scope = _scope(fn, module.real_c)
         for kernel in fn.kernels:
             if not _callable(kernel):
                 continue
@@ -112,13 +112,12 @@ def _nests(value: Any) -> bool:
     return False
 
 
-def _scope(fn: CFunction) -> dict[str, str]:
+def _scope(fn: CFunction, real: str) -> dict[str, str]:
     """The names a kernel of `fn` may read, each with its C type: its
     parameters, and the workspace pointers it declares or is given."""
-    real = next(p.decl for p in fn.params if p.role == "work").rsplit("*", 1)[0]
     types = {p.cname: p.decl[:-len(p.cname)] for p in fn.params}
     for name, _, _ in [*fn.table(), *fn.call_pointers]:
-        types[name] = f"{real}*"
+        types[name] = f"{real} *"
     return types
 
 
