@@ -98,7 +98,14 @@ SYMBACKPROP_HELPER int64_t symbackprop_size_max(int64_t a, int64_t b)
  * (GradBench det ell=9, two such parts of ~500 values each: 2.6 -> 1.7 s
  * of CPU for the file; calls the same within a loaded machine's noise;
  * the command line's -march and -fno-math-errno still hold). */
+/* A function cut into parts (SYMBACKPROP_DISPATCH) only places its
+ * workspace pointers and calls its parts in turn: GCC's points-to analysis
+ * of its hundreds of pointers grew with their square and found nothing a
+ * loop could use (an unrolled GRU of 100 steps: 1.4 s of its first unit's
+ * 3.9 s of CPU), so it is skipped there; its parts are never inlined into
+ * it (SYMBACKPROP_CALLED), and keep it. */
 #if defined(__GNUC__) && !defined(__clang__)
+#define SYMBACKPROP_DISPATCH __attribute__((optimize("no-tree-pta")))
 #define SYMBACKPROP_WIDE __attribute__((optimize("no-tree-loop-distribution", "no-gcse-after-reload", "ira-region=one")))
 #if defined(__x86_64__)
 #define SYMBACKPROP_WIDE_SUMS SYMBACKPROP_WIDE __attribute__((target("prefer-vector-width=256")))
@@ -107,6 +114,7 @@ SYMBACKPROP_HELPER int64_t symbackprop_size_max(int64_t a, int64_t b)
 #endif
 #define SYMBACKPROP_STRAIGHT __attribute__((optimize("Os")))
 #else
+#define SYMBACKPROP_DISPATCH
 #define SYMBACKPROP_WIDE
 #define SYMBACKPROP_WIDE_SUMS
 #define SYMBACKPROP_STRAIGHT

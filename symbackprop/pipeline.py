@@ -38,6 +38,7 @@ from symbackprop.emit.cunits import split_units
 from symbackprop.emit.derivation import plan_derivation, render_derivation
 from symbackprop.emit.emitted import Emitted
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
+from symbackprop.emit.kernelkinds import share_kernels
 from symbackprop.emit.maps import share_maps
 from symbackprop.emit.products import share_products
 from symbackprop.emit.sizes import shared_size_checks
@@ -410,6 +411,7 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
     )
     module = share_products(module, namer.name)  # many matrix products: a function per kind
     module = share_maps(module, namer.name)  # element-wise loops that repeat: a function per kind
+    module = share_kernels(module, namer.name)  # long kernels (layer norm, attention): a function per kind
     module = split_units(module)  # a large module: its C compiled as several units at once
     source, header, cdef = render(module)
     text = _derivation_text(the_plan, model.name, dtype) if derivation else ""

@@ -40,7 +40,8 @@ SYMBACKPROP_HELPER int64_t bundle_adjustment_value_and_grad_size(int64_t N, int6
 
 /* Its element-wise loops over a dimension, a function for each kind of
  * loop (the same text on other arrays), called with its arrays: each kind
- * is compiled once, its arrays restrict. */
+ * is compiled once, its arrays restrict. Then its long kernels (a layer
+ * norm, attention), a function for each kind likewise (not restrict). */
 BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
 void bundle_adjustment_sq_Nx2_loop_c2b0(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
         const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a1);
@@ -48,6 +49,17 @@ BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
 void bundle_adjustment_sq_Nx2_loop_7e3b(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
         const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a1, BUNDLE_ADJUSTMENT_REAL
         *SYMBACKPROP_RESTRICT a2);
+BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
+void bundle_adjustment_emap_6648(
+    int64_t N,
+    const BUNDLE_ADJUSTMENT_REAL *a0,
+    const int64_t *a1,
+    const BUNDLE_ADJUSTMENT_REAL *a2,
+    const int64_t *a3,
+    BUNDLE_ADJUSTMENT_REAL *a4,
+    const BUNDLE_ADJUSTMENT_REAL *a5,
+    const BUNDLE_ADJUSTMENT_REAL *a6
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
 void bundle_adjustment_sq_Nx2_loop_c2b0(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
@@ -71,6 +83,57 @@ void bundle_adjustment_sq_Nx2_loop_7e3b(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBA
             a0[2*i + j] = (a1[2*i + j]*a1[2*i + j]);
             a2[2*i + j] = 2*a1[2*i + j];
         }
+    }
+}
+BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
+void bundle_adjustment_emap_6648(
+    int64_t N,
+    const BUNDLE_ADJUSTMENT_REAL *a0,
+    const int64_t *a1,
+    const BUNDLE_ADJUSTMENT_REAL *a2,
+    const int64_t *a3,
+    BUNDLE_ADJUSTMENT_REAL *a4,
+    const BUNDLE_ADJUSTMENT_REAL *a5,
+    const BUNDLE_ADJUSTMENT_REAL *a6
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < N; ++i) {
+        const BUNDLE_ADJUSTMENT_REAL x0 = (a0[11*a1[i]]*a0[11*a1[i]]) +
+                (a0[11*a1[i] + 1]*a0[11*a1[i] + 1]) + (a0[11*a1[i] + 2]*a0[11*a1[i] + 2]);
+        const BUNDLE_ADJUSTMENT_REAL x1 = sqrt(x0);
+        const BUNDLE_ADJUSTMENT_REAL x2 = sin(x1);
+        const BUNDLE_ADJUSTMENT_REAL x3 = -a2[3*a3[i] + 1] + a0[11*a1[i] + 4];
+        const BUNDLE_ADJUSTMENT_REAL x4 = -a0[11*a1[i]]*x3;
+        const BUNDLE_ADJUSTMENT_REAL x5 = 1.0/x1;
+        const BUNDLE_ADJUSTMENT_REAL x6 = a2[3*a3[i]] - a0[11*a1[i] + 3];
+        const BUNDLE_ADJUSTMENT_REAL x7 = a0[11*a1[i] + 1]*x6;
+        const BUNDLE_ADJUSTMENT_REAL x8 = a0[11*a1[i] + 2]*x5;
+        const BUNDLE_ADJUSTMENT_REAL x9 = cos(x1);
+        const BUNDLE_ADJUSTMENT_REAL x10 = a0[11*a1[i]]*x5;
+        const BUNDLE_ADJUSTMENT_REAL x11 = a0[11*a1[i] + 1]*x5;
+        const BUNDLE_ADJUSTMENT_REAL x12 = a2[3*a3[i] + 2] - a0[11*a1[i] + 5];
+        const BUNDLE_ADJUSTMENT_REAL x13 = (1 - x9)*(x10*x6 - x11*x3 + x12*x8);
+        const BUNDLE_ADJUSTMENT_REAL x14 = x12*x9 + x13*x8 + x2*(x4*x5 - x5*x7);
+        const BUNDLE_ADJUSTMENT_REAL x15 = ((isnan(x0)) ? (x0) : x0 > 9.9999999999999995e-21);
+        const BUNDLE_ADJUSTMENT_REAL x16 = x12 + x4 - x7;
+        const BUNDLE_ADJUSTMENT_REAL x17 = ((isnan(x15)) ? (x15) : ((x15) ? (1.0/(x14*x14)) :
+                (1.0/(x16*x16))));
+        const BUNDLE_ADJUSTMENT_REAL x18 = a0[11*a1[i] + 1]*x12;
+        const BUNDLE_ADJUSTMENT_REAL x19 = -a0[11*a1[i] + 2]*x3;
+        const BUNDLE_ADJUSTMENT_REAL x20 = x10*x13 + x2*(x18*x5 - x19*x5) + x6*x9;
+        const BUNDLE_ADJUSTMENT_REAL x21 = x18 - x19 + x6;
+        const BUNDLE_ADJUSTMENT_REAL x22 = a0[11*a1[i]]*x12;
+        const BUNDLE_ADJUSTMENT_REAL x23 = x11*x13 + x2*(-x22*x5 + x6*x8) - x3*x9;
+        const BUNDLE_ADJUSTMENT_REAL x24 = a0[11*a1[i] + 2]*x6 - x22 - x3;
+        const BUNDLE_ADJUSTMENT_REAL x25 = x17*((isnan(x15)) ? (x15) : ((x15) ? ((x20*x20)) :
+                ((x21*x21)))) + x17*((isnan(x15)) ? (x15) : ((x15) ? ((x23*x23)) : ((x24*x24))));
+        const BUNDLE_ADJUSTMENT_REAL x26 = a0[11*a1[i] + 6]*(a0[11*a1[i] + 10]*(x25*x25) +
+                a0[11*a1[i] + 9]*x25 + 1)*((isnan(x15)) ? (x15) : ((x15) ? (1.0/x14) : (1.0/x16)));
+        a4[2*i] = a5[i]*(-a6[2*i] + a0[11*a1[i] + 7] - x26*((isnan(x15)) ? (x15) : ((x15) ? (x20) :
+                (x21))));
+        a4[2*i + 1] = a5[i]*(-a6[2*i + 1] + a0[11*a1[i] + 8] - x26*((isnan(x15)) ? (x15) : ((x15) ?
+                (x23) : (x24))));
     }
 }
 #endif
@@ -104,7 +167,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
     BUNDLE_ADJUSTMENT_REAL *jacobian
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
+SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED void bundle_adjustment_forward_part1(
     int64_t N,
     const BUNDLE_ADJUSTMENT_REAL *feats,
     const int64_t *cam,
@@ -457,7 +520,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     BUNDLE_ADJUSTMENT_REAL *colsum_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
+BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED void bundle_adjustment_forward_part2(
     int64_t N,
     BUNDLE_ADJUSTMENT_REAL *loss,
     BUNDLE_ADJUSTMENT_REAL *residual,
@@ -478,7 +541,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* Forward pass: the loss and the named outputs. */
-int bundle_adjustment_forward(
+SYMBACKPROP_DISPATCH int bundle_adjustment_forward(
     int64_t N,
     int64_t C,
     int64_t P,
@@ -560,7 +623,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     BUNDLE_ADJUSTMENT_REAL *colsum_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
+BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED void bundle_adjustment_value_and_grad_part1(
     int64_t N,
     const BUNDLE_ADJUSTMENT_REAL *feats,
     const int64_t *cam,
@@ -577,46 +640,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
 {
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * feats[i, :]: see the temporaries */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
-        const BUNDLE_ADJUSTMENT_REAL x0 = (cams[11*cam[i]]*cams[11*cam[i]]) +
-                (cams[11*cam[i] + 1]*cams[11*cam[i] + 1]) +
-                (cams[11*cam[i] + 2]*cams[11*cam[i] + 2]);
-        const BUNDLE_ADJUSTMENT_REAL x1 = sqrt(x0);
-        const BUNDLE_ADJUSTMENT_REAL x2 = sin(x1);
-        const BUNDLE_ADJUSTMENT_REAL x3 = -pts[3*pt[i] + 1] + cams[11*cam[i] + 4];
-        const BUNDLE_ADJUSTMENT_REAL x4 = -cams[11*cam[i]]*x3;
-        const BUNDLE_ADJUSTMENT_REAL x5 = 1.0/x1;
-        const BUNDLE_ADJUSTMENT_REAL x6 = pts[3*pt[i]] - cams[11*cam[i] + 3];
-        const BUNDLE_ADJUSTMENT_REAL x7 = cams[11*cam[i] + 1]*x6;
-        const BUNDLE_ADJUSTMENT_REAL x8 = cams[11*cam[i] + 2]*x5;
-        const BUNDLE_ADJUSTMENT_REAL x9 = cos(x1);
-        const BUNDLE_ADJUSTMENT_REAL x10 = cams[11*cam[i]]*x5;
-        const BUNDLE_ADJUSTMENT_REAL x11 = cams[11*cam[i] + 1]*x5;
-        const BUNDLE_ADJUSTMENT_REAL x12 = pts[3*pt[i] + 2] - cams[11*cam[i] + 5];
-        const BUNDLE_ADJUSTMENT_REAL x13 = (1 - x9)*(x10*x6 - x11*x3 + x12*x8);
-        const BUNDLE_ADJUSTMENT_REAL x14 = x12*x9 + x13*x8 + x2*(x4*x5 - x5*x7);
-        const BUNDLE_ADJUSTMENT_REAL x15 = ((isnan(x0)) ? (x0) : x0 > 9.9999999999999995e-21);
-        const BUNDLE_ADJUSTMENT_REAL x16 = x12 + x4 - x7;
-        const BUNDLE_ADJUSTMENT_REAL x17 = ((isnan(x15)) ? (x15) : ((x15) ? (1.0/(x14*x14)) :
-                (1.0/(x16*x16))));
-        const BUNDLE_ADJUSTMENT_REAL x18 = cams[11*cam[i] + 1]*x12;
-        const BUNDLE_ADJUSTMENT_REAL x19 = -cams[11*cam[i] + 2]*x3;
-        const BUNDLE_ADJUSTMENT_REAL x20 = x10*x13 + x2*(x18*x5 - x19*x5) + x6*x9;
-        const BUNDLE_ADJUSTMENT_REAL x21 = x18 - x19 + x6;
-        const BUNDLE_ADJUSTMENT_REAL x22 = cams[11*cam[i]]*x12;
-        const BUNDLE_ADJUSTMENT_REAL x23 = x11*x13 + x2*(-x22*x5 + x6*x8) - x3*x9;
-        const BUNDLE_ADJUSTMENT_REAL x24 = cams[11*cam[i] + 2]*x6 - x22 - x3;
-        const BUNDLE_ADJUSTMENT_REAL x25 = x17*((isnan(x15)) ? (x15) : ((x15) ? ((x20*x20)) :
-                ((x21*x21)))) + x17*((isnan(x15)) ? (x15) : ((x15) ? ((x23*x23)) : ((x24*x24))));
-        const BUNDLE_ADJUSTMENT_REAL x26 = cams[11*cam[i] + 6]*(cams[11*cam[i] + 10]*(x25*x25) +
-                cams[11*cam[i] + 9]*x25 + 1)*((isnan(x15)) ? (x15) : ((x15) ? (1.0/x14) :
-                (1.0/x16)));
-        residual[2*i] = weights[i]*(-feats[2*i] + cams[11*cam[i] + 7] - x26*((isnan(x15)) ? (x15) :
-                ((x15) ? (x20) : (x21))));
-        residual[2*i + 1] = weights[i]*(-feats[2*i + 1] + cams[11*cam[i] + 8] - x26*((isnan(x15)) ?
-                (x15) : ((x15) ? (x23) : (x24))));
-    }
+    bundle_adjustment_emap_6648(N, cams, cam, pts, pt, residual, weights, feats);
 
     /* sq_residual = residual**2 */
     /* grad_residual = 2*residual */
@@ -650,7 +674,8 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     BUNDLE_ADJUSTMENT_REAL *grad_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
+SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED void
+        bundle_adjustment_value_and_grad_part2(
     int64_t N,
     int64_t C,
     int64_t P,
@@ -806,7 +831,7 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The loss and its gradient (reverse mode). */
-int bundle_adjustment_value_and_grad(
+SYMBACKPROP_DISPATCH int bundle_adjustment_value_and_grad(
     int64_t N,
     int64_t C,
     int64_t P,

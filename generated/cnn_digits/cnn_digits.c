@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 4: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 3 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 4 objects
+/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 1 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 2 objects
  * link into the module. Functions one unit calls in another are then
  * CNN_DIGITS_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -38,7 +38,8 @@ SYMBACKPROP_HELPER int64_t cnn_digits_train_step_size(int64_t n)
 
 /* Its element-wise loops over a dimension, a function for each kind of
  * loop (the same text on other arrays), called with its arrays: each kind
- * is compiled once, its arrays restrict. */
+ * is compiled once, its arrays restrict. Then its long kernels (a layer
+ * norm, attention), a function for each kind likewise (not restrict). */
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_relu_nx1024_loop(
     int64_t n,
@@ -91,7 +92,57 @@ void cnn_digits_grad_relu_nx512_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RES
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_grad_relu_nx1024_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
         CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_0970(
+    int64_t n,
+    CNN_DIGITS_REAL *a0,
+    const CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    const CNN_DIGITS_REAL *a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_max_pool2d_c748(int64_t n, CNN_DIGITS_REAL *a0, CNN_DIGITS_REAL *a1);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_6134(
+    int64_t n,
+    CNN_DIGITS_REAL *a0,
+    CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    const CNN_DIGITS_REAL *a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_max_pool2d_580b(int64_t n, CNN_DIGITS_REAL *a0, CNN_DIGITS_REAL *a1);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_max_unpool2d_53dc(int64_t n, CNN_DIGITS_REAL *a0, CNN_DIGITS_REAL *a1,
+        CNN_DIGITS_REAL *a2);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_input_grad_7b23(
+    int64_t n,
+    CNN_DIGITS_REAL *a0,
+    const CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    CNN_DIGITS_REAL *a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_max_unpool2d_f257(int64_t n, CNN_DIGITS_REAL *a0, CNN_DIGITS_REAL *a1,
+        CNN_DIGITS_REAL *a2);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_weight_grad_b782(
+    int64_t n,
+    CNN_DIGITS_REAL *a0,
+    const CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    CNN_DIGITS_REAL *a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_weight_grad_55ed(
+    int64_t n,
+    CNN_DIGITS_REAL *a0,
+    CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    CNN_DIGITS_REAL *a3
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_relu_nx1024_loop(
     int64_t n,
@@ -223,114 +274,20 @@ void cnn_digits_grad_relu_nx1024_loop(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RE
         }
     }
 }
-#endif
-
-/* In unit 0; called from unit 0. */
-CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
-CNN_DIGITS_SHARED int cnn_digits_run(
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_0970(
     int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
-    const CNN_DIGITS_REAL *K1,
-    const CNN_DIGITS_REAL *c1,
-    const CNN_DIGITS_REAL *K2,
-    const CNN_DIGITS_REAL *c2,
-    const CNN_DIGITS_REAL *W1,
-    const CNN_DIGITS_REAL *b1,
-    const CNN_DIGITS_REAL *W2,
-    const CNN_DIGITS_REAL *b2,
-    CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *grad_K1,
-    CNN_DIGITS_REAL *grad_c1,
-    CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *grad_c2,
-    CNN_DIGITS_REAL *grad_W1,
-    CNN_DIGITS_REAL *grad_b1,
-    CNN_DIGITS_REAL *grad_W2,
-    CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
-{
-    if (n < 1) {
-        return 0; /* the function returns 1 */
-    }
-    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) {
-        return 0; /* the function returns 6 */
-    }
-    return (size_t)(with_grads ? 5609*n + 85643 : 5214*n + 24587);
-}
-#endif
-
-/* cnn_digits_run, part 1 of 7 (kernels 1 to 2): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part1(
-    const CNN_DIGITS_REAL *c1,
-    const CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *bcast_c2,
-    CNN_DIGITS_REAL *bcast_c1
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED void cnn_digits_run_part1(
-    const CNN_DIGITS_REAL *c1,
-    const CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *bcast_c2,
-    CNN_DIGITS_REAL *bcast_c1
+    CNN_DIGITS_REAL *a0,
+    const CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    const CNN_DIGITS_REAL *a3
 )
 {
-    /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t at = 0; at < 16; ++at) {
-                bcast_c2[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
-            }
-        }
-    }
-
-    /* bcast_c1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                bcast_c1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
-            }
-        }
-    }
-}
-#endif
-
-/* cnn_digits_run, part 2 of 7 (kernels 3 to 3): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part2(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *conv_K1_cols
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED void cnn_digits_run_part2(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *conv_K1_cols
-)
-{
-    /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d; zero outside the image) */
     /* direct: no window matrix; tiles of 4 output channels x 4 rows x 8 columns, each in 16
      * vectors of 8 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const dc_xp = conv_K1_cols + blk * 576 + 0; /* the padded image, 1 x 10 x
-                10 */
+        CNN_DIGITS_REAL *const dc_xp = a0 + blk * 576 + 0; /* the padded image, 1 x 10 x 10 */
         for (int64_t at = 0; at < 100; ++at) {
             dc_xp[at] = 0;
         }
@@ -339,11 +296,11 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                 for (int64_t iy = 0; iy < 8; ++iy) {
                     for (int64_t ix = 0; ix < 8; ++ix) {
                         dc_xp[(ic * 10 + iy + 1) * 10 + ix + 1] =
-                                X[((i * 1 + ic) * 8 + iy) * 8 + ix];
+                                a1[((i * 1 + ic) * 8 + iy) * 8 + ix];
                     }
                 }
             }
-            CNN_DIGITS_REAL *const dc_yo = conv_K1 + i * 1024;
+            CNN_DIGITS_REAL *const dc_yo = a2 + i * 1024;
     #if defined(__GNUC__)
             typedef CNN_DIGITS_REAL dc_vec __attribute__((vector_size(64)));
             for (int64_t oy = 0; oy < 8; oy += 4) { /* rows outside: their input rows stay in cache
@@ -359,7 +316,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                                 for (int64_t kx = 0; kx < 3; ++kx) {
                                     const CNN_DIGITS_REAL *const dc_xr = dc_xp + (ic * 10 + oy + ky)
                                             * 10 + ox + kx;
-                                    const CNN_DIGITS_REAL *const dc_wr = K1 + (oc * 1 + ic) * 9 + ky
+                                    const CNN_DIGITS_REAL *const dc_wr = a3 + (oc * 1 + ic) * 9 + ky
                                             * 3 + kx;
                                     dc_vec dc_x0_0;
                                     memcpy(&dc_x0_0, dc_xr + 0, sizeof dc_x0_0);
@@ -483,7 +440,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                 for (int64_t ic = 0; ic < 1; ++ic) {
                     for (int64_t ky = 0; ky < 3; ++ky) {
                         for (int64_t kx = 0; kx < 3; ++kx) {
-                            const CNN_DIGITS_REAL wv = K1[(oc * 1 + ic) * 9 + ky * 3 + kx];
+                            const CNN_DIGITS_REAL wv = a3[(oc * 1 + ic) * 9 + ky * 3 + kx];
                             for (int64_t oy = 0; oy < 8; ++oy) {
                                 for (int64_t ox = 0; ox < 8; ++ox) {
                                     dc_yo[(oc * 8 + oy) * 8 + ox] += wv *
@@ -498,36 +455,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 }
-#endif
-
-/* cnn_digits_run, part 3 of 7 (kernels 4 to 5): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part3(
-    int64_t n,
-    CNN_DIGITS_REAL *bcast_c1,
-    CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *relu_K1,
-    CNN_DIGITS_REAL *step_K1,
-    CNN_DIGITS_REAL *maxpool_K1
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-CNN_DIGITS_SHARED void cnn_digits_run_part3(
-    int64_t n,
-    CNN_DIGITS_REAL *bcast_c1,
-    CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *relu_K1,
-    CNN_DIGITS_REAL *step_K1,
-    CNN_DIGITS_REAL *maxpool_K1
-)
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_max_pool2d_c748(int64_t n, CNN_DIGITS_REAL *a0, CNN_DIGITS_REAL *a1)
 {
-    /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
-    /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
-    cnn_digits_relu_nx1024_loop(n, relu_K1, step_K1, bcast_c1, conv_K1);
-
-    /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
-     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
@@ -537,47 +467,31 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (relu_K1[at] > relu_K1[best]) {
+                            if (a0[at] > a0[best]) {
                                 best = at;
                             }
                         }
                     }
-                    maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox] = relu_K1[best];
+                    a1[((i * 16 + ch) * 4 + oy) * 4 + ox] = a0[best];
                 }
             }
         }
     }
 }
-#endif
-
-/* cnn_digits_run, part 4 of 7 (kernels 6 to 6): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part4(
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_6134(
     int64_t n,
-    const CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *maxpool_K1,
-    CNN_DIGITS_REAL *conv_K2,
-    CNN_DIGITS_REAL *conv_K2_cols
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-CNN_DIGITS_SHARED void cnn_digits_run_part4(
-    int64_t n,
-    const CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *maxpool_K1,
-    CNN_DIGITS_REAL *conv_K2,
-    CNN_DIGITS_REAL *conv_K2_cols
+    CNN_DIGITS_REAL *a0,
+    CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    const CNN_DIGITS_REAL *a3
 )
 {
-    /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
-     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
     /* direct: no window matrix; tiles of 4 output channels x 4 rows x 4 columns, each in 16
      * vectors of 4 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const dc_xp = conv_K2_cols + blk * 2304 + 0; /* the padded image, 16 x 6 x
-                6 */
+        CNN_DIGITS_REAL *const dc_xp = a0 + blk * 2304 + 0; /* the padded image, 16 x 6 x 6 */
         for (int64_t at = 0; at < 576; ++at) {
             dc_xp[at] = 0;
         }
@@ -586,11 +500,11 @@ CNN_DIGITS_SHARED void cnn_digits_run_part4(
                 for (int64_t iy = 0; iy < 4; ++iy) {
                     for (int64_t ix = 0; ix < 4; ++ix) {
                         dc_xp[(ic * 6 + iy + 1) * 6 + ix + 1] =
-                                maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix];
+                                a1[((i * 16 + ic) * 4 + iy) * 4 + ix];
                     }
                 }
             }
-            CNN_DIGITS_REAL *const dc_yo = conv_K2 + i * 512;
+            CNN_DIGITS_REAL *const dc_yo = a2 + i * 512;
     #if defined(__GNUC__)
             typedef CNN_DIGITS_REAL dc_vec __attribute__((vector_size(32)));
             for (int64_t oy = 0; oy < 4; oy += 4) { /* rows outside: their input rows stay in cache
@@ -606,7 +520,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part4(
                                 for (int64_t kx = 0; kx < 3; ++kx) {
                                     const CNN_DIGITS_REAL *const dc_xr = dc_xp + (ic * 6 + oy + ky)
                                             * 6 + ox + kx;
-                                    const CNN_DIGITS_REAL *const dc_wr = K2 + (oc * 16 + ic) * 9 +
+                                    const CNN_DIGITS_REAL *const dc_wr = a3 + (oc * 16 + ic) * 9 +
                                             ky * 3 + kx;
                                     dc_vec dc_x0_0;
                                     memcpy(&dc_x0_0, dc_xr + 0, sizeof dc_x0_0);
@@ -730,7 +644,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part4(
                 for (int64_t ic = 0; ic < 16; ++ic) {
                     for (int64_t ky = 0; ky < 3; ++ky) {
                         for (int64_t kx = 0; kx < 3; ++kx) {
-                            const CNN_DIGITS_REAL wv = K2[(oc * 16 + ic) * 9 + ky * 3 + kx];
+                            const CNN_DIGITS_REAL wv = a3[(oc * 16 + ic) * 9 + ky * 3 + kx];
                             for (int64_t oy = 0; oy < 4; ++oy) {
                                 for (int64_t ox = 0; ox < 4; ++ox) {
                                     dc_yo[(oc * 4 + oy) * 4 + ox] += wv *
@@ -745,15 +659,323 @@ CNN_DIGITS_SHARED void cnn_digits_run_part4(
         }
     }
 }
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_max_pool2d_580b(int64_t n, CNN_DIGITS_REAL *a0, CNN_DIGITS_REAL *a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t ch = 0; ch < 32; ++ch) {
+            for (int64_t oy = 0; oy < 2; ++oy) {
+                for (int64_t ox = 0; ox < 2; ++ox) {
+                    int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
+                            if (a0[at] > a0[best]) {
+                                best = at;
+                            }
+                        }
+                    }
+                    a1[((i * 32 + ch) * 2 + oy) * 2 + ox] = a0[best];
+                }
+            }
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_max_unpool2d_53dc(int64_t n, CNN_DIGITS_REAL *a0, CNN_DIGITS_REAL *a1,
+        CNN_DIGITS_REAL *a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t ch = 0; ch < 32; ++ch) {
+            for (int64_t oy = 0; oy < 2; ++oy) {
+                for (int64_t ox = 0; ox < 2; ++ox) {
+                    int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
+                    CNN_DIGITS_REAL top = a0[best];
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
+                            const CNN_DIGITS_REAL value = a0[at];
+                            best = value > top ? at : best; /* selects, not branches: 4x faster on
+                                    LeNet-5 */
+                            top = value > top ? value : top;
+                        }
+                    }
+                    /* the windows do not overlap: each entry of this one is written once */
+                    const CNN_DIGITS_REAL back = a1[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
+                            a2[at] = at == best ? back : 0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_input_grad_7b23(
+    int64_t n,
+    CNN_DIGITS_REAL *a0,
+    const CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    CNN_DIGITS_REAL *a3
+)
+{
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of a0 */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = a0 + blk * 2304;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win[kk,at] = sum_oc a1[oc,kk] * a2[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
+            symbackprop_f64_matmul(144, 16, 32, a1, 1, 144, a2 + i * 512, 16, 1, win);
+            for (int64_t at = 0; at < 256; ++at) {
+                a3[i * 256 + at] = 0;
+            }
+            /* each window's entries added back to the pixels they were read from (col2im) */
+            for (int64_t ic = 0; ic < 16; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
+                        for (int64_t oy = 0; oy < 4; ++oy) {
+                            const int64_t iy = oy + ky - 1;
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky)
+                                    * 3 + kx) * 16 + oy * 4;
+                            if (iy < 0 || iy >= 4) {
+                                continue;
+                            }
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = a3 + ((i * 16 + ic) * 4 +
+                                    iy) * 4;
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                pixels[ox + kx - 1] += cols[ox];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_max_unpool2d_f257(int64_t n, CNN_DIGITS_REAL *a0, CNN_DIGITS_REAL *a1,
+        CNN_DIGITS_REAL *a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t ch = 0; ch < 16; ++ch) {
+            for (int64_t oy = 0; oy < 4; ++oy) {
+                for (int64_t ox = 0; ox < 4; ++ox) {
+                    int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
+                    CNN_DIGITS_REAL top = a0[best];
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
+                            const CNN_DIGITS_REAL value = a0[at];
+                            best = value > top ? at : best; /* selects, not branches: 4x faster on
+                                    LeNet-5 */
+                            top = value > top ? value : top;
+                        }
+                    }
+                    /* the windows do not overlap: each entry of this one is written once */
+                    const CNN_DIGITS_REAL back = a1[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    for (int64_t ky = 0; ky < 2; ++ky) {
+                        for (int64_t kx = 0; kx < 2; ++kx) {
+                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
+                            a2[at] = at == best ? back : 0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_weight_grad_b782(
+    int64_t n,
+    CNN_DIGITS_REAL *a0,
+    const CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    CNN_DIGITS_REAL *a3
+)
+{
+    /* the batch in 8 fixed blocks of examples, each with its own 720 entries of a0 */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = a0 + blk * 720;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
+        CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
+        for (int64_t at = 0; at < 144; ++at) {
+            wsum[at] = 0;
+        }
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+            for (int64_t ic = 0; ic < 1; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
+                        for (int64_t oy = 0; oy < 8; ++oy) {
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 64 + oy * 8;
+                            if (iy < 0 || iy >= 8) {
+                                for (int64_t ox = 0; ox < 8; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = a1 + ((i * 1 + ic)
+                                    * 8 + iy) * 8;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 8; ++ox) {
+                                cols[ox] = 0;
+                            }
+                        }
+                    }
+                }
+            }
+            /* wsum[oc,kk] += sum_at a2[i,oc,at] * win[kk,at] */
+            symbackprop_f64_matmul_add(16, 9, 64, a2 + i * 1024, 64, 1, win, 1, 64, wsum);
+        }
+    }
+    /* a3[oc,kk] = the blocks' sums, added in block order */
+    for (int64_t at = 0; at < 144; ++at) {
+        CNN_DIGITS_REAL acc = a0[576 + at];
+        for (int64_t blk = 1; blk < 8; ++blk) {
+            acc += a0[blk * 720 + 576 + at];
+        }
+        a3[at] = acc;
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_conv2d_weight_grad_55ed(
+    int64_t n,
+    CNN_DIGITS_REAL *a0,
+    CNN_DIGITS_REAL *a1,
+    CNN_DIGITS_REAL *a2,
+    CNN_DIGITS_REAL *a3
+)
+{
+    /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of a0 */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = a0 + blk * 6912;
+        /* the output columns ox whose input column ox + kx - 1 is inside the image:
+         * col_lo[kx] <= ox < col_hi[kx] */
+        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
+        CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
+        for (int64_t at = 0; at < 4608; ++at) {
+            wsum[at] = 0;
+        }
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+            for (int64_t ic = 0; ic < 16; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
+                        for (int64_t oy = 0; oy < 4; ++oy) {
+                            const int64_t iy = oy + ky - 1;
+                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
+                                    kx) * 16 + oy * 4;
+                            if (iy < 0 || iy >= 4) {
+                                for (int64_t ox = 0; ox < 4; ++ox) {
+                                    cols[ox] = 0;
+                                }
+                                continue;
+                            }
+                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = a1 + ((i * 16 + ic)
+                                    * 4 + iy) * 4;
+                            for (int64_t ox = 0; ox < lo; ++ox) {
+                                cols[ox] = 0;
+                            }
+                            for (int64_t ox = lo; ox < hi; ++ox) {
+                                cols[ox] = pixels[ox + kx - 1];
+                            }
+                            for (int64_t ox = hi; ox < 4; ++ox) {
+                                cols[ox] = 0;
+                            }
+                        }
+                    }
+                }
+            }
+            /* wsum[oc,kk] += sum_at a2[i,oc,at] * win[kk,at] */
+            symbackprop_f64_matmul_add(32, 144, 16, a2 + i * 512, 16, 1, win, 1, 16, wsum);
+        }
+    }
+    /* a3[oc,kk] = the blocks' sums, added in block order */
+    for (int64_t at = 0; at < 4608; ++at) {
+        CNN_DIGITS_REAL acc = a0[2304 + at];
+        for (int64_t blk = 1; blk < 8; ++blk) {
+            acc += a0[blk * 6912 + 2304 + at];
+        }
+        a3[at] = acc;
+    }
+}
 #endif
 
-/* cnn_digits_run, part 5 of 7 (kernels 7 to 18): a long
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
+CNN_DIGITS_SHARED int cnn_digits_run(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *grad_K1,
+    CNN_DIGITS_REAL *grad_c1,
+    CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
+{
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
+    if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) {
+        return 0; /* the function returns 6 */
+    }
+    return (size_t)(with_grads ? 5609*n + 85643 : 5214*n + 24587);
+}
+#endif
+
+/* cnn_digits_run, part 1 of 3 (kernels 1 to 18): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part5(
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part1(
     int64_t n,
+    const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *b1,
     const CNN_DIGITS_REAL *W2,
@@ -761,7 +983,14 @@ CNN_DIGITS_SHARED void cnn_digits_run_part5(
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
     CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols,
     CNN_DIGITS_REAL *relu_K2,
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *maxpool_K2,
@@ -776,10 +1005,15 @@ CNN_DIGITS_SHARED void cnn_digits_run_part5(
     CNN_DIGITS_REAL *colsum_T,
     CNN_DIGITS_REAL *rowsum_T
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-CNN_DIGITS_SHARED void cnn_digits_run_part5(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED void cnn_digits_run_part1(
     int64_t n,
+    const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *b1,
     const CNN_DIGITS_REAL *W2,
@@ -787,7 +1021,14 @@ CNN_DIGITS_SHARED void cnn_digits_run_part5(
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
     CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols,
     CNN_DIGITS_REAL *relu_K2,
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *maxpool_K2,
@@ -803,31 +1044,47 @@ CNN_DIGITS_SHARED void cnn_digits_run_part5(
     CNN_DIGITS_REAL *rowsum_T
 )
 {
+    /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
+    for (int64_t i = 0; i < 1; ++i) {
+        for (int64_t ch = 0; ch < 32; ++ch) {
+            for (int64_t at = 0; at < 16; ++at) {
+                bcast_c2[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
+            }
+        }
+    }
+
+    /* bcast_c1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
+    for (int64_t i = 0; i < 1; ++i) {
+        for (int64_t ch = 0; ch < 16; ++ch) {
+            for (int64_t at = 0; at < 64; ++at) {
+                bcast_c1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
+            }
+        }
+    }
+
+    /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
+     * (conv2d; zero outside the image) */
+    cnn_digits_conv2d_0970(n, conv_K1_cols, X, conv_K1, K1);
+
+    /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
+    /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
+    cnn_digits_relu_nx1024_loop(n, relu_K1, step_K1, bcast_c1, conv_K1);
+
+    /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
+     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
+    cnn_digits_max_pool2d_c748(n, relu_K1, maxpool_K1);
+
+    /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
+     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
+    cnn_digits_conv2d_6134(n, conv_K2_cols, maxpool_K1, conv_K2, K2);
+
     /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
     /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
     cnn_digits_relu_nx512_loop(n, relu_K2, step_K2, bcast_c2, conv_K2);
 
     /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t oy = 0; oy < 2; ++oy) {
-                for (int64_t ox = 0; ox < 2; ++ox) {
-                    int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (relu_K2[at] > relu_K2[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox] = relu_K2[best];
-                }
-            }
-        }
-    }
+    cnn_digits_max_pool2d_580b(n, relu_K2, maxpool_K2);
 
     /* mm_W1 = maxpool_K2 @ W1 */
     symbackprop_f64_matmul(n, 64, 128, maxpool_K2, 128, 1, W1, 64, 1, mm_W1);
@@ -878,11 +1135,11 @@ CNN_DIGITS_SHARED void cnn_digits_run_part5(
 }
 #endif
 
-/* cnn_digits_run, part 6 of 7 (kernels 19 to 32): a long
+/* cnn_digits_run, part 2 of 3 (kernels 19 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part6(
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *K2,
@@ -911,8 +1168,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part6(
     CNN_DIGITS_REAL *grad_bcast_c1,
     CNN_DIGITS_REAL *grad_K2_cols
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-CNN_DIGITS_SHARED void cnn_digits_run_part6(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *K2,
@@ -968,169 +1225,25 @@ CNN_DIGITS_SHARED void cnn_digits_run_part6(
 
     /* grad_relu_K2[i,ch,best] += grad_maxpool_K2[i,ch,oy,ox], best: the first largest
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t oy = 0; oy < 2; ++oy) {
-                for (int64_t ox = 0; ox < 2; ++ox) {
-                    int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
-                    CNN_DIGITS_REAL top = relu_K2[best];
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            const CNN_DIGITS_REAL value = relu_K2[at];
-                            best = value > top ? at : best; /* selects, not branches: 4x faster on
-                                    LeNet-5 */
-                            top = value > top ? value : top;
-                        }
-                    }
-                    /* the windows do not overlap: each entry of this one is written once */
-                    const CNN_DIGITS_REAL back = grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            grad_relu_K2[at] = at == best ? back : 0;
-                        }
-                    }
-                }
-            }
-        }
-    }
+    cnn_digits_max_unpool2d_53dc(n, relu_K2, grad_maxpool_K2, grad_relu_K2);
 
     /* grad_relu_K2 = grad_relu_K2*step_K2 */
     cnn_digits_grad_relu_nx512_loop(n, grad_relu_K2, step_K2);
 
     /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_relu_K2[i,oc,oy,ox]
      * (conv2d's gradient by its images) */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of
-     * grad_maxpool_K1_cols */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_maxpool_K1_cols + blk * 2304;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win[kk,at] = sum_oc K2[oc,kk] * grad_relu_K2[i,oc,at], kk = (ic,ky,kx), at =
-             * (oy,ox) */
-            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, grad_relu_K2 + i * 512, 16, 1, win);
-            for (int64_t at = 0; at < 256; ++at) {
-                grad_maxpool_K1[i * 256 + at] = 0;
-            }
-            /* each window's entries added back to the pixels they were read from (col2im) */
-            for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky)
-                                    * 3 + kx) * 16 + oy * 4;
-                            if (iy < 0 || iy >= 4) {
-                                continue;
-                            }
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = grad_maxpool_K1 + ((i *
-                                    16 + ic) * 4 + iy) * 4;
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                pixels[ox + kx - 1] += cols[ox];
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    cnn_digits_conv2d_input_grad_7b23(n, grad_maxpool_K1_cols, K2, grad_relu_K2, grad_maxpool_K1);
 
     /* grad_relu_K1[i,ch,best] += grad_maxpool_K1[i,ch,oy,ox], best: the first largest
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            for (int64_t oy = 0; oy < 4; ++oy) {
-                for (int64_t ox = 0; ox < 4; ++ox) {
-                    int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
-                    CNN_DIGITS_REAL top = relu_K1[best];
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            const CNN_DIGITS_REAL value = relu_K1[at];
-                            best = value > top ? at : best; /* selects, not branches: 4x faster on
-                                    LeNet-5 */
-                            top = value > top ? value : top;
-                        }
-                    }
-                    /* the windows do not overlap: each entry of this one is written once */
-                    const CNN_DIGITS_REAL back = grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            grad_relu_K1[at] = at == best ? back : 0;
-                        }
-                    }
-                }
-            }
-        }
-    }
+    cnn_digits_max_unpool2d_f257(n, relu_K1, grad_maxpool_K1, grad_relu_K1);
 
     /* grad_relu_K1 = grad_relu_K1*step_K1 */
     cnn_digits_grad_relu_nx1024_loop(n, grad_relu_K1, step_K1);
 
     /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_relu_K1[i,oc,oy,ox] *
      * X[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
-    /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_cols */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_K1_cols + blk * 720;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {8, 8, 7};
-        CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
-        for (int64_t at = 0; at < 144; ++at) {
-            wsum[at] = 0;
-        }
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-            for (int64_t ic = 0; ic < 1; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
-                        for (int64_t oy = 0; oy < 8; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
-                                    kx) * 64 + oy * 8;
-                            if (iy < 0 || iy >= 8) {
-                                for (int64_t ox = 0; ox < 8; ++ox) {
-                                    cols[ox] = 0;
-                                }
-                                continue;
-                            }
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = X + ((i * 1 + ic) *
-                                    8 + iy) * 8;
-                            for (int64_t ox = 0; ox < lo; ++ox) {
-                                cols[ox] = 0;
-                            }
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                cols[ox] = pixels[ox + kx - 1];
-                            }
-                            for (int64_t ox = hi; ox < 8; ++ox) {
-                                cols[ox] = 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* wsum[oc,kk] += sum_at grad_relu_K1[i,oc,at] * win[kk,at] */
-            symbackprop_f64_matmul_add(16, 9, 64, grad_relu_K1 + i * 1024, 64, 1, win, 1, 64, wsum);
-        }
-    }
-    /* grad_K1[oc,kk] = the blocks' sums, added in block order */
-    for (int64_t at = 0; at < 144; ++at) {
-        CNN_DIGITS_REAL acc = grad_K1_cols[576 + at];
-        for (int64_t blk = 1; blk < 8; ++blk) {
-            acc += grad_K1_cols[blk * 720 + 576 + at];
-        }
-        grad_K1[at] = acc;
-    }
+    cnn_digits_conv2d_weight_grad_b782(n, grad_K1_cols, X, grad_relu_K1, grad_K1);
 
     /* grad_bcast_c1 = sum of grad_relu_K1 down each column */
     symbackprop_f64_sum_columns(grad_relu_K1, n, 1024, 1024, grad_bcast_c1);
@@ -1148,79 +1261,15 @@ CNN_DIGITS_SHARED void cnn_digits_run_part6(
 
     /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_relu_K2[i,oc,oy,ox] *
      * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
-    /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_cols */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_K2_cols + blk * 6912;
-        /* the output columns ox whose input column ox + kx - 1 is inside the image:
-         * col_lo[kx] <= ox < col_hi[kx] */
-        static const int64_t col_lo[3] = {1, 0, 0}, col_hi[3] = {4, 4, 3};
-        CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
-        for (int64_t at = 0; at < 4608; ++at) {
-            wsum[at] = 0;
-        }
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-            for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        const int64_t lo = col_lo[kx], hi = col_hi[kx];
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            const int64_t iy = oy + ky - 1;
-                            CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT cols = win + ((ic * 3 + ky) * 3 +
-                                    kx) * 16 + oy * 4;
-                            if (iy < 0 || iy >= 4) {
-                                for (int64_t ox = 0; ox < 4; ++ox) {
-                                    cols[ox] = 0;
-                                }
-                                continue;
-                            }
-                            const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT pixels = maxpool_K1 + ((i *
-                                    16 + ic) * 4 + iy) * 4;
-                            for (int64_t ox = 0; ox < lo; ++ox) {
-                                cols[ox] = 0;
-                            }
-                            for (int64_t ox = lo; ox < hi; ++ox) {
-                                cols[ox] = pixels[ox + kx - 1];
-                            }
-                            for (int64_t ox = hi; ox < 4; ++ox) {
-                                cols[ox] = 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* wsum[oc,kk] += sum_at grad_relu_K2[i,oc,at] * win[kk,at] */
-            symbackprop_f64_matmul_add(
-                32,
-                144,
-                16,
-                grad_relu_K2 + i * 512,
-                16,
-                1,
-                win,
-                1,
-                16,
-                wsum
-            );
-        }
-    }
-    /* grad_K2[oc,kk] = the blocks' sums, added in block order */
-    for (int64_t at = 0; at < 4608; ++at) {
-        CNN_DIGITS_REAL acc = grad_K2_cols[2304 + at];
-        for (int64_t blk = 1; blk < 8; ++blk) {
-            acc += grad_K2_cols[blk * 6912 + 2304 + at];
-        }
-        grad_K2[at] = acc;
-    }
+    cnn_digits_conv2d_weight_grad_55ed(n, grad_K2_cols, maxpool_K1, grad_relu_K2, grad_K2);
 }
 #endif
 
-/* cnn_digits_run, part 7 of 7 (kernels 33 to 38): a long
+/* cnn_digits_run, part 3 of 3 (kernels 33 to 38): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part7(
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *grad_W1,
@@ -1234,8 +1283,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part7(
     CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_bcast_c2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-CNN_DIGITS_SHARED void cnn_digits_run_part7(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *grad_W1,
@@ -1281,7 +1330,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part7(
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
  * gradient: forward and value_and_grad call it. */
-CNN_DIGITS_SHARED int cnn_digits_run(
+SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *T,
@@ -1340,13 +1389,14 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *colsum_T = grad_log_softmax_axis_logits + 10*n; /* 1 x 10 */
     CNN_DIGITS_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
-    cnn_digits_run_part1(c1, c2, bcast_c2, bcast_c1);
-    cnn_digits_run_part2(n, X, K1, conv_K1, conv_K1_cols);
-    cnn_digits_run_part3(n, bcast_c1, conv_K1, relu_K1, step_K1, maxpool_K1);
-    cnn_digits_run_part4(n, K2, maxpool_K1, conv_K2, conv_K2_cols);
-    cnn_digits_run_part5(
+    cnn_digits_run_part1(
         n,
+        X,
         T,
+        K1,
+        c1,
+        K2,
+        c2,
         W1,
         b1,
         W2,
@@ -1354,7 +1404,14 @@ CNN_DIGITS_SHARED int cnn_digits_run(
         loss,
         logits,
         bcast_c2,
+        bcast_c1,
+        conv_K1,
+        conv_K1_cols,
+        relu_K1,
+        step_K1,
+        maxpool_K1,
         conv_K2,
+        conv_K2_cols,
         relu_K2,
         step_K2,
         maxpool_K2,
@@ -1387,7 +1444,7 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
 
-    cnn_digits_run_part6(
+    cnn_digits_run_part2(
         n,
         X,
         K2,
@@ -1416,7 +1473,7 @@ CNN_DIGITS_SHARED int cnn_digits_run(
         grad_bcast_c1,
         grad_K2_cols
     );
-    cnn_digits_run_part7(
+    cnn_digits_run_part3(
         n,
         grad_c2,
         grad_W1,
@@ -1573,7 +1630,7 @@ int cnn_digits_value_and_grad(
 }
 #endif
 
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t cnn_digits_train_step_work_len(int64_t n)
 {
     if (n < 1) {
@@ -1587,7 +1644,7 @@ size_t cnn_digits_train_step_work_len(int64_t n)
 }
 #endif
 
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* One training step: the loss, then the optimizer updates the parameters and its state in place. */
 int cnn_digits_train_step(
     int64_t n,

@@ -24,7 +24,8 @@ SYMBACKPROP_HELPER int64_t gmm_run_size(int64_t N, int64_t K)
 
 /* Its element-wise loops over a dimension, a function for each kind of
  * loop (the same text on other arrays), called with its arrays: each kind
- * is compiled once, its arrays restrict. */
+ * is compiled once, its arrays restrict. Then its long kernels (a layer
+ * norm, attention), a function for each kind likewise (not restrict). */
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
 void gmm_exp_Kx3_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL
         *SYMBACKPROP_RESTRICT a1)
@@ -81,6 +82,182 @@ void gmm_grad_Kx3_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_R
         for (int64_t j = 0; j < 3; ++j) {
             a0[3*i + j] = a1[3*i + j] + a2[3*i + j];
         }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void gmm_emap_ed64(
+    int64_t N,
+    int64_t K,
+    GMM_REAL *a0,
+    const GMM_REAL *a1,
+    const GMM_REAL *a2,
+    const GMM_REAL *a3,
+    const GMM_REAL *a4,
+    const GMM_REAL *a5,
+    GMM_REAL *a6
+)
+{
+    /* a0: the rows of a1 the inner loop reads, by column */
+    for (int64_t i = 0; i < N; ++i) {
+        a0[i] = a1[3*i];
+        a0[i + N] = a1[3*i + 1];
+        a0[i + 2*N] = a1[3*i + 2];
+    }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t j = 0; j < K; ++j) {
+        const GMM_REAL x0 = a2[3*j];
+        const GMM_REAL x1 = a2[3*j + 1];
+        const GMM_REAL x2 = a2[3*j + 2];
+        const GMM_REAL x3 = a3[3*j];
+        const GMM_REAL x4 = a3[3*j + 1];
+        const GMM_REAL x5 = a3[3*j + 2];
+        const GMM_REAL x6 = a4[3*j];
+        const GMM_REAL x7 = a4[3*j + 1];
+        const GMM_REAL x8 = a4[3*j + 2];
+        const GMM_REAL x9 = a5[j];
+        const GMM_REAL x10 = exp(x4);
+        const GMM_REAL x11 = exp(x5);
+        const GMM_REAL x12 = -1.0/2.0*exp(2*x3);
+        const GMM_REAL x13 = x9 + x3 + x4 + x5;
+        #if defined(__GNUC__) && !defined(__clang__)
+        #pragma GCC ivdep
+        #endif
+        for (int64_t i = 0; i < N; ++i) {
+            const GMM_REAL x14 = a0[i] - x0;
+            const GMM_REAL x15 = a0[i + N] - x1;
+            a6[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) -
+                    1.0/2.0*pow(x11*(a0[i + 2*N] - x2) + x7*x14 + x8*x15, 2);
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void gmm_emap_b1b8(
+    int64_t N,
+    int64_t K,
+    GMM_REAL *a0,
+    const GMM_REAL *a1,
+    GMM_REAL *a2,
+    GMM_REAL *a3,
+    GMM_REAL *a4,
+    GMM_REAL *a5,
+    const GMM_REAL *a6,
+    const GMM_REAL *a7,
+    const GMM_REAL *a8,
+    GMM_REAL *a9
+)
+{
+    /* a0: the rows of a1 the inner loop reads, by column */
+    for (int64_t i = 0; i < N; ++i) {
+        a0[i] = a1[3*i];
+        a0[i + N] = a1[3*i + 1];
+        a0[i + 2*N] = a1[3*i + 2];
+    }
+    for (int64_t i = 0; i < K; ++i) {
+        a2[i] = 0;
+    }
+    for (int64_t i = 0; i < 3*K; ++i) {
+        a3[i] = 0;
+    }
+    for (int64_t i = 0; i < 3*K; ++i) {
+        a4[i] = 0;
+    }
+    for (int64_t i = 0; i < 3*K; ++i) {
+        a5[i] = 0;
+    }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t j = 0; j < K; ++j) {
+        const GMM_REAL x0 = a6[3*j];
+        const GMM_REAL x1 = a6[3*j + 1];
+        const GMM_REAL x2 = a6[3*j + 2];
+        const GMM_REAL x3 = a7[3*j];
+        const GMM_REAL x4 = a7[3*j + 1];
+        const GMM_REAL x5 = a7[3*j + 2];
+        const GMM_REAL x6 = a8[3*j];
+        const GMM_REAL x7 = a8[3*j + 1];
+        const GMM_REAL x8 = a8[3*j + 2];
+        const GMM_REAL x9 = exp(x4);
+        const GMM_REAL x10 = exp(x5);
+        const GMM_REAL x11 = -exp(2*x3);
+        GMM_REAL acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc3[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc4[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc5[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc6[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc7[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        GMM_REAL acc9[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t k = 0;
+        for (; k + 8 <= N; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                const int64_t i = k + l;
+                const GMM_REAL x12 = a0[i] - x0;
+                const GMM_REAL x13 = a0[i + N] - x1;
+                const GMM_REAL x14 = x13*x9;
+                const GMM_REAL x15 = -x6*x12 - x14;
+                const GMM_REAL x16 = x10*(a0[i + 2*N] - x2);
+                const GMM_REAL x17 = -x7*x12 - x8*x13 - x16;
+                const GMM_REAL x18 = a9[K*i + j]*(x6*x15 + x7*x17 + x12*x11);
+                const GMM_REAL x19 = a9[K*i + j]*(x8*x17 + x9*x15);
+                const GMM_REAL x20 = x10*x17;
+                const GMM_REAL x21 = a9[K*i + j]*x12;
+                acc0[l] += a9[K*i + j];
+                acc1[l] += -x18;
+                acc2[l] += -x19;
+                acc3[l] += -a9[K*i + j]*x20;
+                acc4[l] += a9[K*i + j]*((x12*x12)*x11 + 1);
+                acc5[l] += a9[K*i + j]*(x14*x15 + 1);
+                acc6[l] += a9[K*i + j]*(x16*x17 + 1);
+                acc7[l] += x21*x15;
+                acc8[l] += x21*x17;
+                acc9[l] += a9[K*i + j]*x13*x17;
+            }
+        }
+        for (int64_t l = 1; l < 8; ++l) {
+            acc0[0] += acc0[l];
+            acc1[0] += acc1[l];
+            acc2[0] += acc2[l];
+            acc3[0] += acc3[l];
+            acc4[0] += acc4[l];
+            acc5[0] += acc5[l];
+            acc6[0] += acc6[l];
+            acc7[0] += acc7[l];
+            acc8[0] += acc8[l];
+            acc9[0] += acc9[l];
+        }
+        for (int64_t i = k; i < N; ++i) {
+            const GMM_REAL x12 = a0[i] - x0;
+            const GMM_REAL x13 = a0[i + N] - x1;
+            const GMM_REAL x14 = x13*x9;
+            const GMM_REAL x15 = -x6*x12 - x14;
+            const GMM_REAL x16 = x10*(a0[i + 2*N] - x2);
+            const GMM_REAL x17 = -x7*x12 - x8*x13 - x16;
+            const GMM_REAL x18 = a9[K*i + j]*(x6*x15 + x7*x17 + x12*x11);
+            const GMM_REAL x19 = a9[K*i + j]*(x8*x17 + x9*x15);
+            const GMM_REAL x20 = x10*x17;
+            const GMM_REAL x21 = a9[K*i + j]*x12;
+            acc0[0] += a9[K*i + j];
+            acc1[0] += -x18;
+            acc2[0] += -x19;
+            acc3[0] += -a9[K*i + j]*x20;
+            acc4[0] += a9[K*i + j]*((x12*x12)*x11 + 1);
+            acc5[0] += a9[K*i + j]*(x14*x15 + 1);
+            acc6[0] += a9[K*i + j]*(x16*x17 + 1);
+            acc7[0] += x21*x15;
+            acc8[0] += x21*x17;
+            acc9[0] += a9[K*i + j]*x13*x17;
+        }
+        a2[j] += acc0[0];
+        a3[3*j] += acc1[0];
+        a3[3*j + 1] += acc2[0];
+        a3[3*j + 2] += acc3[0];
+        a4[3*j] += acc4[0];
+        a4[3*j + 1] += acc5[0];
+        a4[3*j + 2] += acc6[0];
+        a5[3*j] += acc7[0];
+        a5[3*j + 1] += acc8[0];
+        a5[3*j + 2] += acc9[0];
     }
 }
 
@@ -149,38 +326,7 @@ static int gmm_run(
      * means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
      * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
-    /* X_by_column: the rows of X the inner loop reads, by column */
-    for (int64_t i = 0; i < N; ++i) {
-        X_by_column[i] = X[3*i];
-        X_by_column[i + N] = X[3*i + 1];
-        X_by_column[i + 2*N] = X[3*i + 2];
-    }
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t j = 0; j < K; ++j) {
-        const GMM_REAL x0 = means[3*j];
-        const GMM_REAL x1 = means[3*j + 1];
-        const GMM_REAL x2 = means[3*j + 2];
-        const GMM_REAL x3 = qd[3*j];
-        const GMM_REAL x4 = qd[3*j + 1];
-        const GMM_REAL x5 = qd[3*j + 2];
-        const GMM_REAL x6 = ql[3*j];
-        const GMM_REAL x7 = ql[3*j + 1];
-        const GMM_REAL x8 = ql[3*j + 2];
-        const GMM_REAL x9 = alpha[j];
-        const GMM_REAL x10 = exp(x4);
-        const GMM_REAL x11 = exp(x5);
-        const GMM_REAL x12 = -1.0/2.0*exp(2*x3);
-        const GMM_REAL x13 = x9 + x3 + x4 + x5;
-        #if defined(__GNUC__) && !defined(__clang__)
-        #pragma GCC ivdep
-        #endif
-        for (int64_t i = 0; i < N; ++i) {
-            const GMM_REAL x14 = X_by_column[i] - x0;
-            const GMM_REAL x15 = X_by_column[i + N] - x1;
-            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) -
-                    1.0/2.0*pow(x11*(X_by_column[i + 2*N] - x2) + x7*x14 + x8*x15, 2);
-        }
-    }
+    gmm_emap_ed64(N, K, X_by_column, X, means, qd, ql, alpha, log_density);
 
     /* softmax_axis_log_density = softmax of log_density along each row, its max subtracted first */
     for (int64_t i = 0; i < N; ++i) {
@@ -254,119 +400,20 @@ static int gmm_run(
      * means[j, 0])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
      * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), grad_log_density[i, j]*(X[i, 1] -
      * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
-    /* X_by_column_2: the rows of X the inner loop reads, by column */
-    for (int64_t i = 0; i < N; ++i) {
-        X_by_column_2[i] = X[3*i];
-        X_by_column_2[i + N] = X[3*i + 1];
-        X_by_column_2[i + 2*N] = X[3*i + 2];
-    }
-    for (int64_t i = 0; i < K; ++i) {
-        grad_alpha_part[i] = 0;
-    }
-    for (int64_t i = 0; i < 3*K; ++i) {
-        grad_means[i] = 0;
-    }
-    for (int64_t i = 0; i < 3*K; ++i) {
-        grad_qd_part[i] = 0;
-    }
-    for (int64_t i = 0; i < 3*K; ++i) {
-        grad_ql_part[i] = 0;
-    }
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t j = 0; j < K; ++j) {
-        const GMM_REAL x0 = means[3*j];
-        const GMM_REAL x1 = means[3*j + 1];
-        const GMM_REAL x2 = means[3*j + 2];
-        const GMM_REAL x3 = qd[3*j];
-        const GMM_REAL x4 = qd[3*j + 1];
-        const GMM_REAL x5 = qd[3*j + 2];
-        const GMM_REAL x6 = ql[3*j];
-        const GMM_REAL x7 = ql[3*j + 1];
-        const GMM_REAL x8 = ql[3*j + 2];
-        const GMM_REAL x9 = exp(x4);
-        const GMM_REAL x10 = exp(x5);
-        const GMM_REAL x11 = -exp(2*x3);
-        GMM_REAL acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc3[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc4[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc5[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc6[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc7[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        GMM_REAL acc9[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t k = 0;
-        for (; k + 8 <= N; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                const int64_t i = k + l;
-                const GMM_REAL x12 = X_by_column_2[i] - x0;
-                const GMM_REAL x13 = X_by_column_2[i + N] - x1;
-                const GMM_REAL x14 = x13*x9;
-                const GMM_REAL x15 = -x6*x12 - x14;
-                const GMM_REAL x16 = x10*(X_by_column_2[i + 2*N] - x2);
-                const GMM_REAL x17 = -x7*x12 - x8*x13 - x16;
-                const GMM_REAL x18 = grad_log_density[K*i + j]*(x6*x15 + x7*x17 + x12*x11);
-                const GMM_REAL x19 = grad_log_density[K*i + j]*(x8*x17 + x9*x15);
-                const GMM_REAL x20 = x10*x17;
-                const GMM_REAL x21 = grad_log_density[K*i + j]*x12;
-                acc0[l] += grad_log_density[K*i + j];
-                acc1[l] += -x18;
-                acc2[l] += -x19;
-                acc3[l] += -grad_log_density[K*i + j]*x20;
-                acc4[l] += grad_log_density[K*i + j]*((x12*x12)*x11 + 1);
-                acc5[l] += grad_log_density[K*i + j]*(x14*x15 + 1);
-                acc6[l] += grad_log_density[K*i + j]*(x16*x17 + 1);
-                acc7[l] += x21*x15;
-                acc8[l] += x21*x17;
-                acc9[l] += grad_log_density[K*i + j]*x13*x17;
-            }
-        }
-        for (int64_t l = 1; l < 8; ++l) {
-            acc0[0] += acc0[l];
-            acc1[0] += acc1[l];
-            acc2[0] += acc2[l];
-            acc3[0] += acc3[l];
-            acc4[0] += acc4[l];
-            acc5[0] += acc5[l];
-            acc6[0] += acc6[l];
-            acc7[0] += acc7[l];
-            acc8[0] += acc8[l];
-            acc9[0] += acc9[l];
-        }
-        for (int64_t i = k; i < N; ++i) {
-            const GMM_REAL x12 = X_by_column_2[i] - x0;
-            const GMM_REAL x13 = X_by_column_2[i + N] - x1;
-            const GMM_REAL x14 = x13*x9;
-            const GMM_REAL x15 = -x6*x12 - x14;
-            const GMM_REAL x16 = x10*(X_by_column_2[i + 2*N] - x2);
-            const GMM_REAL x17 = -x7*x12 - x8*x13 - x16;
-            const GMM_REAL x18 = grad_log_density[K*i + j]*(x6*x15 + x7*x17 + x12*x11);
-            const GMM_REAL x19 = grad_log_density[K*i + j]*(x8*x17 + x9*x15);
-            const GMM_REAL x20 = x10*x17;
-            const GMM_REAL x21 = grad_log_density[K*i + j]*x12;
-            acc0[0] += grad_log_density[K*i + j];
-            acc1[0] += -x18;
-            acc2[0] += -x19;
-            acc3[0] += -grad_log_density[K*i + j]*x20;
-            acc4[0] += grad_log_density[K*i + j]*((x12*x12)*x11 + 1);
-            acc5[0] += grad_log_density[K*i + j]*(x14*x15 + 1);
-            acc6[0] += grad_log_density[K*i + j]*(x16*x17 + 1);
-            acc7[0] += x21*x15;
-            acc8[0] += x21*x17;
-            acc9[0] += grad_log_density[K*i + j]*x13*x17;
-        }
-        grad_alpha_part[j] += acc0[0];
-        grad_means[3*j] += acc1[0];
-        grad_means[3*j + 1] += acc2[0];
-        grad_means[3*j + 2] += acc3[0];
-        grad_qd_part[3*j] += acc4[0];
-        grad_qd_part[3*j + 1] += acc5[0];
-        grad_qd_part[3*j + 2] += acc6[0];
-        grad_ql_part[3*j] += acc7[0];
-        grad_ql_part[3*j + 1] += acc8[0];
-        grad_ql_part[3*j + 2] += acc9[0];
-    }
+    gmm_emap_b1b8(
+        N,
+        K,
+        X_by_column_2,
+        X,
+        grad_alpha_part,
+        grad_means,
+        grad_qd_part,
+        grad_ql_part,
+        means,
+        qd,
+        ql,
+        grad_log_density
+    );
 
     /* grad_alpha = N*softmax_axis_alpha + grad_alpha_part */
     gmm_grad_K_loop(K, N, grad_alpha, softmax_axis_alpha, grad_alpha_part);

@@ -81,36 +81,16 @@ void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a,
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_64_256_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+void transformer_lm_product_m_62_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
+    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_64_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+void transformer_lm_product_m_64_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_64_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_256_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_256_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product_64_m_256_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
@@ -121,25 +101,11 @@ void transformer_lm_product_64_m_256_at(int64_t s0, const TRANSFORMER_LM_REAL *a
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_64_62(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+void transformer_lm_product_m_64_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
 }
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_64_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_256_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product_m_64_256(int64_t s0, const TRANSFORMER_LM_REAL *a, const
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
@@ -147,16 +113,22 @@ void transformer_lm_product_m_64_256(int64_t s0, const TRANSFORMER_LM_REAL *a, c
     symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_62_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+void transformer_lm_product_m_64_62(int64_t s0, const TRANSFORMER_LM_REAL *a, const
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
+    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_64_64_bt_add(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+void transformer_lm_product_m_256_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_64_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
@@ -165,10 +137,37 @@ void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a,
     symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
 }
 #endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_256_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_64_256_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_64_64_bt_add(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_256_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
+}
+#endif
 
 /* Its element-wise loops over a dimension, a function for each kind of
  * loop (the same text on other arrays), called with its arrays: each kind
- * is compiled once, its arrays restrict. */
+ * is compiled once, its arrays restrict. Then its long kernels (a layer
+ * norm, attention), a function for each kind likewise (not restrict). */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_add_mx64_loop_d712(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
         const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
@@ -215,6 +214,51 @@ void transformer_lm_grad_mul_mx256_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKP
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_grad_add_E_mx64_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
         const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_emap_9452(
+    int64_t m,
+    TRANSFORMER_LM_REAL *a0,
+    const TRANSFORMER_LM_REAL *a1,
+    const int64_t *a2,
+    TRANSFORMER_LM_REAL *a3,
+    const TRANSFORMER_LM_REAL *a4,
+    const int64_t *a5
+);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_normalize_rows_ddc6(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
+        *a1);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_attention_scores_7d8d(
+    int64_t m,
+    TRANSFORMER_LM_REAL *a0,
+    TRANSFORMER_LM_REAL *a1,
+    TRANSFORMER_LM_REAL *a2,
+    TRANSFORMER_LM_REAL *a3
+);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_causal_softmax_4244(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
+        *a1);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_attention_mix_6577(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
+        TRANSFORMER_LM_REAL *a2);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_normalize_rows_vjp_1384(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
+        *a1, TRANSFORMER_LM_REAL *a2);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_attention_mix_t_ee5f(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
+        *a1, TRANSFORMER_LM_REAL *a2);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_softmax_vjp_3472(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
+        TRANSFORMER_LM_REAL *a2);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_emap_aaaa(
+    int64_t m,
+    TRANSFORMER_LM_REAL *a0,
+    TRANSFORMER_LM_REAL *a1,
+    const int64_t *a2,
+    TRANSFORMER_LM_REAL *a3,
+    const int64_t *a4
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_add_mx64_loop_d712(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
@@ -332,6 +376,581 @@ void transformer_lm_grad_add_E_mx64_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACK
         }
     }
 }
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_emap_9452(
+    int64_t m,
+    TRANSFORMER_LM_REAL *a0,
+    const TRANSFORMER_LM_REAL *a1,
+    const int64_t *a2,
+    TRANSFORMER_LM_REAL *a3,
+    const TRANSFORMER_LM_REAL *a4,
+    const int64_t *a5
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        a0[64*i] = a1[64*a2[i]];
+        a0[64*i + 1] = a1[64*a2[i] + 1];
+        a0[64*i + 2] = a1[64*a2[i] + 2];
+        a0[64*i + 3] = a1[64*a2[i] + 3];
+        a0[64*i + 4] = a1[64*a2[i] + 4];
+        a0[64*i + 5] = a1[64*a2[i] + 5];
+        a0[64*i + 6] = a1[64*a2[i] + 6];
+        a0[64*i + 7] = a1[64*a2[i] + 7];
+        a0[64*i + 8] = a1[64*a2[i] + 8];
+        a0[64*i + 9] = a1[64*a2[i] + 9];
+        a0[64*i + 10] = a1[64*a2[i] + 10];
+        a0[64*i + 11] = a1[64*a2[i] + 11];
+        a0[64*i + 12] = a1[64*a2[i] + 12];
+        a0[64*i + 13] = a1[64*a2[i] + 13];
+        a0[64*i + 14] = a1[64*a2[i] + 14];
+        a0[64*i + 15] = a1[64*a2[i] + 15];
+        a0[64*i + 16] = a1[64*a2[i] + 16];
+        a0[64*i + 17] = a1[64*a2[i] + 17];
+        a0[64*i + 18] = a1[64*a2[i] + 18];
+        a0[64*i + 19] = a1[64*a2[i] + 19];
+        a0[64*i + 20] = a1[64*a2[i] + 20];
+        a0[64*i + 21] = a1[64*a2[i] + 21];
+        a0[64*i + 22] = a1[64*a2[i] + 22];
+        a0[64*i + 23] = a1[64*a2[i] + 23];
+        a0[64*i + 24] = a1[64*a2[i] + 24];
+        a0[64*i + 25] = a1[64*a2[i] + 25];
+        a0[64*i + 26] = a1[64*a2[i] + 26];
+        a0[64*i + 27] = a1[64*a2[i] + 27];
+        a0[64*i + 28] = a1[64*a2[i] + 28];
+        a0[64*i + 29] = a1[64*a2[i] + 29];
+        a0[64*i + 30] = a1[64*a2[i] + 30];
+        a0[64*i + 31] = a1[64*a2[i] + 31];
+        a0[64*i + 32] = a1[64*a2[i] + 32];
+        a0[64*i + 33] = a1[64*a2[i] + 33];
+        a0[64*i + 34] = a1[64*a2[i] + 34];
+        a0[64*i + 35] = a1[64*a2[i] + 35];
+        a0[64*i + 36] = a1[64*a2[i] + 36];
+        a0[64*i + 37] = a1[64*a2[i] + 37];
+        a0[64*i + 38] = a1[64*a2[i] + 38];
+        a0[64*i + 39] = a1[64*a2[i] + 39];
+        a0[64*i + 40] = a1[64*a2[i] + 40];
+        a0[64*i + 41] = a1[64*a2[i] + 41];
+        a0[64*i + 42] = a1[64*a2[i] + 42];
+        a0[64*i + 43] = a1[64*a2[i] + 43];
+        a0[64*i + 44] = a1[64*a2[i] + 44];
+        a0[64*i + 45] = a1[64*a2[i] + 45];
+        a0[64*i + 46] = a1[64*a2[i] + 46];
+        a0[64*i + 47] = a1[64*a2[i] + 47];
+        a0[64*i + 48] = a1[64*a2[i] + 48];
+        a0[64*i + 49] = a1[64*a2[i] + 49];
+        a0[64*i + 50] = a1[64*a2[i] + 50];
+        a0[64*i + 51] = a1[64*a2[i] + 51];
+        a0[64*i + 52] = a1[64*a2[i] + 52];
+        a0[64*i + 53] = a1[64*a2[i] + 53];
+        a0[64*i + 54] = a1[64*a2[i] + 54];
+        a0[64*i + 55] = a1[64*a2[i] + 55];
+        a0[64*i + 56] = a1[64*a2[i] + 56];
+        a0[64*i + 57] = a1[64*a2[i] + 57];
+        a0[64*i + 58] = a1[64*a2[i] + 58];
+        a0[64*i + 59] = a1[64*a2[i] + 59];
+        a0[64*i + 60] = a1[64*a2[i] + 60];
+        a0[64*i + 61] = a1[64*a2[i] + 61];
+        a0[64*i + 62] = a1[64*a2[i] + 62];
+        a0[64*i + 63] = a1[64*a2[i] + 63];
+        a3[64*i] = a4[64*a5[i]];
+        a3[64*i + 1] = a4[64*a5[i] + 1];
+        a3[64*i + 2] = a4[64*a5[i] + 2];
+        a3[64*i + 3] = a4[64*a5[i] + 3];
+        a3[64*i + 4] = a4[64*a5[i] + 4];
+        a3[64*i + 5] = a4[64*a5[i] + 5];
+        a3[64*i + 6] = a4[64*a5[i] + 6];
+        a3[64*i + 7] = a4[64*a5[i] + 7];
+        a3[64*i + 8] = a4[64*a5[i] + 8];
+        a3[64*i + 9] = a4[64*a5[i] + 9];
+        a3[64*i + 10] = a4[64*a5[i] + 10];
+        a3[64*i + 11] = a4[64*a5[i] + 11];
+        a3[64*i + 12] = a4[64*a5[i] + 12];
+        a3[64*i + 13] = a4[64*a5[i] + 13];
+        a3[64*i + 14] = a4[64*a5[i] + 14];
+        a3[64*i + 15] = a4[64*a5[i] + 15];
+        a3[64*i + 16] = a4[64*a5[i] + 16];
+        a3[64*i + 17] = a4[64*a5[i] + 17];
+        a3[64*i + 18] = a4[64*a5[i] + 18];
+        a3[64*i + 19] = a4[64*a5[i] + 19];
+        a3[64*i + 20] = a4[64*a5[i] + 20];
+        a3[64*i + 21] = a4[64*a5[i] + 21];
+        a3[64*i + 22] = a4[64*a5[i] + 22];
+        a3[64*i + 23] = a4[64*a5[i] + 23];
+        a3[64*i + 24] = a4[64*a5[i] + 24];
+        a3[64*i + 25] = a4[64*a5[i] + 25];
+        a3[64*i + 26] = a4[64*a5[i] + 26];
+        a3[64*i + 27] = a4[64*a5[i] + 27];
+        a3[64*i + 28] = a4[64*a5[i] + 28];
+        a3[64*i + 29] = a4[64*a5[i] + 29];
+        a3[64*i + 30] = a4[64*a5[i] + 30];
+        a3[64*i + 31] = a4[64*a5[i] + 31];
+        a3[64*i + 32] = a4[64*a5[i] + 32];
+        a3[64*i + 33] = a4[64*a5[i] + 33];
+        a3[64*i + 34] = a4[64*a5[i] + 34];
+        a3[64*i + 35] = a4[64*a5[i] + 35];
+        a3[64*i + 36] = a4[64*a5[i] + 36];
+        a3[64*i + 37] = a4[64*a5[i] + 37];
+        a3[64*i + 38] = a4[64*a5[i] + 38];
+        a3[64*i + 39] = a4[64*a5[i] + 39];
+        a3[64*i + 40] = a4[64*a5[i] + 40];
+        a3[64*i + 41] = a4[64*a5[i] + 41];
+        a3[64*i + 42] = a4[64*a5[i] + 42];
+        a3[64*i + 43] = a4[64*a5[i] + 43];
+        a3[64*i + 44] = a4[64*a5[i] + 44];
+        a3[64*i + 45] = a4[64*a5[i] + 45];
+        a3[64*i + 46] = a4[64*a5[i] + 46];
+        a3[64*i + 47] = a4[64*a5[i] + 47];
+        a3[64*i + 48] = a4[64*a5[i] + 48];
+        a3[64*i + 49] = a4[64*a5[i] + 49];
+        a3[64*i + 50] = a4[64*a5[i] + 50];
+        a3[64*i + 51] = a4[64*a5[i] + 51];
+        a3[64*i + 52] = a4[64*a5[i] + 52];
+        a3[64*i + 53] = a4[64*a5[i] + 53];
+        a3[64*i + 54] = a4[64*a5[i] + 54];
+        a3[64*i + 55] = a4[64*a5[i] + 55];
+        a3[64*i + 56] = a4[64*a5[i] + 56];
+        a3[64*i + 57] = a4[64*a5[i] + 57];
+        a3[64*i + 58] = a4[64*a5[i] + 58];
+        a3[64*i + 59] = a4[64*a5[i] + 59];
+        a3[64*i + 60] = a4[64*a5[i] + 60];
+        a3[64*i + 61] = a4[64*a5[i] + 61];
+        a3[64*i + 62] = a4[64*a5[i] + 62];
+        a3[64*i + 63] = a4[64*a5[i] + 63];
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_normalize_rows_ddc6(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = a0 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += a1[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += a1[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = a1[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_attention_scores_7d8d(
+    int64_t m,
+    TRANSFORMER_LM_REAL *a0,
+    TRANSFORMER_LM_REAL *a1,
+    TRANSFORMER_LM_REAL *a2,
+    TRANSFORMER_LM_REAL *a3
+)
+{
+    (void)a0; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores a1 a2^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 + hd
+                    * 16, 64,
+                                          a3 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* a0[dk][ks] = a2[(e,ks), hd*16+dk]: the head's keys transposed, so that a row
+             * of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    a0[dk * 64 + ks] = a2[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = a3 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += a1[(e,qt), hd*16+dk] * a0[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = a1[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * a0[dk * 64 + ks];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_causal_softmax_4244(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1)
+{
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = a0[qbase];
+                for (int64_t ks = 1; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = a0[qbase + ks];
+                    top = val > top ? val : top;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = a0[qbase + ks];
+                    a1[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += a1[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    a1[qbase + ks] /= total;
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    a1[qbase + ks] = 0;
+                }
+            }
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_attention_mix_6577(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
+        TRANSFORMER_LM_REAL *a2)
+{
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(a0) a1 */
+            symbackprop_f64_causal_mix(0, len, 16, a0 + row0 * 256 + hd * 64, 256,
+                                       a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of a0[(e,qt),(hd,ks)] * a1[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = a2 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = a0[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * a1[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_normalize_rows_vjp_1384(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
+        *a1, TRANSFORMER_LM_REAL *a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = a0 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += a1[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += a1[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (a1[64*i + k + l] - mean)*(a1[64*i + k + l] - mean);
+                    grads_lane[l] += a2[64*i + k + l];
+                    grads_c_lane[l] += a2[64*i + k + l]*(a1[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (a1[64*i + k] - mean)*(a1[64*i + k] - mean);
+                grads += a2[64*i + k];
+                grads_c += a2[64*i + k]*(a1[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (a2[64*i + j] - grads_mean - (a1[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_attention_mix_t_ee5f(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
+        *a1, TRANSFORMER_LM_REAL *a2)
+{
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(a0)^T a1 */
+            symbackprop_f64_causal_mix(1, len, 16, a0 + row0 * 256 + hd * 64, 256,
+                                       a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t ks = 0; ks < len; ++ks) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of a0[(e,qt),(hd,ks)] *
+                 * a1[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = a2 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = a0[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * a1[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_softmax_vjp_3472(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
+        TRANSFORMER_LM_REAL *a2)
+{
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += a0[qbase + ks] * a1[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    a2[qbase + ks] = a0[qbase + ks] * (a1[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    a2[qbase + ks] = 0;
+                }
+            }
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_emap_aaaa(
+    int64_t m,
+    TRANSFORMER_LM_REAL *a0,
+    TRANSFORMER_LM_REAL *a1,
+    const int64_t *a2,
+    TRANSFORMER_LM_REAL *a3,
+    const int64_t *a4
+)
+{
+    for (int64_t i = 0; i < 3968; ++i) {
+        a0[i] = 0;
+    }
+    for (int64_t i = 0; i < 4096; ++i) {
+        a1[i] = 0;
+    }
+    for (int64_t i = 0; i < m; ++i) {
+        a0[64*a2[i]] += a3[64*i];
+        a0[64*a2[i] + 1] += a3[64*i + 1];
+        a0[64*a2[i] + 2] += a3[64*i + 2];
+        a0[64*a2[i] + 3] += a3[64*i + 3];
+        a0[64*a2[i] + 4] += a3[64*i + 4];
+        a0[64*a2[i] + 5] += a3[64*i + 5];
+        a0[64*a2[i] + 6] += a3[64*i + 6];
+        a0[64*a2[i] + 7] += a3[64*i + 7];
+        a0[64*a2[i] + 8] += a3[64*i + 8];
+        a0[64*a2[i] + 9] += a3[64*i + 9];
+        a0[64*a2[i] + 10] += a3[64*i + 10];
+        a0[64*a2[i] + 11] += a3[64*i + 11];
+        a0[64*a2[i] + 12] += a3[64*i + 12];
+        a0[64*a2[i] + 13] += a3[64*i + 13];
+        a0[64*a2[i] + 14] += a3[64*i + 14];
+        a0[64*a2[i] + 15] += a3[64*i + 15];
+        a0[64*a2[i] + 16] += a3[64*i + 16];
+        a0[64*a2[i] + 17] += a3[64*i + 17];
+        a0[64*a2[i] + 18] += a3[64*i + 18];
+        a0[64*a2[i] + 19] += a3[64*i + 19];
+        a0[64*a2[i] + 20] += a3[64*i + 20];
+        a0[64*a2[i] + 21] += a3[64*i + 21];
+        a0[64*a2[i] + 22] += a3[64*i + 22];
+        a0[64*a2[i] + 23] += a3[64*i + 23];
+        a0[64*a2[i] + 24] += a3[64*i + 24];
+        a0[64*a2[i] + 25] += a3[64*i + 25];
+        a0[64*a2[i] + 26] += a3[64*i + 26];
+        a0[64*a2[i] + 27] += a3[64*i + 27];
+        a0[64*a2[i] + 28] += a3[64*i + 28];
+        a0[64*a2[i] + 29] += a3[64*i + 29];
+        a0[64*a2[i] + 30] += a3[64*i + 30];
+        a0[64*a2[i] + 31] += a3[64*i + 31];
+        a0[64*a2[i] + 32] += a3[64*i + 32];
+        a0[64*a2[i] + 33] += a3[64*i + 33];
+        a0[64*a2[i] + 34] += a3[64*i + 34];
+        a0[64*a2[i] + 35] += a3[64*i + 35];
+        a0[64*a2[i] + 36] += a3[64*i + 36];
+        a0[64*a2[i] + 37] += a3[64*i + 37];
+        a0[64*a2[i] + 38] += a3[64*i + 38];
+        a0[64*a2[i] + 39] += a3[64*i + 39];
+        a0[64*a2[i] + 40] += a3[64*i + 40];
+        a0[64*a2[i] + 41] += a3[64*i + 41];
+        a0[64*a2[i] + 42] += a3[64*i + 42];
+        a0[64*a2[i] + 43] += a3[64*i + 43];
+        a0[64*a2[i] + 44] += a3[64*i + 44];
+        a0[64*a2[i] + 45] += a3[64*i + 45];
+        a0[64*a2[i] + 46] += a3[64*i + 46];
+        a0[64*a2[i] + 47] += a3[64*i + 47];
+        a0[64*a2[i] + 48] += a3[64*i + 48];
+        a0[64*a2[i] + 49] += a3[64*i + 49];
+        a0[64*a2[i] + 50] += a3[64*i + 50];
+        a0[64*a2[i] + 51] += a3[64*i + 51];
+        a0[64*a2[i] + 52] += a3[64*i + 52];
+        a0[64*a2[i] + 53] += a3[64*i + 53];
+        a0[64*a2[i] + 54] += a3[64*i + 54];
+        a0[64*a2[i] + 55] += a3[64*i + 55];
+        a0[64*a2[i] + 56] += a3[64*i + 56];
+        a0[64*a2[i] + 57] += a3[64*i + 57];
+        a0[64*a2[i] + 58] += a3[64*i + 58];
+        a0[64*a2[i] + 59] += a3[64*i + 59];
+        a0[64*a2[i] + 60] += a3[64*i + 60];
+        a0[64*a2[i] + 61] += a3[64*i + 61];
+        a0[64*a2[i] + 62] += a3[64*i + 62];
+        a0[64*a2[i] + 63] += a3[64*i + 63];
+        a1[64*a4[i]] += a3[64*i];
+        a1[64*a4[i] + 1] += a3[64*i + 1];
+        a1[64*a4[i] + 2] += a3[64*i + 2];
+        a1[64*a4[i] + 3] += a3[64*i + 3];
+        a1[64*a4[i] + 4] += a3[64*i + 4];
+        a1[64*a4[i] + 5] += a3[64*i + 5];
+        a1[64*a4[i] + 6] += a3[64*i + 6];
+        a1[64*a4[i] + 7] += a3[64*i + 7];
+        a1[64*a4[i] + 8] += a3[64*i + 8];
+        a1[64*a4[i] + 9] += a3[64*i + 9];
+        a1[64*a4[i] + 10] += a3[64*i + 10];
+        a1[64*a4[i] + 11] += a3[64*i + 11];
+        a1[64*a4[i] + 12] += a3[64*i + 12];
+        a1[64*a4[i] + 13] += a3[64*i + 13];
+        a1[64*a4[i] + 14] += a3[64*i + 14];
+        a1[64*a4[i] + 15] += a3[64*i + 15];
+        a1[64*a4[i] + 16] += a3[64*i + 16];
+        a1[64*a4[i] + 17] += a3[64*i + 17];
+        a1[64*a4[i] + 18] += a3[64*i + 18];
+        a1[64*a4[i] + 19] += a3[64*i + 19];
+        a1[64*a4[i] + 20] += a3[64*i + 20];
+        a1[64*a4[i] + 21] += a3[64*i + 21];
+        a1[64*a4[i] + 22] += a3[64*i + 22];
+        a1[64*a4[i] + 23] += a3[64*i + 23];
+        a1[64*a4[i] + 24] += a3[64*i + 24];
+        a1[64*a4[i] + 25] += a3[64*i + 25];
+        a1[64*a4[i] + 26] += a3[64*i + 26];
+        a1[64*a4[i] + 27] += a3[64*i + 27];
+        a1[64*a4[i] + 28] += a3[64*i + 28];
+        a1[64*a4[i] + 29] += a3[64*i + 29];
+        a1[64*a4[i] + 30] += a3[64*i + 30];
+        a1[64*a4[i] + 31] += a3[64*i + 31];
+        a1[64*a4[i] + 32] += a3[64*i + 32];
+        a1[64*a4[i] + 33] += a3[64*i + 33];
+        a1[64*a4[i] + 34] += a3[64*i + 34];
+        a1[64*a4[i] + 35] += a3[64*i + 35];
+        a1[64*a4[i] + 36] += a3[64*i + 36];
+        a1[64*a4[i] + 37] += a3[64*i + 37];
+        a1[64*a4[i] + 38] += a3[64*i + 38];
+        a1[64*a4[i] + 39] += a3[64*i + 39];
+        a1[64*a4[i] + 40] += a3[64*i + 40];
+        a1[64*a4[i] + 41] += a3[64*i + 41];
+        a1[64*a4[i] + 42] += a3[64*i + 42];
+        a1[64*a4[i] + 43] += a3[64*i + 43];
+        a1[64*a4[i] + 44] += a3[64*i + 44];
+        a1[64*a4[i] + 45] += a3[64*i + 45];
+        a1[64*a4[i] + 46] += a3[64*i + 46];
+        a1[64*a4[i] + 47] += a3[64*i + 47];
+        a1[64*a4[i] + 48] += a3[64*i + 48];
+        a1[64*a4[i] + 49] += a3[64*i + 49];
+        a1[64*a4[i] + 50] += a3[64*i + 50];
+        a1[64*a4[i] + 51] += a3[64*i + 51];
+        a1[64*a4[i] + 52] += a3[64*i + 52];
+        a1[64*a4[i] + 53] += a3[64*i + 53];
+        a1[64*a4[i] + 54] += a3[64*i + 54];
+        a1[64*a4[i] + 55] += a3[64*i + 55];
+        a1[64*a4[i] + 56] += a3[64*i + 56];
+        a1[64*a4[i] + 57] += a3[64*i + 57];
+        a1[64*a4[i] + 58] += a3[64*i + 58];
+        a1[64*a4[i] + 59] += a3[64*i + 59];
+        a1[64*a4[i] + 60] += a3[64*i + 60];
+        a1[64*a4[i] + 61] += a3[64*i + 61];
+        a1[64*a4[i] + 62] += a3[64*i + 62];
+        a1[64*a4[i] + 63] += a3[64*i + 63];
+    }
+}
 #endif
 
 /* In unit 0; called from unit 0. */
@@ -416,28 +1035,136 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
 }
 #endif
 
-/* transformer_lm_run, part 1 of 8 (kernels 1 to 1): a long
+/* transformer_lm_run, part 1 of 7 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     const TRANSFORMER_LM_REAL *E,
     const TRANSFORMER_LM_REAL *P,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *b0a,
+    const TRANSFORMER_LM_REAL *Wq0,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *b0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *c0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *c0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    const TRANSFORMER_LM_REAL *b1a,
+    const TRANSFORMER_LM_REAL *Wq1,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *emap_E,
-    TRANSFORMER_LM_REAL *emap_P
+    TRANSFORMER_LM_REAL *emap_P,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *mm_Wo0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mm_W0up,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *mm_W0down,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *mm_Wo1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     const TRANSFORMER_LM_REAL *E,
     const TRANSFORMER_LM_REAL *P,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *b0a,
+    const TRANSFORMER_LM_REAL *Wq0,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *b0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *c0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *c0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    const TRANSFORMER_LM_REAL *b1a,
+    const TRANSFORMER_LM_REAL *Wq1,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *emap_E,
-    TRANSFORMER_LM_REAL *emap_P
+    TRANSFORMER_LM_REAL *emap_P,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *mm_Wo0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mm_W0up,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *mm_W0down,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *mm_Wo1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m
 )
 {
     /* emap_E[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
@@ -452,315 +1179,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        emap_E[64*i] = E[64*ids[i]];
-        emap_E[64*i + 1] = E[64*ids[i] + 1];
-        emap_E[64*i + 2] = E[64*ids[i] + 2];
-        emap_E[64*i + 3] = E[64*ids[i] + 3];
-        emap_E[64*i + 4] = E[64*ids[i] + 4];
-        emap_E[64*i + 5] = E[64*ids[i] + 5];
-        emap_E[64*i + 6] = E[64*ids[i] + 6];
-        emap_E[64*i + 7] = E[64*ids[i] + 7];
-        emap_E[64*i + 8] = E[64*ids[i] + 8];
-        emap_E[64*i + 9] = E[64*ids[i] + 9];
-        emap_E[64*i + 10] = E[64*ids[i] + 10];
-        emap_E[64*i + 11] = E[64*ids[i] + 11];
-        emap_E[64*i + 12] = E[64*ids[i] + 12];
-        emap_E[64*i + 13] = E[64*ids[i] + 13];
-        emap_E[64*i + 14] = E[64*ids[i] + 14];
-        emap_E[64*i + 15] = E[64*ids[i] + 15];
-        emap_E[64*i + 16] = E[64*ids[i] + 16];
-        emap_E[64*i + 17] = E[64*ids[i] + 17];
-        emap_E[64*i + 18] = E[64*ids[i] + 18];
-        emap_E[64*i + 19] = E[64*ids[i] + 19];
-        emap_E[64*i + 20] = E[64*ids[i] + 20];
-        emap_E[64*i + 21] = E[64*ids[i] + 21];
-        emap_E[64*i + 22] = E[64*ids[i] + 22];
-        emap_E[64*i + 23] = E[64*ids[i] + 23];
-        emap_E[64*i + 24] = E[64*ids[i] + 24];
-        emap_E[64*i + 25] = E[64*ids[i] + 25];
-        emap_E[64*i + 26] = E[64*ids[i] + 26];
-        emap_E[64*i + 27] = E[64*ids[i] + 27];
-        emap_E[64*i + 28] = E[64*ids[i] + 28];
-        emap_E[64*i + 29] = E[64*ids[i] + 29];
-        emap_E[64*i + 30] = E[64*ids[i] + 30];
-        emap_E[64*i + 31] = E[64*ids[i] + 31];
-        emap_E[64*i + 32] = E[64*ids[i] + 32];
-        emap_E[64*i + 33] = E[64*ids[i] + 33];
-        emap_E[64*i + 34] = E[64*ids[i] + 34];
-        emap_E[64*i + 35] = E[64*ids[i] + 35];
-        emap_E[64*i + 36] = E[64*ids[i] + 36];
-        emap_E[64*i + 37] = E[64*ids[i] + 37];
-        emap_E[64*i + 38] = E[64*ids[i] + 38];
-        emap_E[64*i + 39] = E[64*ids[i] + 39];
-        emap_E[64*i + 40] = E[64*ids[i] + 40];
-        emap_E[64*i + 41] = E[64*ids[i] + 41];
-        emap_E[64*i + 42] = E[64*ids[i] + 42];
-        emap_E[64*i + 43] = E[64*ids[i] + 43];
-        emap_E[64*i + 44] = E[64*ids[i] + 44];
-        emap_E[64*i + 45] = E[64*ids[i] + 45];
-        emap_E[64*i + 46] = E[64*ids[i] + 46];
-        emap_E[64*i + 47] = E[64*ids[i] + 47];
-        emap_E[64*i + 48] = E[64*ids[i] + 48];
-        emap_E[64*i + 49] = E[64*ids[i] + 49];
-        emap_E[64*i + 50] = E[64*ids[i] + 50];
-        emap_E[64*i + 51] = E[64*ids[i] + 51];
-        emap_E[64*i + 52] = E[64*ids[i] + 52];
-        emap_E[64*i + 53] = E[64*ids[i] + 53];
-        emap_E[64*i + 54] = E[64*ids[i] + 54];
-        emap_E[64*i + 55] = E[64*ids[i] + 55];
-        emap_E[64*i + 56] = E[64*ids[i] + 56];
-        emap_E[64*i + 57] = E[64*ids[i] + 57];
-        emap_E[64*i + 58] = E[64*ids[i] + 58];
-        emap_E[64*i + 59] = E[64*ids[i] + 59];
-        emap_E[64*i + 60] = E[64*ids[i] + 60];
-        emap_E[64*i + 61] = E[64*ids[i] + 61];
-        emap_E[64*i + 62] = E[64*ids[i] + 62];
-        emap_E[64*i + 63] = E[64*ids[i] + 63];
-        emap_P[64*i] = P[64*positions[i]];
-        emap_P[64*i + 1] = P[64*positions[i] + 1];
-        emap_P[64*i + 2] = P[64*positions[i] + 2];
-        emap_P[64*i + 3] = P[64*positions[i] + 3];
-        emap_P[64*i + 4] = P[64*positions[i] + 4];
-        emap_P[64*i + 5] = P[64*positions[i] + 5];
-        emap_P[64*i + 6] = P[64*positions[i] + 6];
-        emap_P[64*i + 7] = P[64*positions[i] + 7];
-        emap_P[64*i + 8] = P[64*positions[i] + 8];
-        emap_P[64*i + 9] = P[64*positions[i] + 9];
-        emap_P[64*i + 10] = P[64*positions[i] + 10];
-        emap_P[64*i + 11] = P[64*positions[i] + 11];
-        emap_P[64*i + 12] = P[64*positions[i] + 12];
-        emap_P[64*i + 13] = P[64*positions[i] + 13];
-        emap_P[64*i + 14] = P[64*positions[i] + 14];
-        emap_P[64*i + 15] = P[64*positions[i] + 15];
-        emap_P[64*i + 16] = P[64*positions[i] + 16];
-        emap_P[64*i + 17] = P[64*positions[i] + 17];
-        emap_P[64*i + 18] = P[64*positions[i] + 18];
-        emap_P[64*i + 19] = P[64*positions[i] + 19];
-        emap_P[64*i + 20] = P[64*positions[i] + 20];
-        emap_P[64*i + 21] = P[64*positions[i] + 21];
-        emap_P[64*i + 22] = P[64*positions[i] + 22];
-        emap_P[64*i + 23] = P[64*positions[i] + 23];
-        emap_P[64*i + 24] = P[64*positions[i] + 24];
-        emap_P[64*i + 25] = P[64*positions[i] + 25];
-        emap_P[64*i + 26] = P[64*positions[i] + 26];
-        emap_P[64*i + 27] = P[64*positions[i] + 27];
-        emap_P[64*i + 28] = P[64*positions[i] + 28];
-        emap_P[64*i + 29] = P[64*positions[i] + 29];
-        emap_P[64*i + 30] = P[64*positions[i] + 30];
-        emap_P[64*i + 31] = P[64*positions[i] + 31];
-        emap_P[64*i + 32] = P[64*positions[i] + 32];
-        emap_P[64*i + 33] = P[64*positions[i] + 33];
-        emap_P[64*i + 34] = P[64*positions[i] + 34];
-        emap_P[64*i + 35] = P[64*positions[i] + 35];
-        emap_P[64*i + 36] = P[64*positions[i] + 36];
-        emap_P[64*i + 37] = P[64*positions[i] + 37];
-        emap_P[64*i + 38] = P[64*positions[i] + 38];
-        emap_P[64*i + 39] = P[64*positions[i] + 39];
-        emap_P[64*i + 40] = P[64*positions[i] + 40];
-        emap_P[64*i + 41] = P[64*positions[i] + 41];
-        emap_P[64*i + 42] = P[64*positions[i] + 42];
-        emap_P[64*i + 43] = P[64*positions[i] + 43];
-        emap_P[64*i + 44] = P[64*positions[i] + 44];
-        emap_P[64*i + 45] = P[64*positions[i] + 45];
-        emap_P[64*i + 46] = P[64*positions[i] + 46];
-        emap_P[64*i + 47] = P[64*positions[i] + 47];
-        emap_P[64*i + 48] = P[64*positions[i] + 48];
-        emap_P[64*i + 49] = P[64*positions[i] + 49];
-        emap_P[64*i + 50] = P[64*positions[i] + 50];
-        emap_P[64*i + 51] = P[64*positions[i] + 51];
-        emap_P[64*i + 52] = P[64*positions[i] + 52];
-        emap_P[64*i + 53] = P[64*positions[i] + 53];
-        emap_P[64*i + 54] = P[64*positions[i] + 54];
-        emap_P[64*i + 55] = P[64*positions[i] + 55];
-        emap_P[64*i + 56] = P[64*positions[i] + 56];
-        emap_P[64*i + 57] = P[64*positions[i] + 57];
-        emap_P[64*i + 58] = P[64*positions[i] + 58];
-        emap_P[64*i + 59] = P[64*positions[i] + 59];
-        emap_P[64*i + 60] = P[64*positions[i] + 60];
-        emap_P[64*i + 61] = P[64*positions[i] + 61];
-        emap_P[64*i + 62] = P[64*positions[i] + 62];
-        emap_P[64*i + 63] = P[64*positions[i] + 63];
-    }
-}
-#endif
+    transformer_lm_emap_9452(m, emap_E, E, ids, emap_P, P, positions);
 
-/* transformer_lm_run, part 2 of 8 (kernels 2 to 32): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
-    int64_t m,
-    const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *b0a,
-    const TRANSFORMER_LM_REAL *Wq0,
-    const TRANSFORMER_LM_REAL *Wk0,
-    const TRANSFORMER_LM_REAL *Wv0,
-    const TRANSFORMER_LM_REAL *Wo0,
-    const TRANSFORMER_LM_REAL *g0m,
-    const TRANSFORMER_LM_REAL *b0m,
-    const TRANSFORMER_LM_REAL *W0up,
-    const TRANSFORMER_LM_REAL *c0up,
-    const TRANSFORMER_LM_REAL *W0down,
-    const TRANSFORMER_LM_REAL *c0down,
-    const TRANSFORMER_LM_REAL *g1a,
-    const TRANSFORMER_LM_REAL *b1a,
-    const TRANSFORMER_LM_REAL *Wq1,
-    const TRANSFORMER_LM_REAL *Wk1,
-    const TRANSFORMER_LM_REAL *Wv1,
-    const TRANSFORMER_LM_REAL *Wo1,
-    const TRANSFORMER_LM_REAL *g1m,
-    const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *emap_E,
-    TRANSFORMER_LM_REAL *emap_P,
-    TRANSFORMER_LM_REAL *add_E,
-    TRANSFORMER_LM_REAL *norm_E,
-    TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *mul_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0_block,
-    TRANSFORMER_LM_REAL *softmax_Wk0,
-    TRANSFORMER_LM_REAL *mm_Wv0,
-    TRANSFORMER_LM_REAL *mix_Wv0,
-    TRANSFORMER_LM_REAL *mm_Wo0,
-    TRANSFORMER_LM_REAL *add_Wo0,
-    TRANSFORMER_LM_REAL *norm_Wo0,
-    TRANSFORMER_LM_REAL *add_b0m,
-    TRANSFORMER_LM_REAL *mm_W0up,
-    TRANSFORMER_LM_REAL *mul_W0up,
-    TRANSFORMER_LM_REAL *add_W0up,
-    TRANSFORMER_LM_REAL *mm_W0down,
-    TRANSFORMER_LM_REAL *add_W0down,
-    TRANSFORMER_LM_REAL *norm_W0down,
-    TRANSFORMER_LM_REAL *add_b1a,
-    TRANSFORMER_LM_REAL *mul_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1_block,
-    TRANSFORMER_LM_REAL *softmax_Wk1,
-    TRANSFORMER_LM_REAL *mm_Wv1,
-    TRANSFORMER_LM_REAL *mix_Wv1,
-    TRANSFORMER_LM_REAL *mm_Wo1,
-    TRANSFORMER_LM_REAL *add_Wo1,
-    TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
-    int64_t m,
-    const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *b0a,
-    const TRANSFORMER_LM_REAL *Wq0,
-    const TRANSFORMER_LM_REAL *Wk0,
-    const TRANSFORMER_LM_REAL *Wv0,
-    const TRANSFORMER_LM_REAL *Wo0,
-    const TRANSFORMER_LM_REAL *g0m,
-    const TRANSFORMER_LM_REAL *b0m,
-    const TRANSFORMER_LM_REAL *W0up,
-    const TRANSFORMER_LM_REAL *c0up,
-    const TRANSFORMER_LM_REAL *W0down,
-    const TRANSFORMER_LM_REAL *c0down,
-    const TRANSFORMER_LM_REAL *g1a,
-    const TRANSFORMER_LM_REAL *b1a,
-    const TRANSFORMER_LM_REAL *Wq1,
-    const TRANSFORMER_LM_REAL *Wk1,
-    const TRANSFORMER_LM_REAL *Wv1,
-    const TRANSFORMER_LM_REAL *Wo1,
-    const TRANSFORMER_LM_REAL *g1m,
-    const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *emap_E,
-    TRANSFORMER_LM_REAL *emap_P,
-    TRANSFORMER_LM_REAL *add_E,
-    TRANSFORMER_LM_REAL *norm_E,
-    TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *mul_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0_block,
-    TRANSFORMER_LM_REAL *softmax_Wk0,
-    TRANSFORMER_LM_REAL *mm_Wv0,
-    TRANSFORMER_LM_REAL *mix_Wv0,
-    TRANSFORMER_LM_REAL *mm_Wo0,
-    TRANSFORMER_LM_REAL *add_Wo0,
-    TRANSFORMER_LM_REAL *norm_Wo0,
-    TRANSFORMER_LM_REAL *add_b0m,
-    TRANSFORMER_LM_REAL *mm_W0up,
-    TRANSFORMER_LM_REAL *mul_W0up,
-    TRANSFORMER_LM_REAL *add_W0up,
-    TRANSFORMER_LM_REAL *mm_W0down,
-    TRANSFORMER_LM_REAL *add_W0down,
-    TRANSFORMER_LM_REAL *norm_W0down,
-    TRANSFORMER_LM_REAL *add_b1a,
-    TRANSFORMER_LM_REAL *mul_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1_block,
-    TRANSFORMER_LM_REAL *softmax_Wk1,
-    TRANSFORMER_LM_REAL *mm_Wv1,
-    TRANSFORMER_LM_REAL *mix_Wv1,
-    TRANSFORMER_LM_REAL *mm_Wo1,
-    TRANSFORMER_LM_REAL *add_Wo1,
-    TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m
-)
-{
     /* add_E = emap_E + emap_P */
     transformer_lm_add_mx64_loop_d712(m, add_E, emap_E, emap_P);
 
     /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
      * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_E + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_E[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_E[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_E[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
+    transformer_lm_normalize_rows_ddc6(m, norm_E, add_E);
 
     /* add_b0a = b0a + g0a*norm_E */
     transformer_lm_add_mx64_loop_f8c8(m, add_b0a, g0a, norm_E, b0a);
@@ -781,116 +1207,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
      * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    (void)scores_Wk0_block; /* the loops' workspace: unused where BLAS computes the scores
-            (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores mm_Wq0 mm_Wk0^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, mm_Wq0 + row0 * 64 + hd * 16, 64, mm_Wk0 + row0 *
-                    64 + hd * 16, 64,
-                                          scores_Wk0 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* scores_Wk0_block[dk][ks] = mm_Wk0[(e,ks), hd*16+dk]: the head's keys
-             * transposed, so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    scores_Wk0_block[dk * 64 + ks] = mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = scores_Wk0 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += mm_Wq0[(e,qt), hd*16+dk] * scores_Wk0_block[dk][ks] for keys
-                 * ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * scores_Wk0_block[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_scores_7d8d(m, scores_Wk0_block, mm_Wq0, mm_Wk0, scores_Wk0);
 
     /* softmax_Wk0[(e,t),(h,s)] = exp(scores_Wk0[(e,t),(h,s)] - max_{s'<=t}
      * scores_Wk0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
      * mask) (rows (e,t) = e*64+t, 4 heads) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = scores_Wk0[qbase];
-                for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
-                    top = val > top ? val : top;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
-                    softmax_Wk0[qbase + ks] = exp(-top + val);
-                }
-                TRANSFORMER_LM_REAL total = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += softmax_Wk0[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    softmax_Wk0[qbase + ks] /= total;
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    softmax_Wk0[qbase + ks] = 0;
-                }
-            }
-        }
-    }
+    transformer_lm_causal_softmax_4244(m, scores_Wk0, softmax_Wk0);
 
     /* mm_Wv0 = add_b0a @ Wv0 */
     transformer_lm_product_m_64_64(m, add_b0a, Wv0, mm_Wv0);
 
     /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(softmax_Wk0) mm_Wv0 */
-            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wv0 + row0 * 64 + hd * 16, 64, mix_Wv0 + row0 * 64 + hd *
-                                               16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of softmax_Wk0[(e,qt),(hd,ks)] *
-                 * mm_Wv0[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = mix_Wv0 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_mix_6577(m, softmax_Wk0, mm_Wv0, mix_Wv0);
 
     /* mm_Wo0 = mix_Wv0 @ Wo0 */
     transformer_lm_product_m_64_64(m, mix_Wv0, Wo0, mm_Wo0);
@@ -900,52 +1229,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_Wo0 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_Wo0[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_Wo0[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_Wo0[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
+    transformer_lm_normalize_rows_ddc6(m, norm_Wo0, add_Wo0);
 
     /* add_b0m = b0m + g0m*norm_Wo0 */
     transformer_lm_add_mx64_loop_f8c8(m, add_b0m, g0m, norm_Wo0, b0m);
@@ -966,52 +1250,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
      * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_W0down + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_W0down[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_W0down[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_W0down[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
+    transformer_lm_normalize_rows_ddc6(m, norm_W0down, add_W0down);
 
     /* add_b1a = b1a + g1a*norm_W0down */
     transformer_lm_add_mx64_loop_f8c8(m, add_b1a, g1a, norm_W0down, b1a);
@@ -1032,116 +1271,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
      * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    (void)scores_Wk1_block; /* the loops' workspace: unused where BLAS computes the scores
-            (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores mm_Wq1 mm_Wk1^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, mm_Wq1 + row0 * 64 + hd * 16, 64, mm_Wk1 + row0 *
-                    64 + hd * 16, 64,
-                                          scores_Wk1 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* scores_Wk1_block[dk][ks] = mm_Wk1[(e,ks), hd*16+dk]: the head's keys
-             * transposed, so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    scores_Wk1_block[dk * 64 + ks] = mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = scores_Wk1 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += mm_Wq1[(e,qt), hd*16+dk] * scores_Wk1_block[dk][ks] for keys
-                 * ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * scores_Wk1_block[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_scores_7d8d(m, scores_Wk1_block, mm_Wq1, mm_Wk1, scores_Wk1);
 
     /* softmax_Wk1[(e,t),(h,s)] = exp(scores_Wk1[(e,t),(h,s)] - max_{s'<=t}
      * scores_Wk1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
      * mask) (rows (e,t) = e*64+t, 4 heads) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = scores_Wk1[qbase];
-                for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
-                    top = val > top ? val : top;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
-                    softmax_Wk1[qbase + ks] = exp(-top + val);
-                }
-                TRANSFORMER_LM_REAL total = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += softmax_Wk1[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    softmax_Wk1[qbase + ks] /= total;
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    softmax_Wk1[qbase + ks] = 0;
-                }
-            }
-        }
-    }
+    transformer_lm_causal_softmax_4244(m, scores_Wk1, softmax_Wk1);
 
     /* mm_Wv1 = add_b1a @ Wv1 */
     transformer_lm_product_m_64_64(m, add_b1a, Wv1, mm_Wv1);
 
     /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(softmax_Wk1) mm_Wv1 */
-            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wv1 + row0 * 64 + hd * 16, 64, mix_Wv1 + row0 * 64 + hd *
-                                               16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of softmax_Wk1[(e,qt),(hd,ks)] *
-                 * mm_Wv1[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = mix_Wv1 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_mix_6577(m, softmax_Wk1, mm_Wv1, mix_Wv1);
 
     /* mm_Wo1 = mix_Wv1 @ Wo1 */
     transformer_lm_product_m_64_64(m, mix_Wv1, Wo1, mm_Wo1);
@@ -1151,63 +1293,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_Wo1 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_Wo1[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_Wo1[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_Wo1[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
+    transformer_lm_normalize_rows_ddc6(m, norm_Wo1, add_Wo1);
 
     /* add_b1m = b1m + g1m*norm_Wo1 */
     transformer_lm_add_mx64_loop_f8c8(m, add_b1m, g1m, norm_Wo1, b1m);
 }
 #endif
 
-/* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
+/* transformer_lm_run, part 2 of 7 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const int64_t *targets,
     const TRANSFORMER_LM_REAL *W1up,
@@ -1233,8 +1330,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *pick_targets,
     TRANSFORMER_LM_REAL *colsum_targets
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part2(
     int64_t m,
     const int64_t *targets,
     const TRANSFORMER_LM_REAL *W1up,
@@ -1277,52 +1374,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 
     /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
      * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_W1down + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_W1down[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_W1down[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_W1down[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
+    transformer_lm_normalize_rows_ddc6(m, norm_W1down, add_W1down);
 
     /* add_bf = bf + gf*norm_W1down */
     transformer_lm_add_mx64_loop_f8c8(m, add_bf, gf, norm_W1down, bf);
@@ -1366,11 +1418,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 }
 #endif
 
-/* transformer_lm_run, part 4 of 8 (kernels 45 to 64): a long
+/* transformer_lm_run, part 3 of 7 (kernels 45 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
     const TRANSFORMER_LM_REAL *Wk1,
@@ -1409,8 +1461,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
     const TRANSFORMER_LM_REAL *Wk1,
@@ -1484,65 +1536,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
      * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
      * in normalize_rows (mu_i, r_i of add_W1down's row i, recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_W1down + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_W1down[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_W1down[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_W1down[64*i + k + l] - mean)*(add_W1down[64*i + k + l] -
-                            mean);
-                    grads_lane[l] += grad_norm_W1down[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_W1down[64*i + k + l]*(add_W1down[64*i + k + l] -
-                            mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_W1down[64*i + k] - mean)*(add_W1down[64*i + k] - mean);
-                grads += grad_norm_W1down[64*i + k];
-                grads_c += grad_norm_W1down[64*i + k]*(add_W1down[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_W1down[64*i + j] - grads_mean - (add_W1down[64*i + j] -
-                        mean) * r * grads_y_mean);
-            }
-        }
-    }
+    transformer_lm_normalize_rows_vjp_1384(m, grad_add_W1down, add_W1down, grad_norm_W1down);
 
     /* grad_mul_W1up = grad_add_W1down @ W1down^T */
     transformer_lm_product_m_64_256_bt(m, grad_add_W1down, W1down, grad_mul_W1up);
@@ -1560,64 +1554,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
      * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
      * normalize_rows (mu_i, r_i of add_Wo1's row i, recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_Wo1_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_Wo1[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_Wo1[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_Wo1[64*i + k + l] - mean)*(add_Wo1[64*i + k + l] -
-                            mean);
-                    grads_lane[l] += grad_norm_Wo1[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_Wo1[64*i + k + l]*(add_Wo1[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_Wo1[64*i + k] - mean)*(add_Wo1[64*i + k] - mean);
-                grads += grad_norm_Wo1[64*i + k];
-                grads_c += grad_norm_Wo1[64*i + k]*(add_Wo1[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_Wo1[64*i + j] - grads_mean - (add_Wo1[64*i + j] - mean) * r
-                        * grads_y_mean);
-            }
-        }
-    }
+    transformer_lm_normalize_rows_vjp_1384(m, grad_add_Wo1_part, add_Wo1, grad_norm_Wo1);
 
     /* grad_add_Wo1_part = grad_add_W1down + grad_add_Wo1_part */
     transformer_lm_grad_add_E_mx64_loop(m, grad_add_Wo1_part, grad_add_W1down);
@@ -1627,36 +1564,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
      * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(softmax_Wk1)^T grad_mix_Wv1 */
-            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
-                                       grad_mix_Wv1 + row0 * 64 + hd * 16, 64, grad_mm_Wv1 + row0 *
-                                               64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of softmax_Wk1[(e,qt),(hd,ks)] *
-                 * grad_mix_Wv1[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wv1 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_mix_t_ee5f(m, softmax_Wk1, grad_mix_Wv1, grad_mm_Wv1);
 
     /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
     transformer_lm_product_m_64_64_bt(m, grad_mm_Wv1, Wv1, grad_add_b1a);
@@ -1664,151 +1572,37 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
      * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
      * columns) */
-    (void)grad_softmax_Wk1_block; /* the loops' workspace: unused where BLAS computes the scores
-            (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_mix_Wv1 mm_Wv1^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv1 + row0 * 64 + hd * 16, 64, mm_Wv1 +
-                    row0 * 64 + hd * 16, 64,
-                                          grad_softmax_Wk1 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_softmax_Wk1_block[dk][ks] = mm_Wv1[(e,ks), hd*16+dk]: the head's keys
-             * transposed, so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_softmax_Wk1_block[dk * 64 + ks] = mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk1 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += grad_mix_Wv1[(e,qt), hd*16+dk] *
-                 * grad_softmax_Wk1_block[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_softmax_Wk1_block[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_scores_7d8d(
+        m,
+        grad_softmax_Wk1_block,
+        grad_mix_Wv1,
+        mm_Wv1,
+        grad_softmax_Wk1
+    );
 
     /* grad_scores_Wk1[(e,t),(h,s)] = softmax_Wk1[(e,t),(h,s)] *
      * (grad_softmax_Wk1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk1[(e,t),(h,s')] *
      * grad_softmax_Wk1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL dot = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += softmax_Wk1[qbase + ks] * grad_softmax_Wk1[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_scores_Wk1[qbase + ks] = softmax_Wk1[qbase + ks] *
-                            (grad_softmax_Wk1[qbase + ks] - dot);
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_scores_Wk1[qbase + ks] = 0;
-                }
-            }
-        }
-    }
+    transformer_lm_softmax_vjp_3472(m, softmax_Wk1, grad_softmax_Wk1, grad_scores_Wk1);
 
     /* grad_mm_Wk1[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wq1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_scores_Wk1)^T mm_Wq1 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wq1 + row0 * 64 + hd * 16, 64, grad_mm_Wk1 + row0 * 64 +
-                                               hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk1[(e,qt),(hd,ks)] *
-                 * mm_Wq1[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wk1 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw =
-                            grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_mix_t_ee5f(m, grad_scores_Wk1, mm_Wq1, grad_mm_Wk1);
 
     /* grad_add_b1a += grad_mm_Wk1 @ Wk1^T */
     transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wk1, Wk1, grad_add_b1a);
 
     /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_scores_Wk1) mm_Wk1 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wk1 + row0 * 64 + hd * 16, 64, grad_mm_Wq1 + row0 * 64 +
-                                               hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk1[(e,qt),(hd,ks)] *
-                 * mm_Wk1[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wq1 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw =
-                            grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_mix_6577(m, grad_scores_Wk1, mm_Wk1, grad_mm_Wq1);
 }
 #endif
 
-/* transformer_lm_run, part 5 of 8 (kernels 65 to 86): a long
+/* transformer_lm_run, part 4 of 7 (kernels 65 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
     const TRANSFORMER_LM_REAL *Wk0,
@@ -1851,8 +1645,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_norm_E,
     TRANSFORMER_LM_REAL *grad_add_E_part
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part4(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
     const TRANSFORMER_LM_REAL *Wk0,
@@ -1907,65 +1701,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
      * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
      * (add_W0down - mu) r normalized as in normalize_rows (mu_i, r_i of add_W0down's row i,
      * recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_W0down_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_W0down[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_W0down[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_W0down[64*i + k + l] - mean)*(add_W0down[64*i + k + l] -
-                            mean);
-                    grads_lane[l] += grad_norm_W0down[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_W0down[64*i + k + l]*(add_W0down[64*i + k + l] -
-                            mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_W0down[64*i + k] - mean)*(add_W0down[64*i + k] - mean);
-                grads += grad_norm_W0down[64*i + k];
-                grads_c += grad_norm_W0down[64*i + k]*(add_W0down[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_W0down[64*i + j] - grads_mean - (add_W0down[64*i + j] -
-                        mean) * r * grads_y_mean);
-            }
-        }
-    }
+    transformer_lm_normalize_rows_vjp_1384(m, grad_add_W0down_part, add_W0down, grad_norm_W0down);
 
     /* grad_add_W0down_part = grad_add_W0down_part + grad_add_Wo1_part */
     transformer_lm_grad_add_E_mx64_loop(m, grad_add_W0down_part, grad_add_Wo1_part);
@@ -1986,64 +1722,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
      * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
      * normalize_rows (mu_i, r_i of add_Wo0's row i, recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_Wo0_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_Wo0[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_Wo0[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_Wo0[64*i + k + l] - mean)*(add_Wo0[64*i + k + l] -
-                            mean);
-                    grads_lane[l] += grad_norm_Wo0[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_Wo0[64*i + k + l]*(add_Wo0[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_Wo0[64*i + k] - mean)*(add_Wo0[64*i + k] - mean);
-                grads += grad_norm_Wo0[64*i + k];
-                grads_c += grad_norm_Wo0[64*i + k]*(add_Wo0[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_Wo0[64*i + j] - grads_mean - (add_Wo0[64*i + j] - mean) * r
-                        * grads_y_mean);
-            }
-        }
-    }
+    transformer_lm_normalize_rows_vjp_1384(m, grad_add_Wo0_part, add_Wo0, grad_norm_Wo0);
 
     /* grad_add_Wo0_part = grad_add_W0down_part + grad_add_Wo0_part */
     transformer_lm_grad_add_E_mx64_loop(m, grad_add_Wo0_part, grad_add_W0down_part);
@@ -2053,36 +1732,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
      * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(softmax_Wk0)^T grad_mix_Wv0 */
-            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
-                                       grad_mix_Wv0 + row0 * 64 + hd * 16, 64, grad_mm_Wv0 + row0 *
-                                               64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of softmax_Wk0[(e,qt),(hd,ks)] *
-                 * grad_mix_Wv0[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wv0 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_mix_t_ee5f(m, softmax_Wk0, grad_mix_Wv0, grad_mm_Wv0);
 
     /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
     transformer_lm_product_m_64_64_bt(m, grad_mm_Wv0, Wv0, grad_add_b0a);
@@ -2090,143 +1740,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
      * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
      * columns) */
-    (void)grad_softmax_Wk0_block; /* the loops' workspace: unused where BLAS computes the scores
-            (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_mix_Wv0 mm_Wv0^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv0 + row0 * 64 + hd * 16, 64, mm_Wv0 +
-                    row0 * 64 + hd * 16, 64,
-                                          grad_softmax_Wk0 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_softmax_Wk0_block[dk][ks] = mm_Wv0[(e,ks), hd*16+dk]: the head's keys
-             * transposed, so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_softmax_Wk0_block[dk * 64 + ks] = mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk0 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += grad_mix_Wv0[(e,qt), hd*16+dk] *
-                 * grad_softmax_Wk0_block[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_softmax_Wk0_block[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_scores_7d8d(
+        m,
+        grad_softmax_Wk0_block,
+        grad_mix_Wv0,
+        mm_Wv0,
+        grad_softmax_Wk0
+    );
 
     /* grad_scores_Wk0[(e,t),(h,s)] = softmax_Wk0[(e,t),(h,s)] *
      * (grad_softmax_Wk0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk0[(e,t),(h,s')] *
      * grad_softmax_Wk0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL dot = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += softmax_Wk0[qbase + ks] * grad_softmax_Wk0[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_scores_Wk0[qbase + ks] = softmax_Wk0[qbase + ks] *
-                            (grad_softmax_Wk0[qbase + ks] - dot);
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_scores_Wk0[qbase + ks] = 0;
-                }
-            }
-        }
-    }
+    transformer_lm_softmax_vjp_3472(m, softmax_Wk0, grad_softmax_Wk0, grad_scores_Wk0);
 
     /* grad_mm_Wk0[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wq0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_scores_Wk0)^T mm_Wq0 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wq0 + row0 * 64 + hd * 16, 64, grad_mm_Wk0 + row0 * 64 +
-                                               hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk0[(e,qt),(hd,ks)] *
-                 * mm_Wq0[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wk0 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw =
-                            grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_mix_t_ee5f(m, grad_scores_Wk0, mm_Wq0, grad_mm_Wk0);
 
     /* grad_add_b0a += grad_mm_Wk0 @ Wk0^T */
     transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wk0, Wk0, grad_add_b0a);
 
     /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_scores_Wk0) mm_Wk0 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wk0 + row0 * 64 + hd * 16, 64, grad_mm_Wq0 + row0 * 64 +
-                                               hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk0[(e,qt),(hd,ks)] *
-                 * mm_Wk0[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wq0 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw =
-                            grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
+    transformer_lm_attention_mix_6577(m, grad_scores_Wk0, mm_Wk0, grad_mm_Wq0);
 
     /* grad_add_b0a += grad_mm_Wq0 @ mul_Wq0^T */
     transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wq0, mul_Wq0, grad_add_b0a);
@@ -2238,74 +1774,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
      * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
      * (mu_i, r_i of add_E's row i, recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_E_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_E[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_E[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_E[64*i + k + l] - mean)*(add_E[64*i + k + l] - mean);
-                    grads_lane[l] += grad_norm_E[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_E[64*i + k + l]*(add_E[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_E[64*i + k] - mean)*(add_E[64*i + k] - mean);
-                grads += grad_norm_E[64*i + k];
-                grads_c += grad_norm_E[64*i + k]*(add_E[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_E[64*i + j] - grads_mean - (add_E[64*i + j] - mean) * r *
-                        grads_y_mean);
-            }
-        }
-    }
+    transformer_lm_normalize_rows_vjp_1384(m, grad_add_E_part, add_E, grad_norm_E);
 
     /* grad_add_E_part = grad_add_E_part + grad_add_Wo0_part */
     transformer_lm_grad_add_E_mx64_loop(m, grad_add_E_part, grad_add_Wo0_part);
 }
 #endif
 
-/* transformer_lm_run, part 6 of 8 (kernels 87 to 87): a long
+/* transformer_lm_run, part 5 of 7 (kernels 87 to 87): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
@@ -2313,8 +1793,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *grad_add_E_part
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part5(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
@@ -2335,150 +1815,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
      * grad_add_E_part[i, 8], grad_add_E_part[i, 9], grad_add_E_part[i, 10],
      * grad_add_E_part[i, 11], grad_add_E_part[i, 12], grad_add_E_part[i, 13],
      * grad_add_E_part[i, 14], grad_add_E_part[i, 15], grad_add_E_part[i, 16], ... */
-    for (int64_t i = 0; i < 3968; ++i) {
-        grad_E[i] = 0;
-    }
-    for (int64_t i = 0; i < 4096; ++i) {
-        grad_P[i] = 0;
-    }
-    for (int64_t i = 0; i < m; ++i) {
-        grad_E[64*ids[i]] += grad_add_E_part[64*i];
-        grad_E[64*ids[i] + 1] += grad_add_E_part[64*i + 1];
-        grad_E[64*ids[i] + 2] += grad_add_E_part[64*i + 2];
-        grad_E[64*ids[i] + 3] += grad_add_E_part[64*i + 3];
-        grad_E[64*ids[i] + 4] += grad_add_E_part[64*i + 4];
-        grad_E[64*ids[i] + 5] += grad_add_E_part[64*i + 5];
-        grad_E[64*ids[i] + 6] += grad_add_E_part[64*i + 6];
-        grad_E[64*ids[i] + 7] += grad_add_E_part[64*i + 7];
-        grad_E[64*ids[i] + 8] += grad_add_E_part[64*i + 8];
-        grad_E[64*ids[i] + 9] += grad_add_E_part[64*i + 9];
-        grad_E[64*ids[i] + 10] += grad_add_E_part[64*i + 10];
-        grad_E[64*ids[i] + 11] += grad_add_E_part[64*i + 11];
-        grad_E[64*ids[i] + 12] += grad_add_E_part[64*i + 12];
-        grad_E[64*ids[i] + 13] += grad_add_E_part[64*i + 13];
-        grad_E[64*ids[i] + 14] += grad_add_E_part[64*i + 14];
-        grad_E[64*ids[i] + 15] += grad_add_E_part[64*i + 15];
-        grad_E[64*ids[i] + 16] += grad_add_E_part[64*i + 16];
-        grad_E[64*ids[i] + 17] += grad_add_E_part[64*i + 17];
-        grad_E[64*ids[i] + 18] += grad_add_E_part[64*i + 18];
-        grad_E[64*ids[i] + 19] += grad_add_E_part[64*i + 19];
-        grad_E[64*ids[i] + 20] += grad_add_E_part[64*i + 20];
-        grad_E[64*ids[i] + 21] += grad_add_E_part[64*i + 21];
-        grad_E[64*ids[i] + 22] += grad_add_E_part[64*i + 22];
-        grad_E[64*ids[i] + 23] += grad_add_E_part[64*i + 23];
-        grad_E[64*ids[i] + 24] += grad_add_E_part[64*i + 24];
-        grad_E[64*ids[i] + 25] += grad_add_E_part[64*i + 25];
-        grad_E[64*ids[i] + 26] += grad_add_E_part[64*i + 26];
-        grad_E[64*ids[i] + 27] += grad_add_E_part[64*i + 27];
-        grad_E[64*ids[i] + 28] += grad_add_E_part[64*i + 28];
-        grad_E[64*ids[i] + 29] += grad_add_E_part[64*i + 29];
-        grad_E[64*ids[i] + 30] += grad_add_E_part[64*i + 30];
-        grad_E[64*ids[i] + 31] += grad_add_E_part[64*i + 31];
-        grad_E[64*ids[i] + 32] += grad_add_E_part[64*i + 32];
-        grad_E[64*ids[i] + 33] += grad_add_E_part[64*i + 33];
-        grad_E[64*ids[i] + 34] += grad_add_E_part[64*i + 34];
-        grad_E[64*ids[i] + 35] += grad_add_E_part[64*i + 35];
-        grad_E[64*ids[i] + 36] += grad_add_E_part[64*i + 36];
-        grad_E[64*ids[i] + 37] += grad_add_E_part[64*i + 37];
-        grad_E[64*ids[i] + 38] += grad_add_E_part[64*i + 38];
-        grad_E[64*ids[i] + 39] += grad_add_E_part[64*i + 39];
-        grad_E[64*ids[i] + 40] += grad_add_E_part[64*i + 40];
-        grad_E[64*ids[i] + 41] += grad_add_E_part[64*i + 41];
-        grad_E[64*ids[i] + 42] += grad_add_E_part[64*i + 42];
-        grad_E[64*ids[i] + 43] += grad_add_E_part[64*i + 43];
-        grad_E[64*ids[i] + 44] += grad_add_E_part[64*i + 44];
-        grad_E[64*ids[i] + 45] += grad_add_E_part[64*i + 45];
-        grad_E[64*ids[i] + 46] += grad_add_E_part[64*i + 46];
-        grad_E[64*ids[i] + 47] += grad_add_E_part[64*i + 47];
-        grad_E[64*ids[i] + 48] += grad_add_E_part[64*i + 48];
-        grad_E[64*ids[i] + 49] += grad_add_E_part[64*i + 49];
-        grad_E[64*ids[i] + 50] += grad_add_E_part[64*i + 50];
-        grad_E[64*ids[i] + 51] += grad_add_E_part[64*i + 51];
-        grad_E[64*ids[i] + 52] += grad_add_E_part[64*i + 52];
-        grad_E[64*ids[i] + 53] += grad_add_E_part[64*i + 53];
-        grad_E[64*ids[i] + 54] += grad_add_E_part[64*i + 54];
-        grad_E[64*ids[i] + 55] += grad_add_E_part[64*i + 55];
-        grad_E[64*ids[i] + 56] += grad_add_E_part[64*i + 56];
-        grad_E[64*ids[i] + 57] += grad_add_E_part[64*i + 57];
-        grad_E[64*ids[i] + 58] += grad_add_E_part[64*i + 58];
-        grad_E[64*ids[i] + 59] += grad_add_E_part[64*i + 59];
-        grad_E[64*ids[i] + 60] += grad_add_E_part[64*i + 60];
-        grad_E[64*ids[i] + 61] += grad_add_E_part[64*i + 61];
-        grad_E[64*ids[i] + 62] += grad_add_E_part[64*i + 62];
-        grad_E[64*ids[i] + 63] += grad_add_E_part[64*i + 63];
-        grad_P[64*positions[i]] += grad_add_E_part[64*i];
-        grad_P[64*positions[i] + 1] += grad_add_E_part[64*i + 1];
-        grad_P[64*positions[i] + 2] += grad_add_E_part[64*i + 2];
-        grad_P[64*positions[i] + 3] += grad_add_E_part[64*i + 3];
-        grad_P[64*positions[i] + 4] += grad_add_E_part[64*i + 4];
-        grad_P[64*positions[i] + 5] += grad_add_E_part[64*i + 5];
-        grad_P[64*positions[i] + 6] += grad_add_E_part[64*i + 6];
-        grad_P[64*positions[i] + 7] += grad_add_E_part[64*i + 7];
-        grad_P[64*positions[i] + 8] += grad_add_E_part[64*i + 8];
-        grad_P[64*positions[i] + 9] += grad_add_E_part[64*i + 9];
-        grad_P[64*positions[i] + 10] += grad_add_E_part[64*i + 10];
-        grad_P[64*positions[i] + 11] += grad_add_E_part[64*i + 11];
-        grad_P[64*positions[i] + 12] += grad_add_E_part[64*i + 12];
-        grad_P[64*positions[i] + 13] += grad_add_E_part[64*i + 13];
-        grad_P[64*positions[i] + 14] += grad_add_E_part[64*i + 14];
-        grad_P[64*positions[i] + 15] += grad_add_E_part[64*i + 15];
-        grad_P[64*positions[i] + 16] += grad_add_E_part[64*i + 16];
-        grad_P[64*positions[i] + 17] += grad_add_E_part[64*i + 17];
-        grad_P[64*positions[i] + 18] += grad_add_E_part[64*i + 18];
-        grad_P[64*positions[i] + 19] += grad_add_E_part[64*i + 19];
-        grad_P[64*positions[i] + 20] += grad_add_E_part[64*i + 20];
-        grad_P[64*positions[i] + 21] += grad_add_E_part[64*i + 21];
-        grad_P[64*positions[i] + 22] += grad_add_E_part[64*i + 22];
-        grad_P[64*positions[i] + 23] += grad_add_E_part[64*i + 23];
-        grad_P[64*positions[i] + 24] += grad_add_E_part[64*i + 24];
-        grad_P[64*positions[i] + 25] += grad_add_E_part[64*i + 25];
-        grad_P[64*positions[i] + 26] += grad_add_E_part[64*i + 26];
-        grad_P[64*positions[i] + 27] += grad_add_E_part[64*i + 27];
-        grad_P[64*positions[i] + 28] += grad_add_E_part[64*i + 28];
-        grad_P[64*positions[i] + 29] += grad_add_E_part[64*i + 29];
-        grad_P[64*positions[i] + 30] += grad_add_E_part[64*i + 30];
-        grad_P[64*positions[i] + 31] += grad_add_E_part[64*i + 31];
-        grad_P[64*positions[i] + 32] += grad_add_E_part[64*i + 32];
-        grad_P[64*positions[i] + 33] += grad_add_E_part[64*i + 33];
-        grad_P[64*positions[i] + 34] += grad_add_E_part[64*i + 34];
-        grad_P[64*positions[i] + 35] += grad_add_E_part[64*i + 35];
-        grad_P[64*positions[i] + 36] += grad_add_E_part[64*i + 36];
-        grad_P[64*positions[i] + 37] += grad_add_E_part[64*i + 37];
-        grad_P[64*positions[i] + 38] += grad_add_E_part[64*i + 38];
-        grad_P[64*positions[i] + 39] += grad_add_E_part[64*i + 39];
-        grad_P[64*positions[i] + 40] += grad_add_E_part[64*i + 40];
-        grad_P[64*positions[i] + 41] += grad_add_E_part[64*i + 41];
-        grad_P[64*positions[i] + 42] += grad_add_E_part[64*i + 42];
-        grad_P[64*positions[i] + 43] += grad_add_E_part[64*i + 43];
-        grad_P[64*positions[i] + 44] += grad_add_E_part[64*i + 44];
-        grad_P[64*positions[i] + 45] += grad_add_E_part[64*i + 45];
-        grad_P[64*positions[i] + 46] += grad_add_E_part[64*i + 46];
-        grad_P[64*positions[i] + 47] += grad_add_E_part[64*i + 47];
-        grad_P[64*positions[i] + 48] += grad_add_E_part[64*i + 48];
-        grad_P[64*positions[i] + 49] += grad_add_E_part[64*i + 49];
-        grad_P[64*positions[i] + 50] += grad_add_E_part[64*i + 50];
-        grad_P[64*positions[i] + 51] += grad_add_E_part[64*i + 51];
-        grad_P[64*positions[i] + 52] += grad_add_E_part[64*i + 52];
-        grad_P[64*positions[i] + 53] += grad_add_E_part[64*i + 53];
-        grad_P[64*positions[i] + 54] += grad_add_E_part[64*i + 54];
-        grad_P[64*positions[i] + 55] += grad_add_E_part[64*i + 55];
-        grad_P[64*positions[i] + 56] += grad_add_E_part[64*i + 56];
-        grad_P[64*positions[i] + 57] += grad_add_E_part[64*i + 57];
-        grad_P[64*positions[i] + 58] += grad_add_E_part[64*i + 58];
-        grad_P[64*positions[i] + 59] += grad_add_E_part[64*i + 59];
-        grad_P[64*positions[i] + 60] += grad_add_E_part[64*i + 60];
-        grad_P[64*positions[i] + 61] += grad_add_E_part[64*i + 61];
-        grad_P[64*positions[i] + 62] += grad_add_E_part[64*i + 62];
-        grad_P[64*positions[i] + 63] += grad_add_E_part[64*i + 63];
-    }
+    transformer_lm_emap_aaaa(m, grad_E, grad_P, ids, grad_add_E_part, positions);
 }
 #endif
 
-/* transformer_lm_run, part 7 of 8 (kernels 88 to 96): a long
+/* transformer_lm_run, part 6 of 7 (kernels 88 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
     TRANSFORMER_LM_REAL *grad_b0a,
@@ -2501,7 +1846,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_mul_Wq0
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
     TRANSFORMER_LM_REAL *grad_b0a,
@@ -2558,11 +1903,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
 }
 #endif
 
-/* transformer_lm_run, part 8 of 8 (kernels 97 to 116): a long
+/* transformer_lm_run, part 7 of 7 (kernels 97 to 116): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
@@ -2607,8 +1952,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *grad_mul_W0up,
     TRANSFORMER_LM_REAL *grad_mul_Wq1
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
@@ -2724,7 +2069,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
  * gradient: forward and value_and_grad call it. */
-TRANSFORMER_LM_SHARED int transformer_lm_run(
+SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
@@ -2869,9 +2214,12 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *pick_targets = log_softmax_axis_Wout + 62*m; /* m x 1 */
     TRANSFORMER_LM_REAL *colsum_targets = pick_targets + m; /* 1 x 1 */
 
-    transformer_lm_run_part1(m, ids, positions, E, P, emap_E, emap_P);
-    transformer_lm_run_part2(
+    transformer_lm_run_part1(
         m,
+        ids,
+        positions,
+        E,
+        P,
         g0a,
         b0a,
         Wq0,
@@ -2929,7 +2277,7 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
         norm_Wo1,
         add_b1m
     );
-    transformer_lm_run_part3(
+    transformer_lm_run_part2(
         m,
         targets,
         W1up,
@@ -3000,7 +2348,7 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
     TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
 
-    transformer_lm_run_part4(
+    transformer_lm_run_part3(
         m,
         targets,
         Wk1,
@@ -3039,7 +2387,7 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wk1,
         grad_mm_Wq1
     );
-    transformer_lm_run_part5(
+    transformer_lm_run_part4(
         m,
         g0a,
         Wk0,
@@ -3082,8 +2430,8 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_norm_E,
         grad_add_E_part
     );
-    transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, grad_add_E_part);
-    transformer_lm_run_part7(
+    transformer_lm_run_part5(m, ids, positions, grad_E, grad_P, grad_add_E_part);
+    transformer_lm_run_part6(
         m,
         grad_g0a,
         grad_b0a,
@@ -3105,7 +2453,7 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wq0,
         grad_mul_Wq0
     );
-    transformer_lm_run_part8(
+    transformer_lm_run_part7(
         m,
         grad_W0up,
         grad_c0up,
@@ -3460,7 +2808,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 4 (kernels 1 to 10): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
@@ -3560,8 +2908,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *g0a,
@@ -3824,7 +3172,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
 /* transformer_lm_train_step, part 2 of 4 (kernels 11 to 11): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 0; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *Wq0,
@@ -3869,8 +3217,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *bias_correction1,
     TRANSFORMER_LM_REAL *bias_correction2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *Wq0,
     TRANSFORMER_LM_REAL *Wk0,
@@ -4109,7 +3457,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *bias_correction2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *g0a,
     TRANSFORMER_LM_REAL *b0a,
     TRANSFORMER_LM_REAL *g0m,
@@ -4326,7 +3674,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 /* transformer_lm_train_step, part 4 of 4 (kernels 13 to 16): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *c0up,
@@ -4363,8 +3711,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *bias_correction1,
     TRANSFORMER_LM_REAL *bias_correction2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *c0up,
     TRANSFORMER_LM_REAL *W0down,
@@ -4565,7 +3913,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* One training step: the loss, then the optimizer updates the parameters and its state in place. */
-int transformer_lm_train_step(
+SYMBACKPROP_DISPATCH int transformer_lm_train_step(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,

@@ -529,6 +529,12 @@ def runtime_header() -> str:
     return wrap_c_comments(text)
 
 
+def kernel_printer(module: CModule) -> Any:
+    """macros.j2's `kernel`, which prints a kernel's C: printer(kernel, real, prefix)."""
+    macros: Any = template_environment().get_template("macros.j2").make_module({"m": module})
+    return macros.kernel
+
+
 def render(module: CModule) -> tuple[str, str, str]:
     env = template_environment()
     source = wrap_c_code(wrap_c_comments(env.get_template("module.c.j2").render(m=module)))

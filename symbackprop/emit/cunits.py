@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any
 
 from symbackprop.emit.cfunction import branches, straight_kernels
-from symbackprop.emit.codegen import CFunction, CKernel, CModule, template_environment
+from symbackprop.emit.codegen import CFunction, CKernel, CModule, kernel_printer
 from symbackprop.emit.cparts import part_ranges
 
 # About 0.15-0.35 s of GCC -O3: a unit less than this is not worth a process
@@ -66,15 +65,9 @@ def unit_count(source: str) -> int:
 
 def kernel_sizes(module: CModule) -> dict[str, list[int]]:
     """The length of each kernel's C text, by function name."""
-    kernel = _kernel_macro(module)
+    kernel = kernel_printer(module)
     return {fn.name: [len(str(kernel(k, module.real_c, module.helper_prefix))) for k in fn.kernels]
             for fn in module.internal + module.functions}
-
-
-def _kernel_macro(module: CModule) -> Any:
-    """macros.j2's `kernel`, which prints a kernel's C."""
-    macros: Any = template_environment().get_template("macros.j2").make_module({"m": module})
-    return macros.kernel
 
 
 def split_units(module: CModule) -> CModule:
@@ -96,7 +89,7 @@ def split_units(module: CModule) -> CModule:
             pieces += [(sum(lengths[start:end]), fn.name, index) for index, (start, end) in enumerate(parts)]
         elif fn.kernels:
             pieces.append((sum(lengths), fn.name, -1))
-    kernel = _kernel_macro(module)
+    kernel = kernel_printer(module)
     if module.maps:  # one piece: a kind's unit does not move when another kind comes or goes
         pieces.append((sum(len(str(kernel(kind.kernel, module.real_c, module.helper_prefix))) for kind in module.maps),
                        _MAPS, -1))

@@ -12,6 +12,7 @@ from typing import Any
 
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
+from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from symbackprop.base.cprint import OrderedTerms
@@ -114,6 +115,19 @@ def latex(expr: sp.Basic) -> str:
 
 class _OrderedLatex(OrderedTerms, LatexPrinter):
     """sp.latex, its sums ordered sooner (OrderedTerms)."""
+
+    def _print_MatMul(self, expr: sp.MatMul) -> str:
+        """SymPy's, without its test for a minus sign where every factor is
+        a named matrix or its transpose (no sign to find): the test builds
+        -expr and simplifies it, most of the derivation of an unrolled GRU
+        of 100 steps (1,500 products, 4.6 of 5.8 s of CPU)."""
+        if not all(isinstance(_untransposed(arg), (sp.MatrixSymbol, sp.Symbol)) for arg in expr.args):
+            return super()._print_MatMul(expr)
+        return " ".join(self.parenthesize(arg, PRECEDENCE["Mul"], False) for arg in expr.args)  # (precedence's test too)
+
+
+def _untransposed(expr: sp.Basic) -> sp.Basic:
+    return expr.arg if isinstance(expr, sp.Transpose) else expr
 
 
 def equation(lhs: str, rhs: sp.Basic, printer: StrPrinter | None = None) -> Equation:
