@@ -317,7 +317,9 @@ def save(name: str, models: list[str], rows: list[dict], argv: list[str], peers:
             "products and attention are PyTorch eager's (Inductor calls the same mm and SDPA kernels). The "
             "attention core: symbackprop's attention ops compiled alone, PyTorch's scaled_dot_product_attention "
             "(is_causal), JAX's written-out attention. Instruction counts and memory traffic: not measured, "
-            "perf stat reports the hardware counters as not supported in this VM.")
+            "perf stat reports the hardware counters as not supported in this VM. A negative rest: that peer's "
+            "parts timed alone took longer than inside its whole call (a jax.jit or PyTorch call's dispatch, paid "
+            "per product here; torch.compile's convolutions with batch norm and relu fused and no per-op autograd).")
     for row in rows:
         row["note"] = note
     data = {"title": "Where the time of a real-size call goes: " + ", ".join(rs.WORKLOADS[m][0] for m in models),
