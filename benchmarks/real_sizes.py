@@ -10,6 +10,7 @@ one thread (`--threads N`: N CPUs and threads, symbackprop built with OpenMP).
     python benchmarks/real_sizes.py --models gpt,mlp --clock cpu --rounds 5 --calls 3 --save NAME
     python benchmarks/real_sizes.py --layers               # each convolution's kernels alone
     python benchmarks/real_sizes.py --layers --models resnet --clock cpu --rounds 5 --calls 5
+    python benchmarks/real_sizes.py --breakdown --models gpt,mlp --clock cpu --rounds 5 --calls 3 --save NAME
     python benchmarks/real_sizes.py --models resnet,lenet5 --threads 2 --clock cpu --rounds 5 --calls 3
     python benchmarks/real_sizes.py --save real-sizes-2026-12-06
 
@@ -698,9 +699,9 @@ def check_peer(mod64, inputs: dict, params: dict, grads) -> float:
     return max(errors)
 
 
-def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per_round: int,
-                   notes: dict, clock: str = "wall", threads: int = 1) -> list[dict]:
-    """The rows of the decoder or the MLP in one dtype: the training step, then inference."""
+def functional_calls(workload: str, dtype: str, peers: list[str], notes: dict, threads: int = 1) -> tuple[dict, dict]:
+    """({peer: training step}, {peer: inference}) of the decoder, the MLP or the ResNet in one dtype,
+    each a call of no arguments, symbackprop's first."""
     title, model, data, _, _ = WORKLOADS[workload]
     inputs, params = data(dtype)
     start = time.perf_counter()
@@ -724,6 +725,14 @@ def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per
         else:
             continue
         step_calls[peer], infer_calls[peer] = step, infer
+    return step_calls, infer_calls
+
+
+def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per_round: int,
+                   notes: dict, clock: str = "wall", threads: int = 1) -> list[dict]:
+    """The rows of the decoder, the MLP or the ResNet in one dtype: the training step, then inference."""
+    title = WORKLOADS[workload][0]
+    step_calls, infer_calls = functional_calls(workload, dtype, peers, notes, threads)
     rows = []
     for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
         result = interleave(calls, rounds, per_round, warmup=2, clock=clock)
@@ -858,6 +867,18 @@ def time_layers(dtype: str, rounds: int, per_round: int, model: str = "lenet5", 
               f"{flops / whole / 1e9:.1f} GFLOP/s", flush=True)
 
 
+def breakdown(models: list[str], dtypes: list[str], peers: list[str], timing: tuple, notes: dict,
+              save: str | None, argv: list[str] | None) -> int:
+    """--breakdown: each model's calls in parts (benchmarks/real_sizes_breakdown.py), saved as NAME."""
+    from benchmarks import real_sizes_breakdown as parts
+
+    rows = [row for name in models for dtype in dtypes for row in parts.breakdown_rows(name, dtype, peers, timing,
+                                                                                       notes)]
+    if save:
+        parts.save(save, models, rows, argv if argv is not None else sys.argv[1:], peers, notes)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="lenet5,gpt,mlp,resnet", help="comma list of lenet5, gpt, mlp, resnet")
@@ -869,6 +890,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="wall: elapsed time; cpu: the process's CPU time (on a shared, loaded machine)")
     p.add_argument("--threads", type=int, default=1, help="CPUs pinned and threads of every peer")
     p.add_argument("--layers", action="store_true", help="time each convolution's kernels alone")
+    p.add_argument("--breakdown", action="store_true",
+                   help="the decoder's and the MLP's calls in parts: products, attention, the rest "
+                        "(benchmarks/real_sizes_breakdown.py)")
     p.add_argument("--qkv", choices=("fused", "apart"), default="fused",
                    help="the decoder's Q, K, V weights: one d x 3d parameter per block (sliced, as PyTorch's "
                         "in_proj_weight) or three d x d parameters")
@@ -891,6 +915,8 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_enable_x64", True)  # float64 arrays stay float64
     rows: list[dict] = []
     notes: dict[str, list[str]] = {}
+    if args.breakdown:
+        return breakdown(models, dtypes, peers, (args.rounds, args.calls, args.clock), notes, args.save, argv)
     for name in models:
         if name == "lenet5":
             if any(p.startswith("torch") for p in peers):

@@ -47,8 +47,9 @@ def format_seconds(seconds: float | None) -> str:
 
 
 def _scaled(seconds: float) -> tuple[float, str]:
+    """The unit by the magnitude: a difference of medians may be negative (-0.87 ms)."""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
+        if abs(seconds) >= scale:
             return seconds / scale, unit
     return seconds / 1e-9, "ns"
 

@@ -62,7 +62,10 @@ class Blas:
         return "".join(f"void {name}(void) {{}}\n" for name in self.symbols)
 
 
-CBLAS_CALLED = ("dgemm", "sgemm", "dtrmm", "strmm", "dtrsm", "strsm")  # what the runtime header calls
+# What the runtime header calls; gemmt (one triangle of a product: the
+# attention's causal scores) only where its name is defined, as both
+# libraries here export it and a cblas of its own may not.
+CBLAS_CALLED = ("dgemm", "sgemm", "dtrmm", "strmm", "dtrsm", "strsm", "dgemmt", "sgemmt")
 # The LAPACK routines it calls (Fortran names: a trailing underscore), which
 # both libraries export beside their cblas: the LU factorization of det,
 # logdet and solve, a triangle's inverse for A^-T, and cholesky's factorization

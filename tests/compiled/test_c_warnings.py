@@ -20,6 +20,9 @@ FLAGS = ["-std=c99", "-O3", "-Wall", "-Wextra", "-Wpedantic"]
 VARIANTS = {
     "plain": [],
     "openmp_blas": ["-fopenmp", "-DSYMBACKPROP_CBLAS"],
+    # the causal scores on gemmt, as symbackprop's own builds link it (without: gemm)
+    "openmp_blas_gemmt": ["-fopenmp", "-DSYMBACKPROP_CBLAS", "-DSYMBACKPROP_CBLAS_DGEMMT=cblas_dgemmt",
+                          "-DSYMBACKPROP_CBLAS_SGEMMT=cblas_sgemmt"],
     "simd": ["-fopenmp-simd", "-DSYMBACKPROP_OPENMP_SIMD"],
 }
 
@@ -36,7 +39,8 @@ def _warnings(source: Path, include: Path, extra: list[str]) -> str:
 
 # where each warned: mnist_mlp's sums inlined (-Waggressive-loop-optimizations),
 # transformer_lm's attention workspace unused with BLAS (-Wunused-variable)
-CASES = [("mnist_mlp", v) for v in sorted(VARIANTS)] + [("mlp", "plain"), ("transformer_lm", "openmp_blas")]
+CASES = [("mnist_mlp", v) for v in sorted(VARIANTS)] + [("mlp", "plain"), ("transformer_lm", "openmp_blas"),
+                                                         ("transformer_lm", "openmp_blas_gemmt")]
 
 
 @pytest.mark.parametrize(("example", "variant"), CASES)

@@ -116,3 +116,10 @@ def test_a_ratio_note_says_what_the_ratios_divide_by(tmp_path, monkeypatch):
     text = tables.render("x")
     assert "| W1 | 3 us (1.50) | 2 us |" in text
     assert "T: c; over B's. `run it`" in text and "symbackprop's" not in text
+
+
+def test_a_negative_difference_shows_in_its_unit():
+    """A part found by difference (real_sizes.py --breakdown's rest) may be negative: in ms, not ns."""
+    assert tables.format_seconds(-8.72e-4) == "-872 us"
+    assert tables.format_seconds(-7.24e-3) == "-7.24 ms"
+    assert tables.format_seconds(2.5e-3) == "2.5 ms"

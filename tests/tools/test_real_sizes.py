@@ -5,6 +5,7 @@ torch.nn.functional), and its convolutions' geometry is the one --layers times."
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,3 +28,33 @@ def test_the_resnet_gradients_equal_pytorch_float64():
     pytest.importorskip("torch")
     errors = real_sizes.check_functional("resnet", ["torch_eager"])
     assert errors["torch_eager"] < 1e-10
+
+
+def test_the_breakdown_times_each_weight_product_of_the_decoder_and_the_mlp():
+    """Its gemm list is the models' weights: one forward product per weight, m rows."""
+    from benchmarks import real_sizes_breakdown as parts
+
+    for workload, shapes in (("gpt", real_sizes.gpt_shapes()), ("mlp", [("W1", real_sizes.MLP_SIZES[:2]),
+                                                                       ("W2", real_sizes.MLP_SIZES[1:])])):
+        weights = sorted(tuple(shape) for name, shape in shapes if name.startswith("W"))
+        listed = sorted((k, n) for _, k, n, count, _ in parts.PRODUCTS[workload] for _ in range(count))
+        assert listed == weights, workload
+    step = parts.gemms("mlp", training=True)
+    assert [g[0].split()[0] for g in step] == ["X", "X^T", "X", "dY", "X^T"]  # no gradient by the pixels
+    assert len(parts.gemms("gpt", training=True)) == 3 * len(parts.gemms("gpt", training=False))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_breakdowns_blas_call_multiplies_as_numpy_does(dtype):
+    """Cblas.call's transposes and leading dimensions, against numpy's product."""
+    from benchmarks import real_sizes_breakdown as parts
+
+    rng = np.random.default_rng(0)
+    cblas = parts.Cblas(dtype)
+    for ta, tb in ((False, False), (False, True), (True, False)):
+        a = rng.standard_normal((5, 3) if ta else (3, 5)).astype(dtype)
+        b = rng.standard_normal((4, 5) if tb else (5, 4)).astype(dtype)
+        c = np.full((3, 4), np.nan, dtype=dtype)
+        cblas.call(a, b, c, ta, tb)()
+        want = (a.T if ta else a) @ (b.T if tb else b)
+        np.testing.assert_allclose(c, want, rtol=1e-5 if dtype == "float32" else 1e-12)
