@@ -28,6 +28,12 @@ import numpy as np
 
 from ._common import Unsupported
 
+SOURCE = ("the manual column: GradBench's hand-written C++ from gradbench/gradbench, rebuilt outside this "
+          "repository (g++ -O3 -march=native, no OpenMP) and called in-process through ctypes: kmeans from "
+          "cpp/gradbench/evals/kmeans.hpp and tools/manual/kmeans.cpp at 1e870182; ht from "
+          "cpp/gradbench/evals/ht.hpp at 28d72eed, tools/manual/ht_d.hpp at 3eb158a3 and tools/manual/ht.cpp "
+          "at ac868ffa, with cpp/adbench/shared/light_matrix.h at 3d73a76d and matrix.h at 17c5ef38")
+
 _DOUBLES = ctypes.POINTER(ctypes.c_double)
 _INTS = ctypes.POINTER(ctypes.c_int)
 

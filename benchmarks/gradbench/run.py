@@ -358,8 +358,17 @@ def results_file(records: list, args, argv=None) -> dict:
             "command": " ".join(["python benchmarks/gradbench/run.py", *(sys.argv[1:] if argv is None else argv)]),
             "conditions": f"every peer's results checked first; calls timed interleaved, {args.plan} plan, "
                           f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians",
-            "source": "written by benchmarks/gradbench/run.py --save", "meta": meta(args), "row_header": "eval",
+            "source": _source(peers), "meta": meta(args), "row_header": "eval",
             "baseline": "symbackprop" if "symbackprop" in peers else None, "columns": columns, "rows": rows}
+
+
+def _source(peers: list) -> str:
+    source = "written by benchmarks/gradbench/run.py --save"
+    if "manual" in peers:
+        from benchmarks.gradbench import manual
+
+        source += "; " + manual.SOURCE
+    return source
 
 
 def meta(args) -> dict:
