@@ -1,7 +1,7 @@
 """GradBench ports: validate, then time symbackprop against JAX and PyTorch.
 
     python benchmarks/gradbench/run.py [--evals lse,gmm] [--small] [--quick]
-                                       [--peers symbackprop,jax,torch,torch_compile]
+                                       [--peers symbackprop,jax,torch,torch_compile,manual]
                                        [--compile-timeout 60] [--scaling] [--json out.json] [--save NAME]
 
 Per eval (at its default size, or its smallest with --small): symbackprop's
@@ -59,7 +59,7 @@ from benchmarks.gradbench._common import (  # noqa: E402
 from benchmarks.measure import PLANS, TOLERANCE, _calibrate, _sample, _warm_up  # noqa: E402
 from benchmarks.run import _align, _t  # noqa: E402
 
-PEERS = ("symbackprop", "jax", "torch", "torch_compile")
+PEERS = ("symbackprop", "jax", "torch", "torch_compile", "manual")
 TOL = TOLERANCE["float64"]
 
 
@@ -131,6 +131,10 @@ def peer_calls(E, peer: str, data: dict, mod) -> tuple:
         return E.jax_calls(data)
     if peer in ("torch", "torch_compile"):
         return E.torch_calls(data, peer == "torch_compile")
+    if peer == "manual":  # GradBench's hand-written C++, where GB_MANUAL_DIR has it (manual.py)
+        from benchmarks.gradbench import manual
+
+        return (*manual.calls(E.NAME, data), {})
     raise ValueError(peer)
 
 
@@ -354,8 +358,17 @@ def results_file(records: list, args, argv=None) -> dict:
             "command": " ".join(["python benchmarks/gradbench/run.py", *(sys.argv[1:] if argv is None else argv)]),
             "conditions": f"every peer's results checked first; calls timed interleaved, {args.plan} plan, "
                           f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians",
-            "source": "written by benchmarks/gradbench/run.py --save", "meta": meta(args), "row_header": "eval",
+            "source": _source(peers), "meta": meta(args), "row_header": "eval",
             "baseline": "symbackprop" if "symbackprop" in peers else None, "columns": columns, "rows": rows}
+
+
+def _source(peers: list) -> str:
+    source = "written by benchmarks/gradbench/run.py --save"
+    if "manual" in peers:
+        from benchmarks.gradbench import manual
+
+        source += "; " + manual.SOURCE
+    return source
 
 
 def meta(args) -> dict:

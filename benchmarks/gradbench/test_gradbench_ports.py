@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -193,3 +194,34 @@ def test_particle_reproduces_gradbench_expected_output():
     if HAVE_TORCH:  # its derivative only (its argmin is a slow test: test_torch_peer)
         _, by_torch, _ = E.torch_calls(data, compiled=False)
         np.testing.assert_allclose(got, to_numpy(by_torch()["w"]), rtol=1e-10)
+
+
+@pytest.mark.slow
+def test_ht_complicated():
+    """Hand tracking with us (the 28-column Jacobian: two of the us, block-diagonal,
+    then theta's): symbackprop against the complex-step reference."""
+    E = importlib.import_module("benchmarks.gradbench.ht")
+    size = {"variant": "complicated", "n": 50}
+    data = E.generate(size)
+    primal, derivative = E.sbp_calls(sbp_compile(E, size), data)
+    got = check(E, data, primal, derivative)
+    assert got["jacobian"].shape == (150, 28)
+
+
+def test_ht_jacobian_columns_in_gradbench_order():
+    """The Jacobian model's outputs are its columns in GradBench's order (us's
+    two, then theta's 26), each a forward-mode `jvp`, all from one C call."""
+    from benchmarks.gradbench import ht
+
+    models = ht.build_models({"variant": "complicated", "n": 4})
+    assert list(models["jacobian"].outputs) == list(ht.COLUMNS)
+
+
+@pytest.mark.skipif(not os.environ.get("GB_MANUAL_DIR"), reason="GradBench's C++ is not built (GB_MANUAL_DIR)")
+@pytest.mark.parametrize("name", ["kmeans", "ht"])
+def test_manual_peer(name):
+    """GradBench's hand-written C++, rebuilt outside the repository, agrees with the references."""
+    from benchmarks.gradbench import manual
+
+    E, _, data = load(name)
+    check(E, data, *manual.calls(name, data))

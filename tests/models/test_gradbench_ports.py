@@ -12,6 +12,7 @@ from benchmarks.gradbench.test_gradbench_ports import (  # noqa: F401
     test_comparison_catches_a_wrong_derivative,
     test_det_at_ell_9,
     test_generators_replay_gradbench_draws,
+    test_ht_jacobian_columns_in_gradbench_order,
     test_jax_peer,
     test_particle_reproduces_gradbench_expected_output,
     test_symbackprop_port,
