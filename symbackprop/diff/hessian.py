@@ -38,7 +38,8 @@ def hessian_vector(loss: Node, targets: Sequence[Node], directions: Sequence[Nod
     one = const(1, loss.shape)
     grads, origins = vjp([(loss, one)], targets)
     if (how or route(loss)) == "forward_over_reverse":
-        return grads, jvp(grads, dict(zip(targets, directions))), origins
+        local = {node: origin[1:] for node, origin in origins.items() if origin[0] == "local"}
+        return grads, jvp(grads, dict(zip(targets, directions)), local), origins
     (tangent,) = jvp([loss], dict(zip(targets, directions)))
     products, more = vjp([(tangent, one)], targets)
     return grads, products, {**more, **origins}
