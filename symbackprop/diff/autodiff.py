@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import sympy as sp
 
 from symbackprop.base.registry import records, rule
-from symbackprop.base.scalar import partials
+from symbackprop.base.scalar import forward, partials
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_, pack, reduce_sum
 from symbackprop.ir.node import Node, placeholder, topological_order
@@ -46,6 +46,15 @@ def _partials(body: sp.Expr, count: int) -> tuple[sp.Expr, ...]:
     over the body), by body: many maps share one (det ell=9: 493 maps, 7
     bodies)."""
     return tuple(partials(body, [placeholder(i) for i in range(count)]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _second_partials(body: sp.Expr, count: int, given: tuple[int, ...]) -> tuple[sp.Expr, ...]:
+    """d s / d placeholder(i) for each i < count, of s = body's directional
+    derivative along placeholders count, count + 1, ... for the arguments
+    `given` (one forward and one reverse sweep, for every i at once)."""
+    directional = forward(body, {placeholder(j): placeholder(count + n) for n, j in enumerate(given)})
+    return tuple(partials(directional, [placeholder(i) for i in range(count)]))
 
 
 def local_derivative(node: Node, index: int) -> Node:
@@ -161,18 +170,63 @@ def depends_on(order: list[Node], wrt: set[Node]) -> dict[Node, bool]:
     return reaches
 
 
-def jvp(roots: Sequence[Node], tangents: dict[Node, Node]) -> list[Node]:
+def jvp(roots: Sequence[Node], tangents: dict[Node, Node],
+        locals_of: Mapping[Node, tuple[Node, int]] | None = None) -> list[Node]:
     """Tangents of `roots` given tangents of some leaves (forward mode).
 
+    `locals_of` names the local derivatives among the roots' nodes (d y /
+    d arg_k of a map y, as the vjp's origins give them: {node: (y, k)});
+    their tangents are then second derivatives of y's body from one sweep
+    (`tangent_of_local`), not a map of their own derivatives each.
     A root that no tangent reaches gets a zero constant.
     """
+    locals_of = locals_of or {}
+    # the arguments of those maps first: a local derivative may not read them
+    # all (d(a b)/da = b), yet its tangent is built from all of theirs
+    first = [arg for y, _ in locals_of.values() for arg in y.args]
     tangent_of: dict[Node, Node | None] = {}
-    for node in topological_order(roots):
+    for node in topological_order([*first, *roots]):
         if node in tangents:
             tangent_of[node] = tangents[node]
         elif not node.args:
             tangent_of[node] = None
+        elif node in locals_of and _second_order(*locals_of[node], tangent_of):
+            y, index = locals_of[node]
+            tangent_of[node] = tangent_of_local(y, index, [tangent_of[arg] for arg in y.args])
         else:
             arg_tangents = [tangent_of[arg] for arg in node.args]
             tangent_of[node] = None if all(t is None for t in arg_tangents) else rule(node.op, "jvp")(node, arg_tangents)
     return [tangent_of[root] or const(0, root.shape) for root in roots]
+
+
+def _second_order(y: Node, index: int, tangent_of: Mapping[Node, Node | None]) -> bool:
+    """Whether the tangent of d y / d arg_index is tangent_of_local's: y
+    has several arguments (one argument's derivative is often of y's value
+    alone, tanh' = 1 - tanh^2, cheaper by the map rule), none of them is a
+    tangent (the sweep tells the two apart), a tangent reaches one, and
+    each one's tangent is known (not so where an argument is itself a local
+    derivative not yet reached: a loss that holds a gradient)."""
+    args = set(y.args)
+    if len(args) < 2 or not args <= tangent_of.keys():
+        return False
+    return any(tangent_of[a] is not None for a in args) and not any(tangent_of[a] in args for a in args)
+
+
+def tangent_of_local(y: Node, index: int, arg_tangents: Sequence[Node | None]) -> Node | None:
+    """The tangent of d y / d arg_index for a map y: d s / d arg_index, where
+    s = sum_j (d y / d arg_j) * tangent_j is y's directional derivative, over
+    y's arguments and their tangents. Every index of one map shares s and
+    one sweep over its body (`_second_partials`): differentiating each d y / d arg_k
+    by each argument built k^2 second-derivative maps (an explicit bone
+    chain's maps have 10-50 arguments)."""
+    given = [j for j, t in enumerate(arg_tangents) if t is not None]
+    moving = [t for t in arg_tangents if t is not None]
+    if not given:
+        return None
+    count = len(y.args)
+    derivative = _second_partials(y.attrs[0], count, tuple(given))[index]
+    if derivative.has(sp.Derivative, sp.Subs):
+        raise ModelError(f"no second derivative known for {short(y.attrs[0].xreplace(_readable(y)))}")
+    if derivative == 0:
+        return None
+    return map_(derivative, [*y.args, *moving], y.shape)
