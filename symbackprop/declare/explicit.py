@@ -19,6 +19,14 @@ any other (Piecewise, Derivative, Integral, an atom, ...) by its own doit.
 The result is SymPy's, entry for entry: doit is a function of the
 expression, so the same subexpression gives the same result wherever it
 stands. The walk is iterative (no recursion limit on deep entries).
+
+`install()` also keeps SymPy's MatMul canonicalization from inverting
+explicit matrices: its `combine_powers` rule, to cancel `X * X**-1`, asks
+each square factor for its inverse, and a compound factor holding an
+explicit matrix (`(A * M).T`) answers by Gaussian elimination with
+`simplify` on the symbolic entries (89 of the 94 s of declaring GradBench's
+hand tracking with `*`). A product with such a factor is left uncombined:
+the same value, which the lowering multiplies as it stands.
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from typing import Any
 import sympy as sp
 from sympy.core.basic import Basic
 from sympy.core.operations import AssocOp
+from sympy.matrices.expressions import matmul
+from sympy.strategies import do_one, exhaust, typed
 
 SYMPY_DOIT = sp.ImmutableDenseMatrix.doit  # SymPy's own (MatrixBase.doit), before install()
+SYMPY_COMBINE_POWERS = matmul.combine_powers
 
 
 def dag_doit(exprs: list[Any], hints: dict[str, Any]) -> dict[Any, Any]:
@@ -65,9 +76,34 @@ def _doit(self: sp.ImmutableDenseMatrix, **hints: Any) -> sp.ImmutableDenseMatri
     return self.applyfunc(lambda entry: done[entry])
 
 
+def holds_explicit(expr: Any) -> bool:
+    """Whether a matrix expression has an explicit matrix among its matrix
+    arguments, at any depth (their entries are not walked)."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, sp.MatrixBase):
+            return True
+        if isinstance(e, sp.MatrixExpr):
+            stack.extend(a for a in e.args if isinstance(a, (sp.MatrixExpr, sp.MatrixBase)))
+    return False
+
+
+def _combine_powers(mul: sp.MatMul) -> sp.MatMul:
+    """SymPy's combine_powers, but for a product with a compound factor
+    holding an explicit matrix, which it would try to invert."""
+    if any(not isinstance(a, sp.MatrixBase) and holds_explicit(a) for a in mul.args):
+        return mul
+    return SYMPY_COMBINE_POWERS(mul)
+
+
 def install() -> None:
-    """Make ImmutableDenseMatrix.doit walk the entries' DAG (see the module's docstring)."""
+    """Make ImmutableDenseMatrix.doit walk the entries' DAG, and MatMul's
+    canonicalization not invert explicit matrices (the module's docstring)."""
     sp.ImmutableDenseMatrix.doit = _doit
+    rules = tuple(_combine_powers if rule is SYMPY_COMBINE_POWERS else rule for rule in matmul.rules)
+    matmul.rules = rules
+    matmul.canonicalize = exhaust(typed({sp.MatMul: do_one(*rules)}))
 
 
 install()

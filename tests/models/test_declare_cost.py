@@ -164,3 +164,25 @@ def test_an_unrolled_gru_of_100_steps_declares_its_loss():
     expected = np.mean((state - values[t]) ** 2)
     got = mod.forward(**{str(s): v for s, v in values.items()})["loss"]
     assert np.isclose(got, expected, rtol=1e-12), (got, expected)
+
+
+def test_a_product_with_a_transposed_chain_inverts_nothing():
+    """S * (A * M).T with M an explicit transform: SymPy's MatMul
+    canonicalization asked the compound factor for its inverse (to cancel
+    X * X**-1), Gaussian elimination with simplify on M's symbolic entries
+    (89 of 94 s declaring GradBench's hand tracking with `*`). It inverts
+    nothing now, and the compiled value is numpy's product."""
+    n = sp.Symbol("n", integer=True, positive=True)
+    s, a = sp.MatrixSymbol("S", n, 4), sp.MatrixSymbol("A", 8, 4)
+    theta = sp.MatrixSymbol("theta", 1, 2)
+    chain = _bone_chain(2).subs({sp.Symbol("a0", real=True): theta[0, 0], sp.Symbol("b1", real=True): theta[0, 1]})
+    chain = chain.subs({sp.Symbol(f"{k}{i}", real=True): 0.5 + i for k in "abc" for i in range(2)})
+    calls = count_calls(lambda: s * (a[4:8, :] * chain).T * (a[0:4, :] * chain), "_inv_GE")
+    assert calls == 0
+    expr = s * (a[4:8, :] * chain).T * (a[0:4, :] * chain)
+    mod = sbp.compile(sbp.Model("transposed_chain", inputs=[s, a], params=[theta], outputs={"y": expr}))
+    rng = np.random.default_rng(5)
+    sv, av, tv = rng.normal(size=(3, 4)), rng.normal(size=(8, 4)), rng.normal(size=(1, 2))
+    m = np.array(chain.subs({theta[0, 0]: tv[0, 0], theta[0, 1]: tv[0, 1]}).evalf(), dtype=float)
+    got = mod.forward(S=sv, A=av, theta=tv)["y"]
+    assert np.allclose(got, sv @ (av[4:8] @ m).T @ (av[0:4] @ m), rtol=1e-13, atol=1e-13)
