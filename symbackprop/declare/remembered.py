@@ -28,6 +28,7 @@ an argument's are decorated with `remember_shape`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import sympy as sp
@@ -38,12 +39,15 @@ from sympy.matrices.expressions.kronecker import KroneckerProduct
 from sympy.matrices.expressions.permutation import MatrixPermute
 
 SHAPE, SORT_KEY, DOIT = "_sbp_shape", "_sbp_sort_key", "_sbp_doit"  # where a node keeps them (its __dict__)
+REMEMBERED = {"doit": DOIT, "_eval_transpose": "_sbp_transpose"}  # methods remembered, and where
 
 # SymPy's classes whose shape is read from their arguments' shapes
 SYMPY_COMPOSITES = (sp.MatAdd, sp.MatMul, sp.HadamardProduct, sp.HadamardPower, ElementwiseApplyFunction,
                     sp.Transpose, sp.Adjoint, sp.MatPow, sp.Inverse, KroneckerProduct, MatrixPermute,
                     DiagonalMatrix, DiagonalOf, BlockDiagMatrix)
-SYMPY_SORT_KEY = sp.Expr.sort_key  # a matrix expression's (MatrixExpr is an Expr), before install()
+# a matrix expression's (MatrixExpr is an Expr), before install(); without its cache, which compares
+# a new node with equal ones it holds, as deep as they are equal
+SYMPY_SORT_KEY = getattr(sp.Expr.sort_key, "__wrapped__", sp.Expr.sort_key)
 
 C = TypeVar("C", bound=type)
 
@@ -117,47 +121,49 @@ def remembered_sort_key(self: Any, order: Any = None) -> Any:
     return self.__dict__[SORT_KEY]
 
 
-def _doit_rule(node: Any) -> Callable[..., Any] | None:
-    """SymPy's doit of node's class, where the class remembers it."""
-    return getattr(type(node).doit, "rule", None)
+def _method_rule(node: Any, name: str) -> Callable[..., Any] | None:
+    """SymPy's method `name` of node's class, where the class remembers it."""
+    return getattr(getattr(type(node), name, None), "rule", None)
 
 
-def _doit_pending(node: Any) -> bool:
-    return _doit_rule(node) is not None and DOIT not in node.__dict__
+def _method_pending(name: str, node: Any) -> bool:
+    return _method_rule(node, name) is not None and REMEMBERED[name] not in node.__dict__
 
 
-def _keep_doit(node: Any) -> None:
-    done = _doit_rule(node)(node)  # type: ignore[misc]
-    node.__dict__[DOIT] = done
-    if done is not node and hasattr(done, "__dict__"):
-        done.__dict__.setdefault(DOIT, done)  # SymPy's doit is idempotent: done, it stands
+def _keep_method(name: str, node: Any) -> None:
+    found = node.__dict__[REMEMBERED[name]] = _method_rule(node, name)(node)  # type: ignore[misc]
+    if name == "doit" and found is not node and hasattr(found, "__dict__"):
+        found.__dict__.setdefault(DOIT, found)  # SymPy's doit is idempotent: done, it stands
 
 
-def remember_doit(cls: type) -> None:
-    """cls's doit (its own or inherited), with the deep one's result remembered."""
-    rule = getattr(cls.doit, "rule", cls.doit)
+def remember_method(cls: type, name: str) -> None:
+    """cls's method `name` (its own or inherited), the result of its plain
+    call (doit: deep, without other hints) remembered on each node."""
+    rule = getattr(getattr(cls, name), "rule", getattr(cls, name))
+    pending, keep = partial(_method_pending, name), partial(_keep_method, name)
 
-    def doit(self: Any, **hints: Any) -> Any:
+    def method(self: Any, **hints: Any) -> Any:
         if hints and hints != {"deep": True}:
             return rule(self, **hints)
-        if DOIT not in self.__dict__:
-            settle(self, _doit_pending, _keep_doit)
-        return self.__dict__[DOIT]
+        if REMEMBERED[name] not in self.__dict__:
+            settle(self, pending, keep)
+        return self.__dict__[REMEMBERED[name]]
 
-    doit.rule = rule  # type: ignore[attr-defined]
-    doit.__doc__ = rule.__doc__
-    cls.doit = doit  # type: ignore[attr-defined]
+    method.rule = rule  # type: ignore[attr-defined]
+    method.__doc__ = rule.__doc__
+    setattr(cls, name, method)
 
 
 def install() -> None:
     """Matrix expressions remember their sort keys, and SymPy's composites
-    their shapes and deep doits (idempotent)."""
+    their shapes, deep doits and transposes (idempotent)."""
     for cls in SYMPY_COMPOSITES:
         if getattr(cls.__dict__["shape"].fget, "rule", None) is None:
             remember_shape(cls)
-        if getattr(cls.doit, "rule", None) is None or "doit" not in cls.__dict__:
-            remember_doit(cls)
-    sp.MatrixExpr.sort_key = remembered_sort_key  # type: ignore[method-assign]
+        for name in REMEMBERED:
+            if hasattr(cls, name) and getattr(cls.__dict__.get(name), "rule", None) is None:
+                remember_method(cls, name)
+    sp.MatrixExpr.sort_key = remembered_sort_key
 
 
 install()

@@ -9,8 +9,10 @@ from typing import Any
 import sympy as sp
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
-from symbackprop.declare import explicit  # noqa: F401  (an explicit matrix's doit over its entries' DAG)
-from symbackprop.declare import remembered  # noqa: F401  (matrix expressions remember shape and sort key)
+from symbackprop.declare import (  # noqa: F401  (installed on import)
+    explicit,  # an explicit matrix's doit over its entries' DAG
+    remembered,  # matrix expressions remember their shape, sort key, doit and transpose
+)
 
 
 class Standing:
@@ -83,13 +85,7 @@ _LAYERED = {sp.MatMul: LayerProduct, ElementwiseApplyFunction: LayerApply}
 
 
 def layered(expr: Any) -> Any:
-    """expr (as SymPy built it, canonical) as a Layered node of its class,
-    with its shape, hash and sort key computed now, while its arguments'
-    are known (later, the first look at the top of a deep stack would walk
-    it all); expr itself where it is of another class."""
+    """expr (as SymPy built it, canonical) as a Layered node of its class;
+    expr itself where it is of another class."""
     cls = _LAYERED.get(type(expr))
-    if cls is None:
-        return expr
-    node = cls(*expr.args)
-    node.shape, hash(node), node.sort_key()
-    return node
+    return expr if cls is None else cls(*expr.args)
