@@ -3,6 +3,8 @@
 versions of symbackprop's code (before and after a change), interleaved.
 
     taskset -c 1 python benchmarks/depth_scale.py --before /work/main --save depth-scale-2026-12-07
+    git archive BEFORE | tar -x -C /tmp/before    # a fixed tree, while main moves
+    taskset -c 1 python benchmarks/depth_scale.py --before /tmp/before --before-commit BEFORE ...
     python benchmarks/depth_scale.py --cases gru --sizes 10,300 --timeout 120
 
 The cases (each size N):
@@ -153,7 +155,10 @@ def run_case(case: str, size: int, code: Path, timeout: float, cache: Path) -> d
     return record
 
 
-def _commit(code: Path) -> str:
+def _commit(code: Path, given: str | None) -> str:
+    """`given` (a tree exported with git archive has no history), else the tree's HEAD."""
+    if given:
+        return given
     found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=code)
     return found.stdout.strip() or "unknown"
 
@@ -171,7 +176,7 @@ def results_file(results: list[dict], versions: dict[str, Path], args: argparse.
                  for v, r in mine.items() if r.get("outcome") != "ok"]
         row: dict = {"label": LABELS[case].format(n=size), "seconds": seconds}
         if notes:
-            row["note"] = f"{LABELS[case].format(n=size)}: " + "; ".join(notes)
+            row["note"] = "; ".join(notes)
         rows.append(row)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     columns = [{"key": f"{stage}_{v}", "label": f"{stage} ({v})", "ratio": False}
@@ -181,7 +186,7 @@ def results_file(results: list[dict], versions: dict[str, Path], args: argparse.
                  "float64, a fresh cache)",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load {load}",
         "date": time.strftime("%Y-%m-%d"),
-        "commit": ", ".join(f"{v} {_commit(code)}" for v, code in versions.items()),
+        "commit": ", ".join(f"{v} {_commit(code, getattr(args, f'{v}_commit'))}" for v, code in versions.items()),
         "command": "python benchmarks/depth_scale.py " + " ".join(argv),
         "conditions": (f"each case in a child process with a fresh cache folder, {args.timeout:.0f} s at most, "
                        f"the versions alternating case by case; CPU affinity {sorted(os.sched_getaffinity(0))}; "
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--sizes", help="the sizes of every case (default: each case's own)")
     parser.add_argument("--before", help="the code root to compare with (e.g. a checkout of main)")
+    parser.add_argument("--before-commit", help="the before tree's commit, where it is no git checkout")
+    parser.add_argument("--after-commit", help="this tree's commit, where it is no git checkout")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one case may take")
     parser.add_argument("--save", help="write benchmarks/results/<name>.json")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
