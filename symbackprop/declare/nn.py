@@ -74,7 +74,6 @@ from symbackprop.declare.reductions import (  # noqa: F401  (sums and means: nn.
     sum_all,
 )
 from symbackprop.declare.standing import layered
-from symbackprop.deep import run_deep
 from symbackprop.errors import ModelError
 
 
@@ -185,14 +184,6 @@ def shallow(fn: Callable[..., Any], *args: Any) -> Any:
         What fn returns (an expression, or a tuple of them), with the
         stand-ins replaced by the arguments.
     """
-    try:
-        return _shallow(fn, args)
-    except RecursionError:  # SymPy walks a deep state's whole chain (its shape, its hash)
-        return run_deep("an unrolled network's step", _shallow, fn, args)
-
-
-def _shallow(fn: Callable[..., Any], args: tuple) -> Any:
-    """shallow, on the stack it runs on."""
     back = {}
     stand_ins = []
     for arg in args:

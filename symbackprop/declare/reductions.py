@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sympy as sp
 
-from symbackprop.deep import run_deep
 from symbackprop.errors import ModelError
 
 
@@ -43,10 +42,7 @@ def shallow_doit(expr: sp.MatrixExpr) -> sp.MatrixExpr:
     Returns:
         expr.doit(deep=False).
     """
-    try:
-        return expr.doit(deep=False)
-    except RecursionError:  # sorting a sum's terms walks each term's depth (an unrolled network's)
-        return run_deep("a sum or product of a deep expression", expr.doit, deep=False)
+    return expr.doit(deep=False)
 
 
 def sum_all(x: sp.MatrixExpr) -> sp.MatrixExpr:

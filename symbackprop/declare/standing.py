@@ -9,7 +9,10 @@ from typing import Any
 import sympy as sp
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
-from symbackprop.declare import explicit  # noqa: F401  (an explicit matrix's doit over its entries' DAG)
+from symbackprop.declare import (  # noqa: F401  (installed on import)
+    explicit,  # an explicit matrix's doit over its entries' DAG
+    remembered,  # matrix expressions remember their shape, sort key, doit and transpose
+)
 
 
 class Standing:
@@ -32,17 +35,11 @@ class Layered:
     """A matrix product or an elementwise function as nn's layers build it
     (the x*W of x*W + ones*b, tanh of that): SymPy's own class in every
     respect (lowering, printing, hash, its place among a sum's terms) but
-    that it remembers its shape and sort key, and doit does not go below
-    it (it is built canonical: doit would rebuild it as it is).
-
-    SymPy computes neither once: a product's shape asks its first
-    factor's, a sum's its first term's, an elementwise function's its
-    argument's, so every shape SymPy checked while building a layer walked
-    down the whole stack below it, as did a sum's sort key (SymPy sorts a
-    sum's terms) and the doit, deep, of every `x * W`: declaring 100 tanh
-    layers took 17.6 s, 250 were a RecursionError. Remembered, each costs
-    what its arguments' cost: a layer is built in constant time, without
-    recursion into the layers below it.
+    that doit does not go below it (it is built canonical: doit would
+    rebuild it as it is). SymPy calls doit, deep, on the operands of every
+    `x * W`: declaring 100 tanh layers took 17.6 s, 250 were a
+    RecursionError. Its shape and sort key are remembered, as every
+    matrix expression's (declare/remembered.py).
 
     Only nodes SymPy never merges into their parent are Layered (a
     product inside a sum, an elementwise function): a sum or product of
@@ -66,19 +63,6 @@ class Layered:
             found = node._mhash = hash((self.sympy_class.__name__,) + node._hashable_content())
         return found
 
-    @property
-    def shape(self) -> Any:
-        found = self.__dict__.get("_shape")
-        if found is None:
-            found = self.__dict__["_shape"] = super().shape  # type: ignore[misc]
-        return found
-
-    def sort_key(self, order: Any = None) -> Any:
-        keys = self.__dict__.setdefault("_sort_keys", {})
-        if order not in keys:
-            keys[order] = super().sort_key(order)  # type: ignore[misc]
-        return keys[order]
-
 
 class LayerProduct(Layered, Standing, sp.MatMul):
     """sp.MatMul, as a layer's x*W (see Layered)."""
@@ -101,13 +85,7 @@ _LAYERED = {sp.MatMul: LayerProduct, ElementwiseApplyFunction: LayerApply}
 
 
 def layered(expr: Any) -> Any:
-    """expr (as SymPy built it, canonical) as a Layered node of its class,
-    with its shape, hash and sort key computed now, while its arguments'
-    are known (later, the first look at the top of a deep stack would walk
-    it all); expr itself where it is of another class."""
+    """expr (as SymPy built it, canonical) as a Layered node of its class;
+    expr itself where it is of another class."""
     cls = _LAYERED.get(type(expr))
-    if cls is None:
-        return expr
-    node = cls(*expr.args)
-    node.shape, hash(node), node.sort_key()
-    return node
+    return expr if cls is None else cls(*expr.args)

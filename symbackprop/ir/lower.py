@@ -12,6 +12,7 @@ from sympy.core.function import Application, AppliedUndef
 from sympy.core.relational import Relational
 from sympy.functions.elementary.piecewise import ExprCondPair
 from sympy.logic.boolalg import BooleanAtom, BooleanFunction
+from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symbackprop.base.exprdag import Splitter, shared_xreplace
@@ -172,8 +173,27 @@ class Lowerer:
         expr = sp.sympify(expr)
         node = self.memo.get(expr)
         if node is None:
-            node = self.memo[expr] = self._lower(expr)
+            self._lower_chain(expr)
+            node = self.memo[expr]
         return node
+
+    def _lower_chain(self, expr: sp.Basic) -> None:
+        """Lower expr and, first, the chain of sums, products and
+        elementwise functions below it, each after its arguments, in the
+        order the rules' recursion would (depth first, left to right): a
+        rule then finds its arguments lowered, and lowering an unrolled
+        network of 1,000 steps recurses no deeper than one step."""
+        stack: list[tuple[sp.Basic, bool]] = [(expr, False)]
+        while stack:
+            sub, ready = stack.pop()
+            if sub in self.memo:
+                continue
+            if ready:
+                self.memo[sub] = self._lower(sub)
+                continue
+            stack.append((sub, True))
+            if isinstance(sub, _CHAIN):
+                stack.extend((a, False) for a in reversed(sub.args) if isinstance(a, _CHAIN) and a not in self.memo)
 
     def _lower(self, expr: sp.Basic) -> Node:
         if isinstance(expr, sp.MatrixBase):
@@ -309,4 +329,6 @@ def _record_rule(cls: type) -> Callable[[Lowerer, sp.Basic], Node] | None:
 
 # Matrix expressions whose shape is their own (not their arguments'): the
 # dimensions they name must be declared.
+# the SymPy classes whose rules lower each of their matrix arguments first, in order
+_CHAIN = (sp.MatAdd, sp.MatMul, sp.HadamardProduct, sp.HadamardPower, ElementwiseApplyFunction, sp.Transpose)
 _OWN_SHAPE = (sp.OneMatrix, sp.ZeroMatrix, sp.Identity, ExampleMap)

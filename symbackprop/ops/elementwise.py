@@ -483,9 +483,10 @@ class _SumIndex:
         grouped: list[sp.Basic] = []
         while True:
             candidates = {sub for term in terms for sub in self.by_term.get(term, ())}
+            present = set(terms)
             for sub in sorted(candidates, key=self.rank.__getitem__):
-                if hash(sub) == hash(whole) and sub == whole:
-                    continue
+                if not present.issuperset(sub.args) or (hash(sub) == hash(whole) and sub == whole):
+                    continue  # (an unrolled network's gates share terms with every step's: most are not in)
                 rest = _without(terms, sub.args)
                 if rest is not None:
                     grouped.append(sub)

@@ -123,3 +123,23 @@ def test_a_negative_difference_shows_in_its_unit():
     assert tables.format_seconds(-8.72e-4) == "-872 us"
     assert tables.format_seconds(-7.24e-3) == "-7.24 ms"
     assert tables.format_seconds(2.5e-3) == "2.5 ms"
+
+
+def test_depth_scale_writes_a_result_file_the_tables_render(tmp_path, monkeypatch):
+    depth = pytest.importorskip("benchmarks.depth_scale")
+    records = [{"version": "before", "case": "gru", "size": 300, "outcome": "error",
+                "message": "RecursionError: maximum recursion depth exceeded"},
+               {"version": "after", "case": "gru", "size": 300, "outcome": "ok", "declare_cpu_s": 2.0,
+                "compile_cpu_s": 80.0},
+               {"version": "before", "case": "mlp", "size": 10, "outcome": "timeout", "declare_cpu_s": 0.5}]
+    args = types.SimpleNamespace(timeout=60.0, before_commit="abc1234", after_commit=None)
+    versions = {"before": tmp_path, "after": ROOT}
+    data = depth.results_file(records, versions, args, ["--cases", "gru"])
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    tables.save("d", data)
+    text = tables.render("d")
+    assert "| model | declare (before) | declare (after) | compile (before) | compile (after) |" in text
+    assert "| GRU, hidden 8, 300 steps [1] |  | 2 s |  | 80 s |" in text
+    assert "| tanh MLP, width 8, 10 layers [2] | 500 ms |  |  |  |" in text  # no compile time past a timeout
+    assert "[1] before: error (RecursionError" in text and "[2] before: timeout" in text
+    assert "commit before abc1234" in text
