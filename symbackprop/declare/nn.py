@@ -138,7 +138,11 @@ def concat_columns(blocks: Sequence[sp.MatrixExpr]) -> sp.MatrixExpr:
 
 def column_blocks(x: Any) -> list[tuple[sp.MatrixExpr, int]] | None:
     """[(block, first column)] of a matrix concat_columns made: a sum of
-    blocks each times a 0/1 matrix placing its columns; None for any other."""
+    blocks each times a 0/1 matrix placing its columns; None for any other.
+
+    Args:
+        x: any matrix expression.
+    """
     if not isinstance(x, sp.MatAdd):
         return None
     found = []

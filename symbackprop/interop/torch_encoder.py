@@ -27,6 +27,7 @@ from typing import Any
 from symbackprop.errors import ModelError
 from symbackprop.interop.torch_attention import per_position, per_position_functions
 from symbackprop.interop.torch_ops import functions, op_name
+from symbackprop.interop.torch_rnn import Sequence
 from symbackprop.interop.torch_values import Positions, torch_module
 
 # builder.layer: (module, its state_dict path, args, kwargs) -> what the module returns
@@ -112,7 +113,13 @@ def _encoder_layer(module: Any, path: str, a: dict, layer: Layer) -> Positions:
 
 
 def _sum(x: Positions, y: Positions) -> Positions:
-    return per_position(operator.add, (x, y), {}, "a residual addition")
+    return _as_positions(per_position(operator.add, (x, y), {}, "a residual addition"))
+
+
+def _as_positions(value: Positions | Sequence) -> Positions:
+    """per_position's result of positions (a recurrent layer's steps never reach an encoder)."""
+    assert isinstance(value, Positions), type(value)
+    return value
 
 
 def _activation(module: Any, path: str, x: Positions, layer: Layer) -> Positions:
@@ -126,7 +133,7 @@ def _activation(module: Any, path: str, x: Positions, layer: Layer) -> Positions
         raise ModelError(f"TransformerEncoderLayer(activation={act!r}) is not translated; from_torch translates "
                          "\"relu\", \"gelu\", the per-position functions of torch_attention and the per-position "
                          "layers")
-    return per_position(convert, (x,), {}, op_name(act))
+    return _as_positions(per_position(convert, (x,), {}, op_name(act)))
 
 
 __all__ = ["is_transformer", "transformer"]

@@ -20,9 +20,12 @@ from benchmarks.gradbench import det
 from symbackprop.pipeline import generate
 from symbackprop.toolchain.builder import BuildOptions
 
+# a straight function's head: static or _SHARED (in units), then SYMBACKPROP_CALLED where it is a part
+HEAD = r"SYMBACKPROP_STRAIGHT (?:static |\w+_SHARED )?(?:SYMBACKPROP_CALLED )?\w+ "
+
 
 def _marked(source: str) -> list[str]:
-    return re.findall(r"SYMBACKPROP_STRAIGHT (?:static |\w+_SHARED )?\w+ (\w+)\(", source)  # _SHARED: in units
+    return re.findall(HEAD + r"(\w+)\(", source)
 
 
 def test_long_straight_body_is_marked_and_short_is_not():
@@ -46,7 +49,7 @@ def test_marked_module_builds_and_matches_numpy(tmp_path):
 
 def _straight_bodies(source: str) -> list[list[str]]:
     """The statement lines of each SYMBACKPROP_STRAIGHT function."""
-    functions = re.finditer(r"SYMBACKPROP_STRAIGHT (?:static|\w+_SHARED) \w+ \w+\(.*?\n\}\n", unwrapped(source), re.S)
+    functions = re.finditer(HEAD + r"\w+\(.*?\n\}\n", unwrapped(source), re.S)
     return [[line.strip() for line in f.group(0).splitlines() if line.strip().endswith(";")] for f in functions]
 
 
