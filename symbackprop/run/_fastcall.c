@@ -367,8 +367,60 @@ static PyTypeObject CallerType = {
     .tp_call = (ternaryfunc)Caller_call,
 };
 
+/* sweep(entry, dims, arrays, seed_slot, seeds, itemsize, slots, sizes, rows, n_rows):
+ * the generated function once per one-hot seed, in one call from Python
+ * (CompiledModule.jacobian: a vjp per output entry). All but the ints are
+ * addresses the caller keeps alive: dims (int64), arrays (void *, as the
+ * packed entry takes them: inputs, outputs, workspace), slots (int64: which
+ * arrays are copied out), sizes (int64: their bytes) and rows (void *:
+ * where seed e's copy of slot k goes, at rows[k] + e * sizes[k]). Seed e
+ * is entry e of arrays[seed_slot] set to 1, the others 0. Returns 0, or
+ * the generated function's first nonzero status. */
+static PyObject *sweep(PyObject *module, PyObject *args)
+{
+    unsigned long long entry, dims, arrays, slots, sizes, rows;
+    Py_ssize_t seed_slot, seeds, itemsize, n_rows;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "KKKnnnKKKn", &entry, &dims, &arrays, &seed_slot, &seeds, &itemsize, &slots, &sizes,
+                          &rows, &n_rows)) {
+        return NULL;
+    }
+    if (itemsize != sizeof(double) && itemsize != sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "sweep: the itemsize must be that of a double or a float");
+        return NULL;
+    }
+    void *const *a = (void *const *)(uintptr_t)arrays;
+    const int64_t *slot = (const int64_t *)(uintptr_t)slots, *size = (const int64_t *)(uintptr_t)sizes;
+    char *const *row = (char *const *)(uintptr_t)rows;
+    char *seed = (char *)a[seed_slot];
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memset(seed, 0, (size_t)(seeds * itemsize));
+    for (Py_ssize_t e = 0; e < seeds && status == 0; e++) {
+        if (e > 0) {
+            memset(seed + (e - 1) * itemsize, 0, (size_t)itemsize);
+        }
+        if (itemsize == sizeof(double)) {
+            ((double *)seed)[e] = 1.0;
+        } else {
+            ((float *)seed)[e] = 1.0f;
+        }
+        status = ((entry_fn)(uintptr_t)entry)((const int64_t *)(uintptr_t)dims, a);
+        for (Py_ssize_t k = 0; k < n_rows && status == 0; k++) {
+            memcpy(row[k] + e * size[k], a[slot[k]], (size_t)size[k]);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
+}
+
+static PyMethodDef methods[] = {
+    {"sweep", sweep, METH_VARARGS, "sweep(...): the generated function once per one-hot seed (see _fastcall.c)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "symbackprop_fastcall", "The C hot path of ordinary calls.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "symbackprop_fastcall", "The C hot path of ordinary calls.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit_symbackprop_fastcall(void)

@@ -13,6 +13,7 @@ import numpy as np
 from symbackprop.base.abi import ArgSpec, ModuleSpec, concrete, show
 from symbackprop.declare.model import Model
 from symbackprop.errors import ArgumentError
+from symbackprop.run import fastcall
 from symbackprop.run.binding import convert
 from symbackprop.run.function import Function
 from symbackprop.run.gradcheck import GradCheckReport, check_gradient, default_tolerance, enforce
@@ -212,8 +213,8 @@ class Derivatives:
         return np.array(columns).T, shown
 
     def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
-        """d output / d name for each differentiated name (for small models:
-        one vjp per entry).
+        """d output / d name for each differentiated name: the vjp of the
+        output run once per output entry, all in one C call.
 
         Args:
             output: a named output (not "loss").
@@ -230,13 +231,18 @@ class Derivatives:
         if not found:
             raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
         shape = _shape_in(found[0], self.function("forward").binder.dims_from(arrays), output)
-        rows: dict[str, list] = {}
-        for index in np.ndindex(*shape):
-            seed = np.zeros(shape, dtype=self.dtype)
-            seed[index] = 1.0
-            for key, grad in self.vjp(output, seed, **arrays).items():
-                rows.setdefault(key, []).append(np.asarray(grad, dtype=self.dtype))
-        return {k: np.array(v).reshape(*shape, *np.shape(v[0])) for k, v in rows.items()}
+        fn = self.function("vjp", output)
+        (seed_arg, _, _), = fn.spec.extra_roles
+        values, dims = fn.bind({**arrays, seed_arg: np.zeros(shape, dtype=self.dtype)})
+        slot = fn.input_names.index(seed_arg)
+        values[slot] = np.zeros(values[slot].shape, dtype=self.dtype)  # the sweep writes each seed into it
+        outputs = fn.allocate(dims)
+        grads = fn.groups.get("grads", [])
+        seeds = int(np.prod(shape))
+        rows = [np.empty((seeds, *outputs[index].shape), dtype=self.dtype) for index, _ in grads]
+        _sweep(fn, dims, values, outputs, slot, [(index, row) for (index, _), row in zip(grads, rows)])
+        return {key: row.reshape(*shape, *(() if fn.outputs[index].scalar else outputs[index].shape))
+                for (index, key), row in zip(grads, rows)}
 
     def check_grads(self, *, rtol: float | None = None, atol: float | None = None, directions: int = 2,
                     step: float | None = None, seed: int = 0, raise_exception: bool = True,
@@ -276,6 +282,31 @@ class Derivatives:
         if raise_exception:
             enforce(report, *default_tolerance(self.dtype, rtol, atol))
         return report
+
+
+def _sweep(fn: Function, dims: list[int], values: list[np.ndarray], outputs: list[np.ndarray], slot: int,
+           copies: list[tuple[int, np.ndarray]]) -> None:
+    """Runs fn once per one-hot seed e in values[slot] (entry e set to 1),
+    copying outputs[index] into row e of each (index, rows) of copies: in
+    one C call where the call extension is at hand, else a loop here."""
+    work = fn.workspace(dims)
+    seed = values[slot].reshape(-1)
+    sweep = fastcall.sweeper(fn.lib, fn.ffi, fn.c_name)
+    if sweep is not None:
+        pointers = [v.ctypes.data for v in (*values, *outputs)] + [int(fn.ffi.cast("uintptr_t", work))]
+        status = sweep(np.array(dims, dtype=np.int64), np.array(pointers, dtype=np.uintp), slot, seed.size,
+                       fn.dtype.itemsize, np.array([len(values) + index for index, _ in copies], dtype=np.int64),
+                       np.array([outputs[index].nbytes for index, _ in copies], dtype=np.int64),
+                       np.array([rows.ctypes.data for _, rows in copies], dtype=np.uintp))
+        if status != 0:
+            fn.binder.diagnose(dict(zip(fn.input_names, values)), status, fn.c_name)
+        return
+    for e in range(seed.size):
+        seed[:] = 0
+        seed[e] = 1
+        fn.invoke(dims, values, outputs, work)
+        for index, rows in copies:
+            rows[e] = outputs[index]
 
 
 def _shape_in(shape: tuple, bound: Mapping[str, int], what: str) -> tuple[int, ...]:

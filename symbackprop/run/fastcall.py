@@ -186,3 +186,26 @@ def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
     work_len = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}_work_len__packed")))
     named = (tuple(sys.intern(name) for name in names),) if names else ()  # interned: keyword arguments' keys are
     return module.Caller(entry, work_len, n_dims, itemsize, tuple(inputs), tuple(outputs), *named)
+
+
+def sweeper(lib: Any, ffi: Any, c_name: str) -> Any | None:
+    """The generated function run once per one-hot seed in one C call
+    (_fastcall.c's sweep), or None (no extension, or a module built
+    without packed entry points).
+
+    Returns:
+        A callable (dims, arrays, seed_slot, seeds, itemsize, slots, sizes,
+        rows) of int64 and pointer arrays (see _fastcall.c), returning the
+        first nonzero status of the generated function, or 0.
+    """
+    module = extension()
+    if module is None or not hasattr(lib, f"{c_name}__packed") or not hasattr(module, "sweep"):
+        return None
+    entry = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}__packed")))
+
+    def sweep(dims: np.ndarray, arrays: np.ndarray, seed_slot: int, seeds: int, itemsize: int,
+              slots: np.ndarray, sizes: np.ndarray, rows: np.ndarray) -> int:
+        return int(module.sweep(entry, dims.ctypes.data, arrays.ctypes.data, seed_slot, seeds, itemsize,
+                                slots.ctypes.data, sizes.ctypes.data, rows.ctypes.data, len(slots)))
+
+    return sweep
