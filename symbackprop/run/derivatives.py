@@ -230,8 +230,8 @@ class Derivatives:
         found = [shape for name, shape, _ in self.spec.outputs if name == output]
         if not found:
             raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
-        shape = _shape_in(found[0], self.function("forward").binder.dims_from(arrays), output)
         fn = self.function("vjp", output)
+        shape = _shape_in(found[0], fn.binder.dims_from(arrays), output)
         (seed_arg, _, _), = fn.spec.extra_roles
         values, dims = fn.bind({**arrays, seed_arg: np.zeros(shape, dtype=self.dtype)})
         slot = fn.input_names.index(seed_arg)
@@ -293,11 +293,8 @@ def _sweep(fn: Function, dims: list[int], values: list[np.ndarray], outputs: lis
     seed = values[slot].reshape(-1)
     sweep = fastcall.sweeper(fn.lib, fn.ffi, fn.c_name)
     if sweep is not None:
-        pointers = [v.ctypes.data for v in (*values, *outputs)] + [int(fn.ffi.cast("uintptr_t", work))]
-        status = sweep(np.array(dims, dtype=np.int64), np.array(pointers, dtype=np.uintp), slot, seed.size,
-                       fn.dtype.itemsize, np.array([len(values) + index for index, _ in copies], dtype=np.int64),
-                       np.array([outputs[index].nbytes for index, _ in copies], dtype=np.int64),
-                       np.array([rows.ctypes.data for _, rows in copies], dtype=np.uintp))
+        status = sweep(tuple(dims), [*values, *outputs], slot, int(fn.ffi.cast("uintptr_t", work)),
+                       tuple(len(values) + index for index, _ in copies), tuple(rows for _, rows in copies))
         if status != 0:
             fn.binder.diagnose(dict(zip(fn.input_names, values)), status, fn.c_name)
         return

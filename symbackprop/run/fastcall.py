@@ -194,18 +194,14 @@ def sweeper(lib: Any, ffi: Any, c_name: str) -> Any | None:
     without packed entry points).
 
     Returns:
-        A callable (dims, arrays, seed_slot, seeds, itemsize, slots, sizes,
-        rows) of int64 and pointer arrays (see _fastcall.c), returning the
-        first nonzero status of the generated function, or 0.
+        A callable (dims, arrays, seed_slot, work, slots, rows) -> the first
+        nonzero status of the generated function, or 0: dims a tuple of
+        ints, arrays the list of inputs then outputs, work the workspace's
+        address, slots a tuple of indices into arrays, rows a tuple of
+        arrays, one per slot, of one row per seed (see _fastcall.c).
     """
     module = extension()
     if module is None or not hasattr(lib, f"{c_name}__packed") or not hasattr(module, "sweep"):
         return None
     entry = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}__packed")))
-
-    def sweep(dims: np.ndarray, arrays: np.ndarray, seed_slot: int, seeds: int, itemsize: int,
-              slots: np.ndarray, sizes: np.ndarray, rows: np.ndarray) -> int:
-        return int(module.sweep(entry, dims.ctypes.data, arrays.ctypes.data, seed_slot, seeds, itemsize,
-                                slots.ctypes.data, sizes.ctypes.data, rows.ctypes.data, len(slots)))
-
-    return sweep
+    return lambda *args: int(module.sweep(entry, *args))
