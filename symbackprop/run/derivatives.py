@@ -213,8 +213,10 @@ class Derivatives:
         return np.array(columns).T, shown
 
     def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
-        """d output / d name for each differentiated name: the vjp of the
-        output run once per output entry, all in one C call.
+        """d output / d name for each differentiated name, in one C call
+        per sweep: the jvp once per entry of each differentiated leaf
+        (forward mode) where they have fewer entries than the output and
+        are all inputs or params, else the output's vjp once per entry.
 
         Args:
             output: a named output (not "loss").
@@ -230,8 +232,18 @@ class Derivatives:
         found = [shape for name, shape, _ in self.spec.outputs if name == output]
         if not found:
             raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
+        forward = self.function("forward")
+        bound = forward.binder.dims_from(arrays)
+        shape = _shape_in(found[0], bound, output)
+        leaves = {spec.name: spec.shape for spec in forward.inputs if spec.name in self.spec.wrt}
+        entries = sum(int(np.prod(_shape_in(leaf, bound, name))) for name, leaf in leaves.items())
+        if len(leaves) == len(self.spec.wrt) and entries < int(np.prod(shape)):  # no intermediates among them
+            return self._jacobian_forward(output, shape, arrays)
+        return self._jacobian_reverse(output, shape, arrays)
+
+    def _jacobian_reverse(self, output: str, shape: tuple[int, ...], arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The Jacobian's rows: the output's vjp once per output entry."""
         fn = self.function("vjp", output)
-        shape = _shape_in(found[0], fn.binder.dims_from(arrays), output)
         (seed_arg, _, _), = fn.spec.extra_roles
         values, dims = fn.bind({**arrays, seed_arg: np.zeros(shape, dtype=self.dtype)})
         slot = fn.input_names.index(seed_arg)
@@ -243,6 +255,26 @@ class Derivatives:
         _sweep(fn, dims, values, outputs, slot, [(index, row) for (index, _), row in zip(grads, rows)])
         return {key: row.reshape(*shape, *(() if fn.outputs[index].scalar else outputs[index].shape))
                 for (index, key), row in zip(grads, rows)}
+
+    def _jacobian_forward(self, output: str, shape: tuple[int, ...], arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The Jacobian's columns: the jvp once per entry of each
+        differentiated leaf (one sweep per leaf, the other tangents 0)."""
+        fn, full = self._with_extra("jvp", {}, "tangent", arrays)
+        values, dims = fn.bind(full)
+        outputs = fn.allocate(dims)
+        (at,) = [index for index, out in enumerate(fn.outputs) if out.key == output and out.group != "loss"]
+        scalar = {spec.name: spec.scalar for spec in fn.inputs}
+        jacobian = {}
+        for arg, _, key in fn.spec.extra_roles:
+            slot = fn.input_names.index(arg)
+            values[slot] = tangent = np.zeros(values[slot].shape, dtype=self.dtype)
+            columns = np.empty((tangent.size, *outputs[at].shape), dtype=self.dtype)
+            _sweep(fn, dims, values, outputs, slot, [(at, columns)])
+            tangent[...] = 0  # the sweep leaves its last seed: the next leaf's columns need this one 0
+            leaf = () if scalar[arg] else tangent.shape
+            jacobian[key] = np.ascontiguousarray(np.moveaxis(columns.reshape(tangent.size, *shape), 0, -1)).reshape(
+                *shape, *leaf)
+        return jacobian
 
     def check_grads(self, *, rtol: float | None = None, atol: float | None = None, directions: int = 2,
                     step: float | None = None, seed: int = 0, raise_exception: bool = True,

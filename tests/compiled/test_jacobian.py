@@ -1,7 +1,8 @@
-"""mod.jacobian: every row in one C call (a vjp per output entry), checked
-against JAX's jacrev and jacfwd in float64 and against central differences,
-for a vector, a matrix and a 1 x 1 output, matrix, scalar and input leaves,
-and two values of the symbolic batch size."""
+"""mod.jacobian: one C sweep of the vjp over the output's entries, or of
+the jvp over the leaves' entries where they are fewer, checked against
+JAX's jacrev and jacfwd in float64 and against central differences, for a
+vector and a 1 x 1 output, matrix, scalar and input leaves, and several
+values of the symbolic batch size (which moves the choice of mode)."""
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ s = sp.Symbol("s")
 Z = s * nn.tanh(X * W)
 MODEL = sbp.Model("jacobian_small", inputs=[X], params=[W, s], loss=nn.sum_all(Z),
                   outputs={"z": Z, "total": nn.sum_all(sp.HadamardProduct(Z, Z))})
-WRT = ["W", "s", "x"]
+WRT = ["W", "s", "x"]  # 3n + 7 entries: more than z's 2n, so z's Jacobian is reverse mode
+PARAMS = ["W", "s"]  # 7 entries: z's Jacobian is forward mode from n = 4
 
 
 def outputs(d: dict) -> dict:
@@ -31,9 +33,9 @@ def sample(batch: int, seed: int = 0) -> dict:
     return {"x": rng.standard_normal((batch, 3)), "W": rng.standard_normal((3, 2)) / 2, "s": 0.7}
 
 
-@pytest.fixture(scope="module")
-def mod():
-    return sbp.compile(MODEL, wrt=WRT)
+@pytest.fixture(scope="module", params=[WRT, PARAMS], ids=["with-x", "params"])
+def mod(request):
+    return sbp.compile(MODEL, wrt=request.param)
 
 
 def differences(name: str, output: str, d: dict, step: float = 1e-6) -> np.ndarray:
@@ -55,9 +57,9 @@ def differences(name: str, output: str, d: dict, step: float = 1e-6) -> np.ndarr
 def test_jacobian_matches_central_differences(mod, batch, output):
     d = sample(batch, seed=batch)
     jac = mod.jacobian(output, **d)
-    assert set(jac) == set(WRT)
+    assert set(jac) == set(mod.wrt)
     out_shape = outputs(d)[output].shape
-    for name in WRT:
+    for name in mod.wrt:
         expected = differences(name, output, d)
         assert jac[name].shape == out_shape + np.shape(d[name]), name
         assert jac[name].dtype == np.float64
@@ -79,25 +81,38 @@ def test_jacobian_matches_jax(mod, batch, output):
     leaves = {k: jnp.asarray(v, dtype=jnp.float64) for k, v in d.items()}
     ours = mod.jacobian(output, **d)
     for oracle in (jax.jacrev(f)(leaves), jax.jacfwd(f)(leaves)):
-        for name in WRT:
+        for name in mod.wrt:
             theirs = np.asarray(oracle[name])
             assert ours[name].shape == theirs.shape, name
             np.testing.assert_allclose(ours[name], theirs, rtol=1e-12, atol=1e-14, err_msg=name)
 
 
-def test_the_python_loop_gives_the_same_rows(mod, monkeypatch):
+@pytest.mark.parametrize("wrt, batch, output, kind", [
+    (PARAMS, 5, "z", "jvp"), (PARAMS, 3, "z", "vjp"), (PARAMS, 5, "total", "vjp"), (WRT, 5, "z", "vjp")])
+def test_the_mode_follows_the_entries(wrt, batch, output, kind, monkeypatch):
+    """Forward mode only where the leaves have fewer entries than the output."""
+    mod = sbp.compile(MODEL, wrt=wrt)
+    swept = []
+    real = fastcall.sweeper
+    monkeypatch.setattr(fastcall, "sweeper", lambda lib, ffi, c_name: swept.append(c_name) or real(lib, ffi, c_name))
+    mod.jacobian(output, **sample(batch))
+    assert swept and all(f"_{kind}" in name for name in swept), swept
+
+
+@pytest.mark.parametrize("batch", [3, 6])
+def test_the_python_loop_gives_the_same_rows(mod, batch, monkeypatch):
     """Where the call extension is missing, the same sweep runs from Python."""
-    d = sample(4, seed=3)
+    d = sample(batch, seed=3)
     in_c = mod.jacobian("z", **d)
     monkeypatch.setattr(fastcall, "sweeper", lambda *_: None)
     in_python = mod.jacobian("z", **d)
-    for name in WRT:
+    for name in mod.wrt:
         np.testing.assert_array_equal(in_c[name], in_python[name])
 
 
 def test_float32_jacobian_keeps_its_dtype():
     mod32 = sbp.compile(MODEL, dtype="float32")
-    d = sample(3, seed=4)
+    d = sample(6, seed=4)  # 12 entries of z, 7 of W and s: forward mode
     jac = mod32.jacobian("z", **{k: np.asarray(v, dtype=np.float32) if k != "s" else v for k, v in d.items()})
     for name in ("W", "s"):
         assert jac[name].dtype == np.float32
@@ -108,3 +123,12 @@ def test_float32_jacobian_keeps_its_dtype():
 def test_a_bad_output_name_is_refused_by_name(mod, output):
     with pytest.raises(sbp.ArgumentError, match=rf"no output named '{output}'.*'z', 'total'"):
         mod.jacobian(output, **sample(2))
+
+
+def test_an_intermediate_among_the_leaves_gives_the_identity():
+    """d z / d z with z differentiated as an intermediate (reverse mode)."""
+    mod = sbp.compile(MODEL, wrt=["s", "z"])
+    d = sample(3, seed=5)
+    jac = mod.jacobian("z", **d)
+    np.testing.assert_array_equal(jac["z"], np.eye(6).reshape(3, 2, 3, 2))
+    np.testing.assert_allclose(jac["s"], np.tanh(d["x"] @ d["W"]), rtol=1e-13)
