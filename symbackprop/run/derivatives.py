@@ -215,8 +215,9 @@ class Derivatives:
     def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
         """d output / d name for each differentiated name, in one C call
         per sweep: the jvp once per entry of each differentiated leaf
-        (forward mode) where they have fewer entries than the output and
-        are all inputs or params, else the output's vjp once per entry.
+        (forward mode) where they have less than half as many entries as
+        the output and are all inputs or params, else the output's vjp
+        once per output entry (reverse mode).
 
         Args:
             output: a named output (not "loss").
@@ -237,8 +238,10 @@ class Derivatives:
         shape = _shape_in(found[0], bound, output)
         leaves = {spec.name: spec.shape for spec in forward.inputs if spec.name in self.spec.wrt}
         entries = sum(int(np.prod(_shape_in(leaf, bound, name))) for name, leaf in leaves.items())
-        if len(leaves) == len(self.spec.wrt) and entries < int(np.prod(shape)):  # no intermediates among them
-            return self._jacobian_forward(output, shape, arrays)
+        # a jvp run computes every output, and each leaf is a sweep of its own: forward mode pays from about
+        # half as many leaf entries as output entries (benchmarks/jacobian.py); no intermediates among the leaves
+        if len(leaves) == len(self.spec.wrt) and 2 * entries < int(np.prod(shape)):
+            return self._jacobian_forward(output, shape, bound, arrays)
         return self._jacobian_reverse(output, shape, arrays)
 
     def _jacobian_reverse(self, output: str, shape: tuple[int, ...], arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -256,14 +259,17 @@ class Derivatives:
         return {key: row.reshape(*shape, *(() if fn.outputs[index].scalar else outputs[index].shape))
                 for (index, key), row in zip(grads, rows)}
 
-    def _jacobian_forward(self, output: str, shape: tuple[int, ...], arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def _jacobian_forward(self, output: str, shape: tuple[int, ...], bound: Mapping[str, int],
+                          arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The Jacobian's columns: the jvp once per entry of each
         differentiated leaf (one sweep per leaf, the other tangents 0)."""
-        fn, full = self._with_extra("jvp", {}, "tangent", arrays)
-        values, dims = fn.bind(full)
+        fn = self.function("jvp")
+        specs = {spec.name: spec for spec in fn.inputs}
+        tangents = {arg: np.zeros(_shape_in(specs[arg].shape, bound, arg), dtype=self.dtype)
+                    for arg, _, _ in fn.spec.extra_roles}
+        values, dims = fn.bind({**arrays, **tangents})
         outputs = fn.allocate(dims)
         (at,) = [index for index, out in enumerate(fn.outputs) if out.key == output and out.group != "loss"]
-        scalar = {spec.name: spec.scalar for spec in fn.inputs}
         jacobian = {}
         for arg, _, key in fn.spec.extra_roles:
             slot = fn.input_names.index(arg)
@@ -271,9 +277,8 @@ class Derivatives:
             columns = np.empty((tangent.size, *outputs[at].shape), dtype=self.dtype)
             _sweep(fn, dims, values, outputs, slot, [(at, columns)])
             tangent[...] = 0  # the sweep leaves its last seed: the next leaf's columns need this one 0
-            leaf = () if scalar[arg] else tangent.shape
-            jacobian[key] = np.ascontiguousarray(np.moveaxis(columns.reshape(tangent.size, *shape), 0, -1)).reshape(
-                *shape, *leaf)
+            leaf = () if specs[arg].scalar else tangent.shape
+            jacobian[key] = np.ascontiguousarray(columns.reshape(tangent.size, -1).T).reshape(*shape, *leaf)
         return jacobian
 
     def check_grads(self, *, rtol: float | None = None, atol: float | None = None, directions: int = 2,
