@@ -2,7 +2,7 @@
 or of the jvp's over the parameters' where they are fewer: 26 here, so
 from n = 16 on) against one Python vjp call per output entry, as before.
 
-    taskset -c 1 python benchmarks/jacobian.py --rounds 11 --clock cpu --save NAME
+    taskset -c 1 python benchmarks/jacobian.py --batches 4,8,32,256 --rounds 15 --inner 10 --save NAME
 
 examples/mlp.py's MLP (3 -> 4 -> 2, the Jacobian of its output Y, n x 2,
 with respect to W1, b1, W2, b2) at a few batch sizes n. One process, one
@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--inner", type=int, default=3)
     p.add_argument("--clock", choices=("wall", "cpu"), default="cpu", help="cpu: the process's CPU time")
+    p.add_argument("--conditions", default="")
     p.add_argument("--save", default=None, metavar="NAME")
     args = p.parse_args(argv)
     load = [_load()]
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
             print(f"  {label:22} {median * 1e6:10.1f} us  ratio {ratio:.3f} ({low:.3f}-{high:.3f})", flush=True)
         rows.append({"label": f"MLP 3-4-2, Y of {batch} x 2, float64",
                      "seconds": {label: median for label, (median, _) in summary.items()},
-                     "ratios": {AFTER: summary[AFTER][1][0]}})
+                     "ratios": {AFTER: summary[AFTER][1]}})
     load.append(_load())
     if args.save:
         clock = "its CPU time" if args.clock == "cpu" else "wall clock"
@@ -97,6 +98,7 @@ def main(argv=None) -> int:
         conditions += [f"load average {load[0]} at the start, {load[1]} at the end"] if all(load) else []
         if hasattr(os, "sched_getaffinity"):
             conditions.append(f"run on CPUs {','.join(map(str, sorted(os.sched_getaffinity(0))))} of {os.cpu_count()}")
+        conditions += [args.conditions] if args.conditions else []
         data = {"title": "mod.jacobian: one C call against one vjp call per output entry",
                 **tables.provenance(),
                 "command": "python benchmarks/jacobian.py " + shlex.join(sys.argv[1:] if argv is None else argv),
