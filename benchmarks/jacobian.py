@@ -45,7 +45,7 @@ def _mlp():
 
 def per_entry(mod, output: str, data: dict) -> dict:
     """The Jacobian as mod.jacobian made it before (its code at cef2ef5): one vjp per output entry."""
-    found = [shape for name, shape, _ in mod.spec.outputs if name == output][0]
+    found = next(shape for name, shape, _ in mod.spec.outputs if name == output)
     shape = concrete(found, mod.function("forward").binder.dims_from(data))
     rows: dict[str, list] = {}
     for index in np.ndindex(*shape):
