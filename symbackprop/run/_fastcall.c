@@ -367,8 +367,126 @@ static PyTypeObject CallerType = {
     .tp_call = (ternaryfunc)Caller_call,
 };
 
+/* The data of a C-contiguous, aligned (and writeable, if asked) array, or NULL with a ValueError. */
+static char *sweep_data(PyObject *object, int writeable, const char *what)
+{
+    if (!PyArray_Check(object) || !PyArray_ISCARRAY_RO((PyArrayObject *)object)
+        || (writeable && !PyArray_ISWRITEABLE((PyArrayObject *)object))) {
+        PyErr_Format(PyExc_ValueError, "sweep: %s must be a C-contiguous, aligned%s array", what,
+                     writeable ? ", writeable" : "");
+        return NULL;
+    }
+    return PyArray_DATA((PyArrayObject *)object);
+}
+
+/* sweep(entry, dims, arrays, seed_slot, work, slots, rows): the generated
+ * function once per one-hot seed, in one call from Python
+ * (CompiledModule.jacobian: its vjp once per output entry). arrays: the
+ * function's inputs then outputs (the workspace, the address `work`, comes
+ * last); seed e is entry e of arrays[seed_slot] set to 1, the others 0;
+ * after each run arrays[slots[k]] is copied into row e of rows[k] (an array
+ * of seeds rows of its size). Returns 0, or the generated function's first
+ * nonzero status. */
+static PyObject *sweep(PyObject *module, PyObject *args)
+{
+    unsigned long long entry, work;
+    PyObject *dims_obj, *arrays_obj, *slots_obj, *rows_obj;
+    Py_ssize_t seed_slot;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "KO!O!nKO!O!", &entry, &PyTuple_Type, &dims_obj, &PyList_Type, &arrays_obj, &seed_slot,
+                          &work, &PyTuple_Type, &slots_obj, &PyTuple_Type, &rows_obj)) {
+        return NULL;
+    }
+    Py_ssize_t n_dims = PyTuple_GET_SIZE(dims_obj), n_arrays = PyList_GET_SIZE(arrays_obj);
+    Py_ssize_t n_rows = PyTuple_GET_SIZE(slots_obj);
+    if (n_dims > MAX_DIMS || seed_slot < 0 || seed_slot >= n_arrays || PyTuple_GET_SIZE(rows_obj) != n_rows) {
+        PyErr_SetString(PyExc_ValueError, "sweep: too many dimensions, no such seed slot, or slots and rows disagree");
+        return NULL;
+    }
+    int64_t dims[MAX_DIMS];
+    for (Py_ssize_t d = 0; d < n_dims; ++d) {
+        dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(dims_obj, d));
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    void **pointers = PyMem_Malloc((size_t)(n_arrays + 1) * sizeof(void *));
+    char **rows = PyMem_Malloc((size_t)(n_rows + 1) * sizeof(char *));
+    Py_ssize_t *slots = PyMem_Malloc((size_t)(n_rows + 1) * sizeof(Py_ssize_t));
+    size_t *sizes = PyMem_Malloc((size_t)(n_rows + 1) * sizeof(size_t));
+    PyObject *result = NULL;
+    if (pointers == NULL || rows == NULL || slots == NULL || sizes == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n_arrays; ++k) {
+        if ((pointers[k] = sweep_data(PyList_GET_ITEM(arrays_obj, k), k == seed_slot, "each argument")) == NULL) {
+            goto done;
+        }
+    }
+    pointers[n_arrays] = (void *)(uintptr_t)work;
+    PyArrayObject *seed_array = (PyArrayObject *)PyList_GET_ITEM(arrays_obj, seed_slot);
+    npy_intp seeds = PyArray_SIZE(seed_array);
+    int type = PyArray_TYPE(seed_array);
+    if (type != NPY_DOUBLE && type != NPY_FLOAT) {
+        PyErr_SetString(PyExc_ValueError, "sweep: the seed must be float64 or float32");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n_rows; ++k) {
+        slots[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(slots_obj, k));
+        if (slots[k] < 0 || slots[k] >= n_arrays) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "sweep: no such slot");
+            }
+            goto done;
+        }
+        PyObject *row = PyTuple_GET_ITEM(rows_obj, k);
+        sizes[k] = (size_t)PyArray_NBYTES((PyArrayObject *)PyList_GET_ITEM(arrays_obj, slots[k]));
+        if ((rows[k] = sweep_data(row, 1, "each rows array")) == NULL) {
+            goto done;
+        }
+        if ((size_t)PyArray_NBYTES((PyArrayObject *)row) != (size_t)seeds * sizes[k]) {
+            PyErr_SetString(PyExc_ValueError, "sweep: a rows array is not seeds times its slot's size");
+            goto done;
+        }
+    }
+    char *seed = PyArray_DATA(seed_array);
+    size_t itemsize = (size_t)PyArray_ITEMSIZE(seed_array);
+    int status = 0;
+    entry_fn function = (entry_fn)(uintptr_t)entry;
+    Py_BEGIN_ALLOW_THREADS
+    memset(seed, 0, (size_t)seeds * itemsize);
+    for (npy_intp e = 0; e < seeds && status == 0; e++) {
+        if (e > 0) {
+            memset(seed + (e - 1) * itemsize, 0, itemsize);
+        }
+        if (type == NPY_DOUBLE) {
+            ((double *)seed)[e] = 1.0;
+        } else {
+            ((float *)seed)[e] = 1.0f;
+        }
+        status = function(dims, pointers);
+        for (Py_ssize_t k = 0; k < n_rows && status == 0; k++) {
+            memcpy(rows[k] + (size_t)e * sizes[k], pointers[slots[k]], sizes[k]);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLong(status);
+done:
+    PyMem_Free(pointers);
+    PyMem_Free(rows);
+    PyMem_Free(slots);
+    PyMem_Free(sizes);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"sweep", sweep, METH_VARARGS, "sweep(...): the generated function once per one-hot seed (see _fastcall.c)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "symbackprop_fastcall", "The C hot path of ordinary calls.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "symbackprop_fastcall", "The C hot path of ordinary calls.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit_symbackprop_fastcall(void)

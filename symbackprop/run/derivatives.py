@@ -13,6 +13,7 @@ import numpy as np
 from symbackprop.base.abi import ArgSpec, ModuleSpec, concrete, show
 from symbackprop.declare.model import Model
 from symbackprop.errors import ArgumentError
+from symbackprop.run import fastcall
 from symbackprop.run.binding import convert
 from symbackprop.run.function import Function
 from symbackprop.run.gradcheck import GradCheckReport, check_gradient, default_tolerance, enforce
@@ -212,8 +213,11 @@ class Derivatives:
         return np.array(columns).T, shown
 
     def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
-        """d output / d name for each differentiated name (for small models:
-        one vjp per entry).
+        """d output / d name for each differentiated name, in one C call
+        per sweep: the jvp once per entry of each differentiated leaf
+        (forward mode) where they have less than half as many entries as
+        the output and are all inputs or params, else the output's vjp
+        once per output entry (reverse mode).
 
         Args:
             output: a named output (not "loss").
@@ -229,14 +233,53 @@ class Derivatives:
         found = [shape for name, shape, _ in self.spec.outputs if name == output]
         if not found:
             raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
-        shape = _shape_in(found[0], self.function("forward").binder.dims_from(arrays), output)
-        rows: dict[str, list] = {}
-        for index in np.ndindex(*shape):
-            seed = np.zeros(shape, dtype=self.dtype)
-            seed[index] = 1.0
-            for key, grad in self.vjp(output, seed, **arrays).items():
-                rows.setdefault(key, []).append(np.asarray(grad, dtype=self.dtype))
-        return {k: np.array(v).reshape(*shape, *np.shape(v[0])) for k, v in rows.items()}
+        forward = self.function("forward")
+        bound = forward.binder.dims_from(arrays)
+        shape = _shape_in(found[0], bound, output)
+        leaves = {spec.name: spec.shape for spec in forward.inputs if spec.name in self.spec.wrt}
+        entries = sum(int(np.prod(_shape_in(leaf, bound, name))) for name, leaf in leaves.items())
+        # a jvp run computes every output, and each leaf is a sweep of its own: forward mode pays from about
+        # half as many leaf entries as output entries (benchmarks/jacobian.py); no intermediates among the leaves
+        if len(leaves) == len(self.spec.wrt) and 2 * entries < int(np.prod(shape)):
+            return self._jacobian_forward(output, shape, bound, arrays)
+        return self._jacobian_reverse(output, shape, arrays)
+
+    def _jacobian_reverse(self, output: str, shape: tuple[int, ...], arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The Jacobian's rows: the output's vjp once per output entry."""
+        fn = self.function("vjp", output)
+        (seed_arg, _, _), = fn.spec.extra_roles
+        values, dims = fn.bind({**arrays, seed_arg: np.zeros(shape, dtype=self.dtype)})
+        slot = fn.input_names.index(seed_arg)
+        values[slot] = np.zeros(values[slot].shape, dtype=self.dtype)  # the sweep writes each seed into it
+        outputs = fn.allocate(dims)
+        grads = fn.groups.get("grads", [])
+        seeds = int(np.prod(shape))
+        rows = [np.empty((seeds, *outputs[index].shape), dtype=self.dtype) for index, _ in grads]
+        _sweep(fn, dims, values, outputs, slot, [(index, row) for (index, _), row in zip(grads, rows)])
+        return {key: row.reshape(*shape, *(() if fn.outputs[index].scalar else outputs[index].shape))
+                for (index, key), row in zip(grads, rows)}
+
+    def _jacobian_forward(self, output: str, shape: tuple[int, ...], bound: Mapping[str, int],
+                          arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The Jacobian's columns: the jvp once per entry of each
+        differentiated leaf (one sweep per leaf, the other tangents 0)."""
+        fn = self.function("jvp")
+        specs = {spec.name: spec for spec in fn.inputs}
+        tangents = {arg: np.zeros(_shape_in(specs[arg].shape, bound, arg), dtype=self.dtype)
+                    for arg, _, _ in fn.spec.extra_roles}
+        values, dims = fn.bind({**arrays, **tangents})
+        outputs = fn.allocate(dims)
+        (at,) = [index for index, out in enumerate(fn.outputs) if out.key == output and out.group != "loss"]
+        jacobian = {}
+        for arg, _, key in fn.spec.extra_roles:
+            slot = fn.input_names.index(arg)
+            values[slot] = tangent = np.zeros(values[slot].shape, dtype=self.dtype)
+            columns = np.empty((tangent.size, *outputs[at].shape), dtype=self.dtype)
+            _sweep(fn, dims, values, outputs, slot, [(at, columns)])
+            tangent[...] = 0  # the sweep leaves its last seed: the next leaf's columns need this one 0
+            leaf = () if specs[arg].scalar else tangent.shape
+            jacobian[key] = np.ascontiguousarray(columns.reshape(tangent.size, -1).T).reshape(*shape, *leaf)
+        return jacobian
 
     def check_grads(self, *, rtol: float | None = None, atol: float | None = None, directions: int = 2,
                     step: float | None = None, seed: int = 0, raise_exception: bool = True,
@@ -276,6 +319,28 @@ class Derivatives:
         if raise_exception:
             enforce(report, *default_tolerance(self.dtype, rtol, atol))
         return report
+
+
+def _sweep(fn: Function, dims: list[int], values: list[np.ndarray], outputs: list[np.ndarray], slot: int,
+           copies: list[tuple[int, np.ndarray]]) -> None:
+    """Runs fn once per one-hot seed e in values[slot] (entry e set to 1),
+    copying outputs[index] into row e of each (index, rows) of copies: in
+    one C call where the call extension is at hand, else a loop here."""
+    work = fn.workspace(dims)
+    seed = values[slot].reshape(-1)
+    sweep = fastcall.sweeper(fn.lib, fn.ffi, fn.c_name)
+    if sweep is not None:
+        status = sweep(tuple(dims), [*values, *outputs], slot, int(fn.ffi.cast("uintptr_t", work)),
+                       tuple(len(values) + index for index, _ in copies), tuple(rows for _, rows in copies))
+        if status != 0:
+            fn.binder.diagnose(dict(zip(fn.input_names, values)), status, fn.c_name)
+        return
+    for e in range(seed.size):
+        seed[:] = 0
+        seed[e] = 1
+        fn.invoke(dims, values, outputs, work)
+        for index, rows in copies:
+            rows[e] = outputs[index]
 
 
 def _shape_in(shape: tuple, bound: Mapping[str, int], what: str) -> tuple[int, ...]:

@@ -186,3 +186,22 @@ def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
     work_len = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}_work_len__packed")))
     named = (tuple(sys.intern(name) for name in names),) if names else ()  # interned: keyword arguments' keys are
     return module.Caller(entry, work_len, n_dims, itemsize, tuple(inputs), tuple(outputs), *named)
+
+
+def sweeper(lib: Any, ffi: Any, c_name: str) -> Any | None:
+    """The generated function run once per one-hot seed in one C call
+    (_fastcall.c's sweep), or None (no extension, or a module built
+    without packed entry points).
+
+    Returns:
+        A callable (dims, arrays, seed_slot, work, slots, rows) -> the first
+        nonzero status of the generated function, or 0: dims a tuple of
+        ints, arrays the list of inputs then outputs, work the workspace's
+        address, slots a tuple of indices into arrays, rows a tuple of
+        arrays, one per slot, of one row per seed (see _fastcall.c).
+    """
+    module = extension()
+    if module is None or not hasattr(lib, f"{c_name}__packed") or not hasattr(module, "sweep"):
+        return None
+    entry = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}__packed")))
+    return lambda *args: int(module.sweep(entry, *args))
