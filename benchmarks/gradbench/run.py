@@ -342,7 +342,7 @@ def main(argv=None) -> int:
 
 def results_file(records: list, args, argv=None) -> dict:
     """The run as a result file of benchmarks/results/ (fields: benchmarks/tables.py): a row per
-    eval, symbackprop's primal and each peer's derivative as columns, the medians of peers that passed."""
+    eval, each peer's primal and derivative as columns, the medians of peers that passed."""
     rows = []
     for r in records:
         seconds = {}
@@ -352,7 +352,7 @@ def results_file(records: list, args, argv=None) -> dict:
                     seconds[key] = entry[fn]["median_s"]
         rows.append({"label": f"{r['eval']} {r['label']}, {r['derivative']}", "seconds": seconds})
     peers = [p for p in args.peers if any(p in row["seconds"] for row in rows)]
-    columns = [{"key": "symbackprop.primal", "label": "symbackprop primal", "ratio": False}] * ("symbackprop" in peers)
+    columns = primal_columns(peers, rows)
     columns += [{"key": p, "label": f"{p} derivative", "ratio": p != "symbackprop"} for p in peers]
     return {"title": "GradBench's evals, time per call", **tables.provenance(),
             "command": " ".join(["python benchmarks/gradbench/run.py", *(sys.argv[1:] if argv is None else argv)]),
@@ -360,6 +360,14 @@ def results_file(records: list, args, argv=None) -> dict:
                           f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians",
             "source": _source(peers), "meta": meta(args), "row_header": "eval",
             "baseline": "symbackprop" if "symbackprop" in peers else None, "columns": columns, "rows": rows}
+
+
+def primal_columns(peers: list, rows: list) -> list:
+    """A column for each peer's primal that some row has, symbackprop's first (no ratio: the
+    ratios are to symbackprop's derivative)."""
+    keys = [f"{p}.primal" for p in sorted(peers, key=lambda p: p != "symbackprop")]
+    return [{"key": k, "label": f"{k.split('.')[0]} primal", "ratio": False} for k in keys
+            if any(k in row["seconds"] for row in rows)]
 
 
 def _source(peers: list) -> str:

@@ -88,8 +88,10 @@ def test_gradbench_run_writes_a_result_file_the_tables_render(tmp_path, monkeypa
     monkeypatch.setattr(tables, "RESULTS", tmp_path)
     tables.save("g", data)
     text = tables.render("g")
-    assert "| eval | symbackprop primal | symbackprop derivative | jax derivative |" in text
-    assert "| lse n=4, gradient | 1 us | 2 us | 8 us (4.00) |" in text
+    assert "| eval | symbackprop primal | jax primal | symbackprop derivative | jax derivative |" in text
+    assert "| lse n=4, gradient | 1 us | 3 us | 2 us | 8 us (4.00) |" in text
+    cells = {key for row in data["rows"] for key in row["seconds"]}
+    assert cells == {column["key"] for column in data["columns"]}  # every cell a column, every column a cell
 
 
 def test_render_shows_bytes_where_the_file_says_so(tmp_path, monkeypatch):
