@@ -76,16 +76,24 @@ def _doit(self: sp.ImmutableDenseMatrix, **hints: Any) -> sp.ImmutableDenseMatri
     return self.applyfunc(lambda entry: done[entry])
 
 
+# What SymPy's inverse() of a matrix expression recurses into (MatMul
+# inverts each factor, Transpose its argument, ...); any other class (a sum,
+# an element-wise function) answers with an unevaluated Inverse at once.
+INVERTED_THROUGH = (sp.MatMul, sp.Transpose, sp.MatPow, sp.Inverse, sp.Adjoint)
+
+
 def holds_explicit(expr: Any) -> bool:
-    """Whether a matrix expression has an explicit matrix among its matrix
-    arguments, at any depth (their entries are not walked)."""
-    stack = [expr]
+    """Whether inverting a matrix expression would invert an explicit
+    matrix: one reached through the classes SymPy's inverse() recurses
+    into (their entries, and anything below a sum, are not walked)."""
+    stack, seen = [expr], set()
     while stack:
         e = stack.pop()
         if isinstance(e, sp.MatrixBase):
             return True
-        if isinstance(e, sp.MatrixExpr):
-            stack.extend(a for a in e.args if isinstance(a, (sp.MatrixExpr, sp.MatrixBase)))
+        if isinstance(e, INVERTED_THROUGH) and e not in seen:
+            seen.add(e)
+            stack.extend(e.args)
     return False
 
 
