@@ -167,7 +167,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
     BUNDLE_ADJUSTMENT_REAL *jacobian
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED void bundle_adjustment_forward_part1(
+SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
     int64_t N,
     const BUNDLE_ADJUSTMENT_REAL *feats,
     const int64_t *cam,
@@ -520,7 +520,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     BUNDLE_ADJUSTMENT_REAL *colsum_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED void bundle_adjustment_forward_part2(
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     int64_t N,
     BUNDLE_ADJUSTMENT_REAL *loss,
     BUNDLE_ADJUSTMENT_REAL *residual,
@@ -623,7 +623,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     BUNDLE_ADJUSTMENT_REAL *colsum_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED void bundle_adjustment_value_and_grad_part1(
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     int64_t N,
     const BUNDLE_ADJUSTMENT_REAL *feats,
     const int64_t *cam,
@@ -674,8 +674,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     BUNDLE_ADJUSTMENT_REAL *grad_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED void
-        bundle_adjustment_value_and_grad_part2(
+SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     int64_t N,
     int64_t C,
     int64_t P,

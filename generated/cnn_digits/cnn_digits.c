@@ -1006,7 +1006,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *rowsum_T
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED void cnn_digits_run_part1(
+CNN_DIGITS_SHARED void cnn_digits_run_part1(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *T,
@@ -1169,7 +1169,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K2_cols
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED void cnn_digits_run_part2(
+CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *K2,
@@ -1284,7 +1284,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_bcast_c2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED void cnn_digits_run_part3(
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *grad_W1,

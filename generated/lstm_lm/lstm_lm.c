@@ -145,7 +145,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     LSTM_LM_REAL *scan_W_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-LSTM_LM_SHARED SYMBACKPROP_CALLED void lstm_lm_forward_part1(
+LSTM_LM_SHARED void lstm_lm_forward_part1(
     int64_t T,
     const LSTM_LM_REAL *X,
     const LSTM_LM_REAL *W_i,
@@ -402,7 +402,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     LSTM_LM_REAL *rowsum_Y
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-LSTM_LM_SHARED SYMBACKPROP_CALLED void lstm_lm_forward_part2(
+LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
@@ -565,7 +565,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     LSTM_LM_REAL *scan_part_W_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_LM_SHARED SYMBACKPROP_CALLED void lstm_lm_value_and_grad_part1(
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     int64_t T,
     const LSTM_LM_REAL *X,
     const LSTM_LM_REAL *W_i,
@@ -831,7 +831,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     LSTM_LM_REAL *grad_logits
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_LM_SHARED SYMBACKPROP_CALLED void lstm_lm_value_and_grad_part2(
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
@@ -941,7 +941,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     LSTM_LM_REAL *scan_vjp_W_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-LSTM_LM_SHARED SYMBACKPROP_CALLED void lstm_lm_value_and_grad_part3(
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     int64_t T,
     const LSTM_LM_REAL *X,
     const LSTM_LM_REAL *W_i,
@@ -1612,7 +1612,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_LM_SHARED SYMBACKPROP_CALLED void lstm_lm_value_and_grad_part4(
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 )
 {

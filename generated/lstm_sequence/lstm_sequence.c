@@ -716,7 +716,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *mm_U_o_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED void lstm_sequence_run_part1(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
     const LSTM_SEQUENCE_REAL *x2_,
@@ -963,7 +963,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *mm_U_f_5
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED void lstm_sequence_run_part2(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x4_,
     const LSTM_SEQUENCE_REAL *x5_,
@@ -1205,7 +1205,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *colsum_logit
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED void lstm_sequence_run_part3(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x6_,
     const LSTM_SEQUENCE_REAL *x7_,
@@ -1427,7 +1427,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     LSTM_SEQUENCE_REAL *grad_add_U_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED void lstm_sequence_run_part4(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
     LSTM_SEQUENCE_REAL *add_U_g_6,
@@ -1560,7 +1560,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *grad_mul_U_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED void lstm_sequence_run_part5(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x3_,
     const LSTM_SEQUENCE_REAL *x4_,
@@ -1944,7 +1944,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_copy_b_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED void lstm_sequence_run_part6(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
     const LSTM_SEQUENCE_REAL *x2_,
@@ -2254,7 +2254,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *grad_copy_b_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED void lstm_sequence_run_part7(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
     const LSTM_SEQUENCE_REAL *x2_,
@@ -2419,7 +2419,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     LSTM_SEQUENCE_REAL *grad_copy_b_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED void lstm_sequence_run_part8(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_b_g,
     LSTM_SEQUENCE_REAL *grad_b_o,

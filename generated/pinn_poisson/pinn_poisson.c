@@ -713,7 +713,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *grad_copy_W1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-PINN_POISSON_SHARED SYMBACKPROP_CALLED void pinn_poisson_value_and_grad_part1(
+PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     int64_t n,
     const PINN_POISSON_REAL *x,
     const PINN_POISSON_REAL *xb,
@@ -1027,7 +1027,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *grad_W3_part
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-PINN_POISSON_SHARED SYMBACKPROP_CALLED void pinn_poisson_value_and_grad_part2(
+PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     int64_t n,
     const PINN_POISSON_REAL *xb,
     const PINN_POISSON_REAL *W2,

@@ -1103,7 +1103,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *add_b1m
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part1(
+TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
@@ -1331,7 +1331,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     TRANSFORMER_LM_REAL *colsum_targets
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part2(
+TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const int64_t *targets,
     const TRANSFORMER_LM_REAL *W1up,
@@ -1462,7 +1462,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *grad_mm_Wq1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part3(
+TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
     const TRANSFORMER_LM_REAL *Wk1,
@@ -1646,7 +1646,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_add_E_part
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part4(
+TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
     const TRANSFORMER_LM_REAL *Wk0,
@@ -1794,7 +1794,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_add_E_part
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part5(
+TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
@@ -1846,7 +1846,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_mul_Wq0
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part6(
+TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
     TRANSFORMER_LM_REAL *grad_b0a,
@@ -1953,7 +1953,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_mul_Wq1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_run_part7(
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
@@ -2909,7 +2909,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *grad_Wout
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_train_step_part1(
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *g0a,
@@ -3218,7 +3218,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *bias_correction2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_train_step_part2(
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *Wq0,
     TRANSFORMER_LM_REAL *Wk0,
@@ -3457,7 +3457,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *bias_correction2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_train_step_part3(
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *g0a,
     TRANSFORMER_LM_REAL *b0a,
     TRANSFORMER_LM_REAL *g0m,
@@ -3712,7 +3712,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *bias_correction2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED void transformer_lm_train_step_part4(
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *c0up,
     TRANSFORMER_LM_REAL *W0down,

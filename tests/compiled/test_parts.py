@@ -59,7 +59,7 @@ def test_the_c_of_a_deep_model_grows_linearly_with_its_depth():
 def _part_parameters(lines: list[str]) -> list[int]:
     """How many parameter lines each part's signature has."""
     source = "\n".join(lines)
-    head = r"(?:static|\w+_SHARED) SYMBACKPROP_CALLED void \w+_part\d+\("  # _SHARED: in units
+    head = r"(?:static|\w+_SHARED) void \w+_part\d+\("  # _SHARED: in units
     parts = re.findall(head + r"\n(.*?)\n\)", source, re.S)
     return [part.count("\n") + 1 for part in parts]
 

@@ -101,7 +101,7 @@ SCAN_RNN_SHARED void scan_rnn_forward_part1(
     SCAN_RNN_REAL *mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-SCAN_RNN_SHARED SYMBACKPROP_CALLED void scan_rnn_forward_part1(
+SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *mul_M
 )
@@ -135,7 +135,7 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     SCAN_RNN_REAL *scan_part_h0_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-SCAN_RNN_SHARED SYMBACKPROP_CALLED void scan_rnn_forward_part2(
+SCAN_RNN_SHARED void scan_rnn_forward_part2(
     int64_t T,
     const SCAN_RNN_REAL *XT_,
     const SCAN_RNN_REAL *W,
@@ -272,7 +272,7 @@ SCAN_RNN_SHARED void scan_rnn_forward_part3(
     SCAN_RNN_REAL *rowsum_h0_2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-SCAN_RNN_SHARED SYMBACKPROP_CALLED void scan_rnn_forward_part3(
+SCAN_RNN_SHARED void scan_rnn_forward_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
@@ -404,7 +404,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     SCAN_RNN_REAL *mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-SCAN_RNN_SHARED SYMBACKPROP_CALLED void scan_rnn_value_and_grad_part1(
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *mul_M
 )
@@ -439,7 +439,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     SCAN_RNN_REAL *scan_part_h0_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-SCAN_RNN_SHARED SYMBACKPROP_CALLED void scan_rnn_value_and_grad_part2(
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     int64_t T,
     const SCAN_RNN_REAL *XT_,
     const SCAN_RNN_REAL *W,
@@ -584,7 +584,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     SCAN_RNN_REAL *rowsum_h0_2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-SCAN_RNN_SHARED SYMBACKPROP_CALLED void scan_rnn_value_and_grad_part3(
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
@@ -654,7 +654,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-SCAN_RNN_SHARED SYMBACKPROP_CALLED void scan_rnn_value_and_grad_part4(
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     int64_t T,
     const SCAN_RNN_REAL *XT_,
     const SCAN_RNN_REAL *W,
@@ -937,7 +937,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     SCAN_RNN_REAL *grad_transpose_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-SCAN_RNN_SHARED SYMBACKPROP_CALLED void scan_rnn_value_and_grad_part5(
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     SCAN_RNN_REAL *grad_M,
     SCAN_RNN_REAL *grad_M_part,
     SCAN_RNN_REAL *grad_mul_M,
