@@ -208,6 +208,15 @@ def _load() -> str:
         return ""
 
 
+def interleaved_summary(calls: dict, repeats: dict[str, int], rounds: int, count: int,
+                        clock: str = "cpu") -> dict[str, tuple[float, list[float]]]:
+    """`rounds` rounds of sample_times (each call's median a round), then
+    _summary of them: for the benchmarks that run their peers in-process."""
+    medians = [{label: statistics.median(t) for label, t in sample_times(calls, repeats, count, clock).items()}
+               for _ in range(rounds)]
+    return _summary(medians)
+
+
 def _summary(rounds: list[dict[str, float]], base: str | None = None) -> dict[str, tuple[float, list[float]]]:
     """Each variant's median of its round medians and its ratio to ``base``'s
     (default: the first variant's), round by round: [median, min, max]."""

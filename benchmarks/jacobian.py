@@ -17,7 +17,6 @@ import argparse
 import importlib.util
 import os
 import shlex
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 import symbackprop as sbp  # noqa: E402
 from benchmarks import tables  # noqa: E402
-from benchmarks.interleave import _load, _summary, sample_times  # noqa: E402
+from benchmarks.interleave import _load, interleaved_summary  # noqa: E402
 from symbackprop.base.abi import concrete  # noqa: E402
 
 BEFORE = "vjp per entry"
@@ -79,10 +78,7 @@ def main(argv=None) -> int:
     rows = []
     for batch in map(int, args.batches.split(",")):
         calls = variants(mod, batch)
-        rounds = [{label: statistics.median(t) for label, t in
-                   sample_times(calls, dict.fromkeys(calls, args.inner), args.calls, args.clock).items()}
-                  for _ in range(args.rounds)]
-        summary = _summary(rounds)
+        summary = interleaved_summary(calls, dict.fromkeys(calls, args.inner), args.rounds, args.calls, args.clock)
         print(f"n = {batch} ({2 * batch} output entries):")
         for label, (median, (ratio, low, high)) in summary.items():
             print(f"  {label:22} {median * 1e6:10.1f} us  ratio {ratio:.3f} ({low:.3f}-{high:.3f})", flush=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 import symbackprop as sbp  # noqa: E402
 from benchmarks import tables  # noqa: E402
-from benchmarks.interleave import _load, _summary, sample_times  # noqa: E402
+from benchmarks.interleave import _load, interleaved_summary  # noqa: E402
 
 
 def variants(dtype: str) -> dict:
@@ -69,10 +68,7 @@ def main(argv=None) -> int:
         for call in calls.values():
             for _ in range(100):
                 call()
-        repeats = dict.fromkeys(calls, args.inner)
-        rounds = [{label: statistics.median(t) for label, t in sample_times(calls, repeats, args.calls, args.clock).items()}
-                  for _ in range(args.rounds)]
-        summary = _summary(rounds)
+        summary = interleaved_summary(calls, dict.fromkeys(calls, args.inner), args.rounds, args.calls, args.clock)
         columns += [label for label in summary if label not in columns]
         print(f"{dtype}:")
         for label, (median, (ratio, low, high)) in summary.items():

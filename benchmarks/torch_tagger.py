@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import tables  # noqa: E402
-from benchmarks.interleave import _load, _summary, sample_repeats, sample_times  # noqa: E402
+from benchmarks.interleave import _load, interleaved_summary, sample_repeats  # noqa: E402
 
 VOCAB, TAGS = 100, 5
 
@@ -115,10 +114,7 @@ def main(argv=None) -> int:
         compiles.append(f"{size} {compile_s:.1f} s")
         for call in calls.values():
             call()
-        repeats = sample_repeats(calls, 0)
-        rounds = [{label: statistics.median(t) for label, t in sample_times(calls, repeats, args.calls, "cpu").items()}
-                  for _ in range(args.rounds)]
-        summary = _summary(rounds)
+        summary = interleaved_summary(calls, sample_repeats(calls, 0), args.rounds, args.calls)
         columns += [label for label in summary if label not in columns]
         print(f"{size} (compiled in {compile_s:.1f} s):")
         for label, (median, (ratio, low, high)) in summary.items():
