@@ -22,10 +22,14 @@ inverses, random positions, weights, correspondences, points, us and theta
 
 symbackprop: the bone chain declared as unevaluated products of 4x4 matrices (the
 base transforms are inputs, the Euler rotations explicit matrices of theta's
-entries), applied to the corresponded vertices' 88 skinning numbers (each bone's
-weight x the homogeneous base position), which are gathered in numpy when the
-data is loaded (they depend on the data only), so a call poses the chain once and
-multiplies. The Jacobian is a second model whose outputs are its columns, each
+entries), applied once to each vertex's 88 skinning numbers (each bone's weight
+x the homogeneous base position, from the data only), then moved by the global
+transform, as ht.hpp does; a map over the points gathers each point's vertex
+(`sbp.gather` by an Index input) or its triangle's three corners and blends them
+by its us. The vertices posed are those some point uses (all 544 at N=1000;
+the others do not move err), so a call poses at most min(N x corners, 544)
+vertices, where posing each correspondence's skinning numbers grew with N.
+The Jacobian is a second model whose outputs are its columns, each
 an `sbp.jvp` along every point's u0 or u1, or as a function of one entry of
 theta: one forward-mode C call computes all of them (no Python loop). The
 references: the numpy objective over every vertex, as ht.hpp computes it, and
@@ -185,20 +189,20 @@ def reference(data: dict) -> tuple[dict, dict]:
 # symbackprop
 
 
-def skinning(data: dict, vertices: np.ndarray) -> np.ndarray:
+def skinning(data: dict) -> np.ndarray:
     """Each vertex's 88 skinning numbers: bone b's weight times its
     homogeneous base position, at 4 b .. 4 b + 3 (data only)."""
-    w = data["weights"][vertices]  # (k, 22)
-    p = data["base_positions"][vertices]  # (k, 4)
-    return (w[:, :, None] * p[:, None, :]).reshape(len(vertices), 4 * N_BONES)
+    w, p = data["weights"], data["base_positions"]  # (544, 22), (544, 4)
+    return (w[:, :, None] * p[:, None, :]).reshape(len(p), 4 * N_BONES)
 
 
 def _posed_hand(angles, relatives, inverses, skin):
-    """The hand points before the global transform (N x 4, homogeneous) for
-    skinning numbers `skin` (N x 88): the sum over bones of skin's bone block
-    times the bone's transform (absolute x inverse base absolute), transposed.
-    Products of 4x4 matrix expressions, left unevaluated: the C multiplies the
-    chain once, where SymPy's entries of the product would grow with its depth."""
+    """The hand's vertices before the global transform (V x 4, homogeneous)
+    for skinning numbers `skin` (V x 88): the sum over bones of skin's bone
+    block times the bone's transform (absolute x inverse base absolute),
+    transposed. Products of 4x4 matrix expressions, left unevaluated: the C
+    multiplies the chain once, where SymPy's entries of the product would
+    grow with its depth."""
     import sympy as sp
 
     def block(m, b):
@@ -214,51 +218,48 @@ def _posed_hand(angles, relatives, inverses, skin):
     return sp.MatAdd(*terms)
 
 
-def _global(angles, hand, n):
-    """The global rotation and translation applied to the hand's N x 4 points."""
+def _global(angles, hand):
+    """The global rotation and translation applied to the hand's V x 4 vertices (V x 3)."""
     import sympy as sp
 
     rotation = sp.Matrix(_angle_axis(angles[0:3], sp))
     moved = sp.MatMul(hand, sp.ImmutableMatrix(rotation.row_join(sp.zeros(3, 1)).T))
-    return sp.MatAdd(moved, sp.MatMul(sp.OneMatrix(n, 1), sp.ImmutableMatrix([angles[3:6]])))
+    return sp.MatAdd(moved, sp.MatMul(sp.OneMatrix(hand.shape[0], 1), sp.ImmutableMatrix([angles[3:6]])))
 
 
 def _leaves(variant: str) -> tuple[list, list]:
-    """The models' inputs and params."""
+    """The models' inputs (the last: the Index inputs naming each point's
+    vertex, or its triangle's three corners) and params."""
     import sympy as sp
 
-    n = sp.Symbol("n", integer=True, positive=True)
+    import symbackprop as sbp
+
+    n, v = sp.Symbol("n", integer=True, positive=True), sp.Symbol("v", integer=True, positive=True)
     inputs = [sp.MatrixSymbol("base_relatives", 4 * N_BONES, 4), sp.MatrixSymbol("inverse_base_absolutes", 4 * N_BONES, 4),
-              sp.MatrixSymbol("points", n, 3)]
+              sp.MatrixSymbol("points", n, 3), sp.MatrixSymbol("skin", v, 4 * N_BONES)]
     theta = sp.MatrixSymbol("theta", 1, N_THETA)
     if variant == "simple":
-        return inputs + [sp.MatrixSymbol("skin", n, 4 * N_BONES)], [theta]
-    skins = [sp.MatrixSymbol(f"skin{k}", n, 4 * N_BONES) for k in range(3)]
-    return inputs + skins, [sp.MatrixSymbol("us", n, 2), theta]
-
-
-def _negated(expr):
-    """-expr, left unevaluated (SymPy's `-` would evaluate the products below)."""
-    import sympy as sp
-
-    return sp.MatMul(sp.S.NegativeOne, expr)
+        return inputs + [sbp.Index("vertex", n)], [theta]
+    return inputs + [sbp.Index(f"corner{k}", n) for k in range(3)], [sp.MatrixSymbol("us", n, 2), theta]
 
 
 def residual(inputs: list, us, angles: list):
-    """err (N x 3) of the model's inputs, us (None: simple) and theta's 26 entries."""
+    """err (N x 3) of the model's inputs, us (None: simple) and theta's 26
+    entries: every vertex posed once, then each point's vertex (or its
+    triangle's corners, blended by its us) gathered, as ht.hpp computes it."""
     import sympy as sp
 
-    relatives, inverses, points, *skins = inputs
-    n = points.shape[0]
+    import symbackprop as sbp
+
+    relatives, inverses, points, skin, *indices = inputs
+    world = _global(angles, _posed_hand(angles, relatives, inverses, skin))
+    p, u = sp.Matrix(sp.symbols("p0:3", real=True)), sp.symbols("u0:2", real=True)
+    corners = [sp.Matrix(sp.symbols(f"c{k}_0:3", real=True)) for k in range(len(indices))]
+    bindings = [(p, points)] + [(c, sbp.gather(world, index)) for c, index in zip(corners, indices)]
     if us is None:
-        return sp.MatAdd(points, _negated(_global(angles, _posed_hand(angles, relatives, inverses, skins[0]), n)))
-    # blend the corners' skinning numbers (linear), then pose once: the same
-    # point as blending the posed corners, for a third of the products
-    width = 4 * N_BONES
-    pick = [sp.ImmutableMatrix(2, width, lambda i, _, k=k: int(i == k)) for k in range(2)]
-    blend = sp.MatAdd(skins[2], *(sp.HadamardProduct(sp.MatMul(us, pick[k]), sp.MatAdd(skins[k], _negated(skins[2])))
-                                  for k in range(2)))
-    return sp.MatAdd(points, _negated(_global(angles, _posed_hand(angles, relatives, inverses, blend), n)))
+        return sbp.map_examples(p - corners[0], bindings)
+    hand = u[0] * corners[0] + u[1] * corners[1] + (1 - u[0] - u[1]) * corners[2]
+    return sbp.map_examples(p - hand, bindings + [(u, us)])
 
 
 def jacobian_columns_of(inputs: list, params: list) -> dict:
@@ -299,16 +300,21 @@ SBP_FUNCTIONS = ("forward",)
 
 
 def sbp_arguments(data: dict) -> dict:
-    """The models' arguments: the base transforms stacked bone by bone and
-    the corresponded vertices' skinning numbers (one matrix per triangle corner)."""
+    """The models' arguments: the base transforms stacked bone by bone, the
+    skinning numbers of the vertices some point uses (no other vertex moves
+    err: posing them would be wasted at small N), and each point's vertex
+    (simple) or its triangle's corners (complicated), numbered among those."""
     args = {"base_relatives": data["base_relatives"].reshape(-1, 4),
             "inverse_base_absolutes": data["inverse_base_absolutes"].reshape(-1, 4),
             "points": data["points"], "theta": data["theta"].reshape(1, -1)}
     corr = data["correspondences"]
+    verts = corr[:, None] if "us" not in data else data["triangles"][corr]
+    used, at = np.unique(verts, return_inverse=True)
+    args["skin"] = skinning(data)[used]
     if "us" not in data:
-        return {**args, "skin": skinning(data, corr)}
-    verts = data["triangles"][corr]
-    return {**args, "us": data["us"], **{f"skin{k}": skinning(data, verts[:, k]) for k in range(3)}}
+        return {**args, "vertex": at.reshape(-1)}
+    corners = at.reshape(verts.shape).T  # contiguous rows: a strided Index would take the slower Python path
+    return {**args, "us": data["us"], **{f"corner{k}": np.ascontiguousarray(corners[k]) for k in range(3)}}
 
 
 COLUMNS = ("d_u0", "d_u1", *(f"d_theta{k}" for k in range(N_THETA)))

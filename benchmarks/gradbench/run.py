@@ -3,6 +3,7 @@
     python benchmarks/gradbench/run.py [--evals lse,gmm] [--small] [--quick]
                                        [--peers symbackprop,jax,torch,torch_compile,manual]
                                        [--compile-timeout 60] [--scaling] [--json out.json] [--save NAME]
+                                       [--sizes "simple n=100,complicated n=1000"]
 
 Per eval (at its default size, or its smallest with --small): symbackprop's
 cold and cached compile time, each in a fresh process (cold: an empty
@@ -13,7 +14,8 @@ derivative) and, for symbackprop, against finite differences where the eval
 defines them; the peers that pass are timed, interleaved (one sample of each
 call in turn, repeated), one thread, pinned to one CPU (--no-pin: not);
 compiles (symbackprop's probe, JAX's jit, torch.compile) run on every CPU
-the process had, as a user's would. --scaling times each eval at its 3-4
+the process had, as a user's would. --sizes names sizes of the eval's SIZES
+by their labels, in place of its default. --scaling times each eval at its 3-4
 SCALING sizes and prints the slope of log(time) against log(work).
 """
 
@@ -325,10 +327,8 @@ def main(argv=None) -> int:
             report["scaling"] = scaling(args.evals, args, cache_root)
             print(format_scaling(report["scaling"]))
         else:
-            records = []
-            for name in args.evals:
-                E = load(name)
-                records.append(run_eval(name, E.SMALL if args.small else E.DEFAULT, args, cache_root))
+            records = [run_eval(name, size, args, cache_root)
+                       for name in args.evals for size in chosen_sizes(load(name), args)]
             report["results"] = records
             print(format_tables(records))
     if args.json:
@@ -338,6 +338,17 @@ def main(argv=None) -> int:
         path = tables.save(args.save, results_file(report["results"], args, argv))
         print(f"\nwrote {path.relative_to(ROOT)}: render it with <!-- table:{args.save} --> and benchmarks/tables.py")
     return 0
+
+
+def chosen_sizes(E, args) -> list:
+    """The sizes --sizes names (by label, among the eval's SIZES), else its smallest or default."""
+    if not args.sizes:
+        return [E.SMALL if args.small else E.DEFAULT]
+    by_label = {E.label(size): size for size in E.SIZES}
+    unknown = [name for name in args.sizes if name not in by_label]
+    if unknown:
+        raise SystemExit(f"{E.NAME} has no size {unknown}; its sizes: {sorted(by_label)}")
+    return [by_label[name] for name in args.sizes]
 
 
 def results_file(records: list, args, argv=None) -> dict:
@@ -398,6 +409,7 @@ def parse(argv):
     p.add_argument("--small", action="store_true", help="each eval's smallest size instead of its default")
     p.add_argument("--quick", action="store_true", help="fewer, shorter timing samples")
     p.add_argument("--scaling", action="store_true", help="cost versus size: each eval at its SCALING sizes")
+    p.add_argument("--sizes", default=None, help="comma list of size labels (as the tables print them)")
     p.add_argument("--compile-timeout", type=float, default=60.0, help="seconds a symbackprop compile may take")
     p.add_argument("--no-timing", action="store_true", help="validate only")
     p.add_argument("--no-pin", action="store_true", help="do not pin this process to one CPU")
@@ -410,6 +422,7 @@ def parse(argv):
     args = p.parse_args(argv)
     args.evals = [e.strip() for e in args.evals.split(",") if e.strip()]
     args.peers = [e.strip() for e in args.peers.split(",") if e.strip()]
+    args.sizes = [e.strip() for e in args.sizes.split(",") if e.strip()] if args.sizes else None
     if set(args.evals) - set(EVALS) or set(args.peers) - set(PEERS):
         p.error(f"evals must be among {EVALS}; peers among {PEERS}")
     args.plan = "quick" if args.quick else "full"

@@ -217,6 +217,32 @@ def test_ht_jacobian_columns_in_gradbench_order():
     assert list(models["jacobian"].outputs) == list(ht.COLUMNS)
 
 
+@pytest.mark.parametrize("variant", ["simple", "complicated"])
+def test_ht_poses_only_the_vertices_used(variant):
+    """The port poses the vertices some point uses, renumbered; posing all 544
+    with GradBench's own vertex numbers gives the same err and Jacobian (and
+    the complex-step reference), with vertices shared among points."""
+    from benchmarks.gradbench import ht
+
+    size = {"variant": variant, "n": 700}
+    data = ht.generate(size)
+    mods = sbp_compile(ht, size)
+    args = ht.sbp_arguments(data)
+    verts = data["correspondences"] if variant == "simple" else data["triangles"][data["correspondences"]]
+    assert len(args["skin"]) == len(np.unique(verts)) < len(np.ravel(verts))
+    whole = {**args, "skin": ht.skinning(data)}
+    if variant == "simple":
+        whole["vertex"] = data["correspondences"]
+    else:
+        whole.update({f"corner{k}": np.ascontiguousarray(verts[:, k]) for k in range(3)})
+    ref_p, ref_d = ht.reference(data)
+    for given in (args, whole):
+        err = mods["objective"].forward(**given)["err"]
+        assert max_rel_error({"objective": np.ravel(err)}, ref_p) < TOL
+        jac = ht.jacobian_columns(mods["jacobian"].forward(**given))
+        assert max_rel_error({"jacobian": jac}, ref_d) < TOL
+
+
 @pytest.mark.skipif(not os.environ.get("GB_MANUAL_DIR"), reason="GradBench's C++ is not built (GB_MANUAL_DIR)")
 @pytest.mark.parametrize("name", ["kmeans", "ht"])
 def test_manual_peer(name):

@@ -13,6 +13,7 @@ from benchmarks.gradbench.test_gradbench_ports import (  # noqa: F401
     test_det_at_ell_9,
     test_generators_replay_gradbench_draws,
     test_ht_jacobian_columns_in_gradbench_order,
+    test_ht_poses_only_the_vertices_used,
     test_jax_peer,
     test_particle_reproduces_gradbench_expected_output,
     test_symbackprop_port,
