@@ -1,6 +1,8 @@
 """mod.jacobian: one C sweep (of the vjp kernel over the output's entries,
 or of the jvp's over the parameters' where they are fewer: 26 here, so
-from n = 16 on) against one Python vjp call per output entry, as before.
+from n = 16 on) against one Python vjp call per output entry, as before;
+beside it each sweep forced (reverse: the vjp's; forward: the jvp's), to
+show where the choice should switch.
 
     taskset -c 1 python benchmarks/jacobian.py --batches 4,8,32,256 --rounds 15 --inner 10 --save NAME
 
@@ -33,6 +35,7 @@ from symbackprop.base.abi import concrete  # noqa: E402
 
 BEFORE = "vjp per entry"
 AFTER = "jacobian (C sweep)"
+REVERSE, FORWARD = "reverse sweep", "forward sweep"
 
 
 def _mlp():
@@ -57,10 +60,17 @@ def per_entry(mod, output: str, data: dict) -> dict:
 
 def variants(mod, batch: int) -> dict:
     data = _mlp().sample_data(np.random.default_rng(0), batch=batch)
-    before, after = per_entry(mod, "Y", data), mod.jacobian("Y", **data)
-    for name in before:  # the same Jacobian (to rounding: forward mode sums in another order), or this means nothing
-        np.testing.assert_allclose(after[name], before[name], rtol=1e-12, atol=1e-14)
-    return {BEFORE: lambda: per_entry(mod, "Y", data), AFTER: lambda: mod.jacobian("Y", **data)}
+    bound = mod.function("forward").binder.dims_from(data)
+    shape = concrete(next(shape for name, shape, _ in mod.spec.outputs if name == "Y"), bound)
+    calls = {BEFORE: lambda: per_entry(mod, "Y", data), AFTER: lambda: mod.jacobian("Y", **data),
+             REVERSE: lambda: mod._jacobian_reverse("Y", shape, data),
+             FORWARD: lambda: mod._jacobian_forward("Y", shape, bound, data)}
+    before = calls[BEFORE]()
+    for call in (calls[AFTER], calls[REVERSE], calls[FORWARD]):
+        after = call()
+        for name in before:  # the same Jacobian (to rounding: forward mode sums in another order), or this means nothing
+            np.testing.assert_allclose(after[name], before[name], rtol=1e-12, atol=1e-14)
+    return calls
 
 
 def main(argv=None) -> int:
@@ -84,7 +94,7 @@ def main(argv=None) -> int:
             print(f"  {label:22} {median * 1e6:10.1f} us  ratio {ratio:.3f} ({low:.3f}-{high:.3f})", flush=True)
         rows.append({"label": f"MLP 3-4-2, Y of {batch} x 2, float64",
                      "seconds": {label: median for label, (median, _) in summary.items()},
-                     "ratios": {AFTER: summary[AFTER][1]}})
+                     "ratios": {label: summary[label][1] for label in (AFTER, REVERSE, FORWARD)}})
     load.append(_load())
     if args.save:
         clock = "its CPU time" if args.clock == "cpu" else "wall clock"
@@ -101,7 +111,8 @@ def main(argv=None) -> int:
                 "conditions": "; ".join(conditions), "source": "written by benchmarks/jacobian.py --save",
                 "row_header": "model", "baseline": BEFORE,
                 "ratio_note": "in parentheses the time over the per-entry loop's (below 1: faster)",
-                "columns": [{"key": BEFORE, "label": BEFORE, "ratio": False}, {"key": AFTER, "label": AFTER, "ratio": True}],
+                "columns": [{"key": BEFORE, "label": BEFORE, "ratio": False},
+                            *({"key": label, "label": label, "ratio": True} for label in (AFTER, REVERSE, FORWARD))],
                 "rows": rows}
         print(f"wrote {tables.save(args.save, data).relative_to(ROOT)}")
     return 0

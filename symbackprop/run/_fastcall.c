@@ -379,28 +379,91 @@ static char *sweep_data(PyObject *object, int writeable, const char *what)
     return PyArray_DATA((PyArrayObject *)object);
 }
 
-/* sweep(entry, dims, arrays, seed_slot, work, slots, rows): the generated
+/* The seed slots' arrays (writeable, all float64 or all float32): their data and entry counts, in
+ * seeds[]/counts[], and their total entry count; -1 with a ValueError. */
+static npy_intp sweep_seeds(PyObject *arrays_obj, PyObject *seed_slots_obj, char **seeds, npy_intp *counts, int *type)
+{
+    Py_ssize_t n_arrays = PyList_GET_SIZE(arrays_obj), n_seeds = PyTuple_GET_SIZE(seed_slots_obj);
+    npy_intp total = 0;
+    for (Py_ssize_t s = 0; s < n_seeds; ++s) {
+        Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(seed_slots_obj, s));
+        if (slot < 0 || slot >= n_arrays) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "sweep: no such seed slot");
+            }
+            return -1;
+        }
+        PyObject *array = PyList_GET_ITEM(arrays_obj, slot);
+        if ((seeds[s] = sweep_data(array, 1, "each seed")) == NULL) {
+            return -1;
+        }
+        int this_type = PyArray_TYPE((PyArrayObject *)array);
+        if ((this_type != NPY_DOUBLE && this_type != NPY_FLOAT) || (s > 0 && this_type != *type)) {
+            PyErr_SetString(PyExc_ValueError, "sweep: the seeds must be all float64 or all float32");
+            return -1;
+        }
+        *type = this_type;
+        counts[s] = PyArray_SIZE((PyArrayObject *)array);
+        total += counts[s];
+    }
+    return total;
+}
+
+/* Runs `function` once per one-hot seed: entry e of seed array s set to 1 and every other
+ * seed entry 0, slot by slot; after each run copies each slots[k]'s array into the next
+ * row of rows[k]. The first nonzero status stops it. */
+static int sweep_runs(entry_fn function, int64_t *dims, void **pointers, char **seeds, npy_intp *counts,
+                      Py_ssize_t n_seeds, int type, Py_ssize_t *slots, char **rows, size_t *sizes, Py_ssize_t n_rows)
+{
+    size_t itemsize = type == NPY_DOUBLE ? sizeof(double) : sizeof(float);
+    int status = 0;
+    size_t run = 0;
+    for (Py_ssize_t s = 0; s < n_seeds; ++s) {
+        memset(seeds[s], 0, (size_t)counts[s] * itemsize);
+    }
+    for (Py_ssize_t s = 0; s < n_seeds && status == 0; ++s) {
+        for (npy_intp e = 0; e < counts[s] && status == 0; e++, run++) {
+            if (e > 0) {
+                memset(seeds[s] + (e - 1) * itemsize, 0, itemsize);
+            }
+            if (type == NPY_DOUBLE) {
+                ((double *)seeds[s])[e] = 1.0;
+            } else {
+                ((float *)seeds[s])[e] = 1.0f;
+            }
+            status = function(dims, pointers);
+            for (Py_ssize_t k = 0; k < n_rows && status == 0; k++) {
+                memcpy(rows[k] + run * sizes[k], pointers[slots[k]], sizes[k]);
+            }
+        }
+        memset(seeds[s], 0, (size_t)counts[s] * itemsize);
+    }
+    return status;
+}
+
+/* sweep(entry, dims, arrays, seed_slots, work, slots, rows): the generated
  * function once per one-hot seed, in one call from Python
- * (CompiledModule.jacobian: its vjp once per output entry). arrays: the
- * function's inputs then outputs (the workspace, the address `work`, comes
- * last); seed e is entry e of arrays[seed_slot] set to 1, the others 0;
- * after each run arrays[slots[k]] is copied into row e of rows[k] (an array
- * of seeds rows of its size). Returns 0, or the generated function's first
+ * (CompiledModule.jacobian: its vjp once per output entry, or its jvp once
+ * per entry of every tangent). arrays: the function's inputs then outputs
+ * (the workspace, the address `work`, comes last); the seeds run through
+ * each entry of arrays[seed_slots[0]], then of the next seed slot's, the
+ * other seed entries 0 (all are 0 again afterwards); after each run
+ * arrays[slots[k]] is copied into the next row of rows[k] (an array of
+ * seeds rows of its size). Returns 0, or the generated function's first
  * nonzero status. */
 static PyObject *sweep(PyObject *module, PyObject *args)
 {
     unsigned long long entry, work;
-    PyObject *dims_obj, *arrays_obj, *slots_obj, *rows_obj;
-    Py_ssize_t seed_slot;
+    PyObject *dims_obj, *arrays_obj, *seed_slots_obj, *slots_obj, *rows_obj;
     (void)module;
-    if (!PyArg_ParseTuple(args, "KO!O!nKO!O!", &entry, &PyTuple_Type, &dims_obj, &PyList_Type, &arrays_obj, &seed_slot,
-                          &work, &PyTuple_Type, &slots_obj, &PyTuple_Type, &rows_obj)) {
+    if (!PyArg_ParseTuple(args, "KO!O!O!KO!O!", &entry, &PyTuple_Type, &dims_obj, &PyList_Type, &arrays_obj,
+                          &PyTuple_Type, &seed_slots_obj, &work, &PyTuple_Type, &slots_obj, &PyTuple_Type, &rows_obj)) {
         return NULL;
     }
     Py_ssize_t n_dims = PyTuple_GET_SIZE(dims_obj), n_arrays = PyList_GET_SIZE(arrays_obj);
-    Py_ssize_t n_rows = PyTuple_GET_SIZE(slots_obj);
-    if (n_dims > MAX_DIMS || seed_slot < 0 || seed_slot >= n_arrays || PyTuple_GET_SIZE(rows_obj) != n_rows) {
-        PyErr_SetString(PyExc_ValueError, "sweep: too many dimensions, no such seed slot, or slots and rows disagree");
+    Py_ssize_t n_rows = PyTuple_GET_SIZE(slots_obj), n_seeds = PyTuple_GET_SIZE(seed_slots_obj);
+    if (n_dims > MAX_DIMS || n_seeds < 1 || PyTuple_GET_SIZE(rows_obj) != n_rows) {
+        PyErr_SetString(PyExc_ValueError, "sweep: too many dimensions, no seed slot, or slots and rows disagree");
         return NULL;
     }
     int64_t dims[MAX_DIMS];
@@ -414,22 +477,22 @@ static PyObject *sweep(PyObject *module, PyObject *args)
     char **rows = PyMem_Malloc((size_t)(n_rows + 1) * sizeof(char *));
     Py_ssize_t *slots = PyMem_Malloc((size_t)(n_rows + 1) * sizeof(Py_ssize_t));
     size_t *sizes = PyMem_Malloc((size_t)(n_rows + 1) * sizeof(size_t));
+    char **seeds = PyMem_Malloc((size_t)n_seeds * sizeof(char *));
+    npy_intp *counts = PyMem_Malloc((size_t)n_seeds * sizeof(npy_intp));
     PyObject *result = NULL;
-    if (pointers == NULL || rows == NULL || slots == NULL || sizes == NULL) {
+    if (pointers == NULL || rows == NULL || slots == NULL || sizes == NULL || seeds == NULL || counts == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t k = 0; k < n_arrays; ++k) {
-        if ((pointers[k] = sweep_data(PyList_GET_ITEM(arrays_obj, k), k == seed_slot, "each argument")) == NULL) {
+        if ((pointers[k] = sweep_data(PyList_GET_ITEM(arrays_obj, k), 0, "each argument")) == NULL) {
             goto done;
         }
     }
     pointers[n_arrays] = (void *)(uintptr_t)work;
-    PyArrayObject *seed_array = (PyArrayObject *)PyList_GET_ITEM(arrays_obj, seed_slot);
-    npy_intp seeds = PyArray_SIZE(seed_array);
-    int type = PyArray_TYPE(seed_array);
-    if (type != NPY_DOUBLE && type != NPY_FLOAT) {
-        PyErr_SetString(PyExc_ValueError, "sweep: the seed must be float64 or float32");
+    int type = NPY_DOUBLE;
+    npy_intp runs = sweep_seeds(arrays_obj, seed_slots_obj, seeds, counts, &type);
+    if (runs < 0) {
         goto done;
     }
     for (Py_ssize_t k = 0; k < n_rows; ++k) {
@@ -445,31 +508,15 @@ static PyObject *sweep(PyObject *module, PyObject *args)
         if ((rows[k] = sweep_data(row, 1, "each rows array")) == NULL) {
             goto done;
         }
-        if ((size_t)PyArray_NBYTES((PyArrayObject *)row) != (size_t)seeds * sizes[k]) {
+        if ((size_t)PyArray_NBYTES((PyArrayObject *)row) != (size_t)runs * sizes[k]) {
             PyErr_SetString(PyExc_ValueError, "sweep: a rows array is not seeds times its slot's size");
             goto done;
         }
     }
-    char *seed = PyArray_DATA(seed_array);
-    size_t itemsize = (size_t)PyArray_ITEMSIZE(seed_array);
-    int status = 0;
-    entry_fn function = (entry_fn)(uintptr_t)entry;
+    int status;
     Py_BEGIN_ALLOW_THREADS
-    memset(seed, 0, (size_t)seeds * itemsize);
-    for (npy_intp e = 0; e < seeds && status == 0; e++) {
-        if (e > 0) {
-            memset(seed + (e - 1) * itemsize, 0, itemsize);
-        }
-        if (type == NPY_DOUBLE) {
-            ((double *)seed)[e] = 1.0;
-        } else {
-            ((float *)seed)[e] = 1.0f;
-        }
-        status = function(dims, pointers);
-        for (Py_ssize_t k = 0; k < n_rows && status == 0; k++) {
-            memcpy(rows[k] + (size_t)e * sizes[k], pointers[slots[k]], sizes[k]);
-        }
-    }
+    status = sweep_runs((entry_fn)(uintptr_t)entry, dims, pointers, seeds, counts, n_seeds, type, slots, rows, sizes,
+                        n_rows);
     Py_END_ALLOW_THREADS
     result = PyLong_FromLong(status);
 done:
@@ -477,6 +524,8 @@ done:
     PyMem_Free(rows);
     PyMem_Free(slots);
     PyMem_Free(sizes);
+    PyMem_Free(seeds);
+    PyMem_Free(counts);
     return result;
 }
 

@@ -5,6 +5,7 @@ inherits them; each compiles its C function on first use."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,11 @@ from symbackprop.run import fastcall
 from symbackprop.run.binding import convert
 from symbackprop.run.function import Function
 from symbackprop.run.gradcheck import GradCheckReport, check_gradient, default_tolerance, enforce
+
+# forward mode where the leaves have FORWARD_FROM times fewer entries than the output, not at once
+# from fewer: a jvp run costs more than a vjp run (it computes every output and the loss); on an MLP of
+# 26 parameter entries the sweeps cost the same at 40 output entries (benchmarks/jacobian.py)
+FORWARD_FROM = 1.5
 
 
 class Derivatives:
@@ -213,11 +219,11 @@ class Derivatives:
         return np.array(columns).T, shown
 
     def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
-        """d output / d name for each differentiated name, in one C call
-        per sweep: the jvp once per entry of each differentiated leaf
-        (forward mode) where they have less than half as many entries as
-        the output and are all inputs or params, else the output's vjp
-        once per output entry (reverse mode).
+        """d output / d name for each differentiated name, in one C call:
+        the jvp once per entry of the differentiated leaves (forward mode,
+        a column each) where they have fewer entries than the output (see
+        FORWARD_FROM) and are all inputs or params, else the output's vjp
+        once per output entry (reverse mode, a row each).
 
         Args:
             output: a named output (not "loss").
@@ -234,13 +240,11 @@ class Derivatives:
         if not found:
             raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
         forward = self.function("forward")
-        bound = forward.binder.dims_from(arrays)
+        bound = dict(zip(forward.binder.dims, forward.bind(arrays)[1]))  # (bind's checks are the cheapest way)
         shape = _shape_in(found[0], bound, output)
         leaves = {spec.name: spec.shape for spec in forward.inputs if spec.name in self.spec.wrt}
-        entries = sum(int(np.prod(_shape_in(leaf, bound, name))) for name, leaf in leaves.items())
-        # a jvp run computes every output, and each leaf is a sweep of its own: forward mode pays from about
-        # half as many leaf entries as output entries (benchmarks/jacobian.py); no intermediates among the leaves
-        if len(leaves) == len(self.spec.wrt) and 2 * entries < int(np.prod(shape)):
+        entries = sum(math.prod(_shape_in(leaf, bound, name)) for name, leaf in leaves.items())
+        if len(leaves) == len(self.spec.wrt) and FORWARD_FROM * entries < math.prod(shape):
             return self._jacobian_forward(output, shape, bound, arrays)
         return self._jacobian_reverse(output, shape, arrays)
 
@@ -255,30 +259,32 @@ class Derivatives:
         grads = fn.groups.get("grads", [])
         seeds = int(np.prod(shape))
         rows = [np.empty((seeds, *outputs[index].shape), dtype=self.dtype) for index, _ in grads]
-        _sweep(fn, dims, values, outputs, slot, [(index, row) for (index, _), row in zip(grads, rows)])
+        _sweep(fn, dims, values, outputs, (slot,), [(index, row) for (index, _), row in zip(grads, rows)])
         return {key: row.reshape(*shape, *(() if fn.outputs[index].scalar else outputs[index].shape))
                 for (index, key), row in zip(grads, rows)}
 
     def _jacobian_forward(self, output: str, shape: tuple[int, ...], bound: Mapping[str, int],
                           arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The Jacobian's columns: the jvp once per entry of each
-        differentiated leaf (one sweep per leaf, the other tangents 0)."""
+        """The Jacobian's columns: the jvp once per entry of every
+        differentiated leaf, one sweep through the tangents in turn."""
         fn = self.function("jvp")
         specs = {spec.name: spec for spec in fn.inputs}
-        tangents = {arg: np.zeros(_shape_in(specs[arg].shape, bound, arg), dtype=self.dtype)
-                    for arg, _, _ in fn.spec.extra_roles}
+        roles = fn.spec.extra_roles
+        tangents = {arg: np.zeros(_shape_in(specs[arg].shape, bound, arg), dtype=self.dtype) for arg, _, _ in roles}
         values, dims = fn.bind({**arrays, **tangents})
+        slots = tuple(fn.input_names.index(arg) for arg, _, _ in roles)
+        for slot in slots:  # the sweep writes each seed into them
+            values[slot] = np.zeros(values[slot].shape, dtype=self.dtype)
         outputs = fn.allocate(dims)
         (at,) = [index for index, out in enumerate(fn.outputs) if out.key == output and out.group != "loss"]
-        jacobian = {}
-        for arg, _, key in fn.spec.extra_roles:
-            slot = fn.input_names.index(arg)
-            values[slot] = tangent = np.zeros(values[slot].shape, dtype=self.dtype)
-            columns = np.empty((tangent.size, *outputs[at].shape), dtype=self.dtype)
-            _sweep(fn, dims, values, outputs, slot, [(at, columns)])
-            tangent[...] = 0  # the sweep leaves its last seed: the next leaf's columns need this one 0
-            leaf = () if specs[arg].scalar else tangent.shape
-            jacobian[key] = np.ascontiguousarray(columns.reshape(tangent.size, -1).T).reshape(*shape, *leaf)
+        columns = np.empty((sum(values[slot].size for slot in slots), *outputs[at].shape), dtype=self.dtype)
+        _sweep(fn, dims, values, outputs, slots, [(at, columns)])
+        jacobian, start = {}, 0
+        for (arg, _, key), slot in zip(roles, slots):
+            size, leaf = values[slot].size, () if specs[arg].scalar else values[slot].shape
+            block = columns[start:start + size].reshape(size, -1).T
+            jacobian[key] = np.ascontiguousarray(block).reshape(*shape, *leaf)
+            start += size
         return jacobian
 
     def check_grads(self, *, rtol: float | None = None, atol: float | None = None, directions: int = 2,
@@ -321,26 +327,33 @@ class Derivatives:
         return report
 
 
-def _sweep(fn: Function, dims: list[int], values: list[np.ndarray], outputs: list[np.ndarray], slot: int,
+def _sweep(fn: Function, dims: list[int], values: list[np.ndarray], outputs: list[np.ndarray], slots: tuple[int, ...],
            copies: list[tuple[int, np.ndarray]]) -> None:
-    """Runs fn once per one-hot seed e in values[slot] (entry e set to 1),
-    copying outputs[index] into row e of each (index, rows) of copies: in
-    one C call where the call extension is at hand, else a loop here."""
+    """Runs fn once per one-hot seed: each entry of values[slots[0]] set to
+    1 in turn, then of values[slots[1]]'s, ..., every other seed entry 0;
+    copies outputs[index] into the next row of each (index, rows) of
+    copies; leaves the seeds 0. In one C call where the call extension is
+    at hand, else a loop here."""
     work = fn.workspace(dims)
-    seed = values[slot].reshape(-1)
     sweep = fastcall.sweeper(fn.lib, fn.ffi, fn.c_name)
     if sweep is not None:
-        status = sweep(tuple(dims), [*values, *outputs], slot, int(fn.ffi.cast("uintptr_t", work)),
+        status = sweep(tuple(dims), [*values, *outputs], slots, int(fn.ffi.cast("uintptr_t", work)),
                        tuple(len(values) + index for index, _ in copies), tuple(rows for _, rows in copies))
         if status != 0:
             fn.binder.diagnose(dict(zip(fn.input_names, values)), status, fn.c_name)
         return
-    for e in range(seed.size):
+    seeds = [values[slot].reshape(-1) for slot in slots]
+    for seed in seeds:
         seed[:] = 0
-        seed[e] = 1
-        fn.invoke(dims, values, outputs, work)
-        for index, rows in copies:
-            rows[e] = outputs[index]
+    run = 0
+    for seed in seeds:
+        for e in range(seed.size):
+            seed[e] = 1
+            fn.invoke(dims, values, outputs, work)
+            seed[e] = 0
+            for index, rows in copies:
+                rows[run] = outputs[index]
+            run += 1
 
 
 def _shape_in(shape: tuple, bound: Mapping[str, int], what: str) -> tuple[int, ...]:

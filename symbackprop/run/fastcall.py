@@ -194,11 +194,13 @@ def sweeper(lib: Any, ffi: Any, c_name: str) -> Any | None:
     without packed entry points).
 
     Returns:
-        A callable (dims, arrays, seed_slot, work, slots, rows) -> the first
+        A callable (dims, arrays, seed_slots, work, slots, rows) -> the first
         nonzero status of the generated function, or 0: dims a tuple of
-        ints, arrays the list of inputs then outputs, work the workspace's
-        address, slots a tuple of indices into arrays, rows a tuple of
-        arrays, one per slot, of one row per seed (see _fastcall.c).
+        ints, arrays the list of inputs then outputs, seed_slots a tuple of
+        indices into arrays (the seeds run through each one's entries in
+        turn), work the workspace's address, slots a tuple of indices into
+        arrays, rows a tuple of arrays, one per slot, of one row per seed
+        (see _fastcall.c).
     """
     module = extension()
     if module is None or not hasattr(lib, f"{c_name}__packed") or not hasattr(module, "sweep"):
