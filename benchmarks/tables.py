@@ -14,7 +14,8 @@ lies between is the rendering of benchmarks/results/NAME.json, whose fields are
     columns: [{"key", "label", "ratio": true where the cell shows its ratio to the baseline}]
     rows: [{"label", "seconds": {key: seconds | [low, high]},
             "ratios": {key: [median, low, high]} (ratios measured round by round, shown as they are),
-            "note": text shown under the table}]
+            "note": text shown under the table,
+            "fastest": {key: seconds} (optional: the fastest sample, kept beside the medians, not shown)}]
 
 `benchmarks/run.py --save NAME` writes such a file from a run.
 """

@@ -3,7 +3,7 @@
     python benchmarks/gradbench/run.py [--evals lse,gmm] [--small] [--quick]
                                        [--peers symbackprop,jax,torch,torch_compile,manual]
                                        [--compile-timeout 60] [--scaling] [--json out.json] [--save NAME]
-                                       [--sizes "simple n=100,complicated n=1000"]
+                                       [--sizes "simple n=100,complicated n=1000"] [--clock cpu]
 
 Per eval (at its default size, or its smallest with --small): symbackprop's
 cold and cached compile time, each in a fresh process (cold: an empty
@@ -156,23 +156,33 @@ def validate(E, peer: str, primal, derivative, data: dict, ref: tuple, jax_deriv
     return {"errors": errors, "ok": ok}
 
 
-def time_interleaved(calls: dict, plan) -> dict:
+def time_interleaved(calls: dict, plan, clock: str = "wall") -> dict:
     """Median, min and max seconds per call of each no-argument call,
     sampling them in turn (one sample each, repeated) so that machine noise
-    falls on all of them alike. Reuses benchmarks/measure.py's helpers."""
+    falls on all of them alike (clock "cpu": the process's CPU time, for a
+    loaded machine). Reuses benchmarks/measure.py's helpers."""
     inner = {}
     for key, call in calls.items():
         _warm_up(call, plan.warmup_s)
         inner[key] = _calibrate(call, plan.sample_s)
+    sample = _sample if clock == "wall" else _cpu_sample
     samples: dict = {key: [] for key in calls}
     start = time.perf_counter()
     for _ in range(plan.samples):
         for key, call in calls.items():
-            samples[key].append(_sample(call, inner[key]) / inner[key] / 1e9)
+            samples[key].append(sample(call, inner[key]) / inner[key] / 1e9)
         if time.perf_counter() - start > plan.budget_s * len(calls) and len(samples[key]) >= plan.min_samples:
             break
     return {key: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "samples": len(v)}
             for key, v in samples.items()}
+
+
+def _cpu_sample(call, inner: int) -> int:
+    """measure._sample's nanoseconds, of this process's CPU time."""
+    t0 = time.process_time_ns()
+    for _ in range(inner):
+        call()
+    return time.process_time_ns() - t0
 
 
 def run_eval(name: str, size: dict, args, cache_root: Path) -> dict:
@@ -229,7 +239,7 @@ def run_eval(name: str, size: dict, args, cache_root: Path) -> dict:
     if "jax" not in args.peers:
         rec["peers"].pop("jax", None)
     if not args.no_timing and calls:
-        times = time_interleaved(calls, PLANS[args.plan])
+        times = time_interleaved(calls, PLANS[args.plan], args.clock)
         for (peer, fn), t in times.items():
             rec["peers"][peer][fn] = t
     return rec
@@ -356,18 +366,19 @@ def results_file(records: list, args, argv=None) -> dict:
     eval, each peer's primal and derivative as columns, the medians of peers that passed."""
     rows = []
     for r in records:
-        seconds = {}
+        seconds, fastest = {}, {}
         for peer, entry in r["peers"].items():
             for fn, key in (("primal", f"{peer}.primal"), ("derivative", peer)):
                 if entry.get("status") == "ok" and entry.get(fn):
-                    seconds[key] = entry[fn]["median_s"]
-        rows.append({"label": f"{r['eval']} {r['label']}, {r['derivative']}", "seconds": seconds})
+                    seconds[key], fastest[key] = entry[fn]["median_s"], entry[fn]["min_s"]
+        rows.append({"label": f"{r['eval']} {r['label']}, {r['derivative']}", "seconds": seconds, "fastest": fastest})
     peers = [p for p in args.peers if any(p in row["seconds"] for row in rows)]
     columns = primal_columns(peers, rows)
     columns += [{"key": p, "label": f"{p} derivative", "ratio": p != "symbackprop"} for p in peers]
     return {"title": "GradBench's evals, time per call", **tables.provenance(),
             "command": " ".join(["python benchmarks/gradbench/run.py", *(sys.argv[1:] if argv is None else argv)]),
             "conditions": f"every peer's results checked first; calls timed interleaved, {args.plan} plan, "
+                          f"{'CPU time' if args.clock == 'cpu' else 'wall clock'}, "
                           f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians",
             "source": _source(peers), "meta": meta(args), "row_header": "eval",
             "baseline": "symbackprop" if "symbackprop" in peers else None, "columns": columns, "rows": rows}
@@ -399,7 +410,7 @@ def meta(args) -> dict:
             versions[mod] = None
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": platform.python_version(),
             "platform": platform.platform(), "cpu_count": os.cpu_count(), "pinned": not args.no_pin,
-            "plan": args.plan, "small": args.small, "versions": versions}
+            "plan": args.plan, "clock": args.clock, "small": args.small, "versions": versions}
 
 
 def parse(argv):
@@ -410,6 +421,7 @@ def parse(argv):
     p.add_argument("--quick", action="store_true", help="fewer, shorter timing samples")
     p.add_argument("--scaling", action="store_true", help="cost versus size: each eval at its SCALING sizes")
     p.add_argument("--sizes", default=None, help="comma list of size labels (as the tables print them)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the process's CPU time")
     p.add_argument("--compile-timeout", type=float, default=60.0, help="seconds a symbackprop compile may take")
     p.add_argument("--no-timing", action="store_true", help="validate only")
     p.add_argument("--no-pin", action="store_true", help="do not pin this process to one CPU")
