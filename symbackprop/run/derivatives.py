@@ -240,11 +240,11 @@ class Derivatives:
         if not found:
             raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
         forward = self.function("forward")
-        bound = dict(zip(forward.binder.dims, forward.bind(arrays)[1]))  # (bind's checks are the cheapest way)
+        values, dims = forward.bind(arrays)  # (its checks, and the arrays' sizes, are the cheapest way)
+        bound = dict(zip(forward.binder.dims, dims))
         shape = _shape_in(found[0], bound, output)
-        leaves = {spec.name: spec.shape for spec in forward.inputs if spec.name in self.spec.wrt}
-        entries = sum(math.prod(_shape_in(leaf, bound, name)) for name, leaf in leaves.items())
-        if len(leaves) == len(self.spec.wrt) and FORWARD_FROM * entries < math.prod(shape):
+        leaves = [value.size for spec, value in zip(forward.inputs, values) if spec.name in self.spec.wrt]
+        if len(leaves) == len(self.spec.wrt) and FORWARD_FROM * sum(leaves) < math.prod(shape):
             return self._jacobian_forward(output, shape, bound, arrays)
         return self._jacobian_reverse(output, shape, arrays)
 
