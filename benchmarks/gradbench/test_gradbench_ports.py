@@ -217,7 +217,8 @@ def test_ht_jacobian_columns_in_gradbench_order():
     assert list(models["jacobian"].outputs) == list(ht.COLUMNS)
 
 
-@pytest.mark.parametrize("variant", ["simple", "complicated"])
+# the complicated models take 20 s to compile cold: slow in tests/ (where nothing else compiles them)
+@pytest.mark.parametrize("variant", ["simple", pytest.param("complicated", marks=pytest.mark.slow)])
 def test_ht_poses_only_the_vertices_used(variant):
     """The port poses the vertices some point uses, renumbered; posing all 544
     with GradBench's own vertex numbers gives the same err and Jacobian (and
