@@ -21,8 +21,9 @@ Each case runs in a child process with a fresh cache folder (so the C is
 built, not loaded), under `--timeout` seconds. Recorded: the declaration's
 time, `sbp.compile`'s wall time (forward and value_and_grad, float64), its
 stages as the "symbackprop" logger times them (lower, differentiate, emit,
-C compile), the distinct subexpressions `pipeline.count_operations`
-counts, the child's peak memory, and how it ended: "ok", "refused" (the
+C compile), its CPU seconds (Python, and the C compiler), the characters
+of the C modules it generated, the distinct subexpressions
+`pipeline.count_operations` counts, the child's peak memory, and how it ended: "ok", "refused" (the
 ModelError's text, and how soon it came) or "timeout".
 """
 
@@ -117,6 +118,10 @@ def child(case: str, size: int, cache: str) -> None:
     record["compile_s"] = round(time.perf_counter() - start, 3)
     record["stages_s"] = {k: round(v, 3) for k, v in stages.items()}
     record["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    record["cpu_s"] = {"python": round(mine.ru_utime + mine.ru_stime, 3),
+                       "compiler": round(children.ru_utime + children.ru_stime, 3)}
+    record["c_chars"] = sum(p.stat().st_size for p in Path(cache).glob("*/*.c") if not p.name.startswith("_sbp_"))
     print(json.dumps(record), flush=True)
 
 

@@ -20,8 +20,8 @@ Each case runs in a child process with a fresh cache folder (so the C is
 built, not loaded) pinned to one CPU (`taskset -c 1` where it exists).
 Recorded: `sbp.compile`'s seconds, then each first call's seconds
 (jvp, hvp, jacobian of the first output), each split into the "symbackprop"
-logger's stages (lower, differentiate, emit, C compile) and the graph's
-node count. `--profile KIND` prints the cProfile of that build.
+logger's stages (lower, differentiate, emit, C compile), its CPU seconds
+(Python and the C compiler) and the characters of the C it generated. `--profile KIND` prints the cProfile of that build.
 """
 
 from __future__ import annotations
@@ -162,6 +162,12 @@ def _cpu() -> dict[str, float]:
     return {"python": mine.ru_utime + mine.ru_stime, "compiler": children.ru_utime + children.ru_stime}
 
 
+def c_chars(cache: str) -> int:
+    """Characters of the generated C modules in the cache so far (the
+    cffi glue not counted): what the C compiler reads besides the headers."""
+    return sum(path.stat().st_size for path in Path(cache).glob("*/*.c") if not path.name.startswith("_sbp_"))
+
+
 def child(case: str, cache: str, profile: str | None) -> None:
     """One case, in this process: its record as JSON on the last line."""
     import cProfile
@@ -174,7 +180,7 @@ def child(case: str, cache: str, profile: str | None) -> None:
     logger.setLevel(logging.INFO)
     logger.addHandler(stages)
     model, data = declare(case)
-    record: dict = {"case": case, "seconds": {}, "cpu_s": {}, "stages_s": {}}
+    record: dict = {"case": case, "seconds": {}, "cpu_s": {}, "stages_s": {}, "c_chars": {}}
     kinds = [k for k in KINDS if k != "jacobian" or model.outputs]
     mod = None
     for kind in kinds:
@@ -188,6 +194,7 @@ def child(case: str, cache: str, profile: str | None) -> None:
         record["seconds"][kind] = round(time.perf_counter() - start, 3)
         record["cpu_s"][kind] = {k: round(after - before, 3) for (k, after), before in zip(_cpu().items(), cpu.values())}
         record["stages_s"][kind] = stages.take()
+        record["c_chars"][kind] = c_chars(cache) - sum(record["c_chars"].values())
         if profiler is not None:
             pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(60)
             pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
@@ -225,7 +232,9 @@ def summarize(case: str, runs: list[dict]) -> dict:
     ok = [r for r in runs if r.get("outcome") == "ok"]
     kinds = [k for k in KINDS if ok and k in ok[0]["seconds"]]
     cpu = {k: round(_median([sum(r["cpu_s"][k].values()) for r in ok]), 3) for k in kinds}
+    chars = {k: ok[0]["c_chars"][k] for k in kinds} if ok and "c_chars" in ok[0] else {}
     return {"case": case, "cpu_s": cpu, "wall_s": {k: round(_median([r["seconds"][k] for r in ok]), 3) for k in kinds},
+            "c_chars": chars,
             "ratio_to_compile": {k: round(cpu[k] / cpu["compile"], 2) for k in kinds if k != "compile"},
             "runs": runs}
 

@@ -964,6 +964,33 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 }
 #endif
 
+/* cnn_digits_run's buffers of a fixed size lie at fixed places in work, named
+ * here; each buffer's name is a macro for its place until the function's end,
+ * so that its parts take work, not a pointer to each buffer. */
+enum {
+    cnn_digits_run__bcast_c2, /* 1 x 512 */
+    cnn_digits_run__bcast_c1 = cnn_digits_run__bcast_c2 + 512, /* 1 x 1024 */
+    cnn_digits_run__conv_K1_cols = cnn_digits_run__bcast_c1 + 1024, /* 8 x 576 */
+    cnn_digits_run__conv_K2_cols = cnn_digits_run__conv_K1_cols + 4608, /* 8 x 2304 */
+    cnn_digits_run__colsum_T = cnn_digits_run__conv_K2_cols + 18432, /* 1 x 10 */
+    cnn_digits_run__rowsum_T = cnn_digits_run__colsum_T + 10, /* 1 x 1 */
+    cnn_digits_run__grad_maxpool_K1_cols = cnn_digits_run__conv_K2_cols, /* 8 x 2304 */
+    cnn_digits_run__grad_K1_cols = cnn_digits_run__rowsum_T + 1, /* 8 x 720 */
+    cnn_digits_run__grad_bcast_c1 = cnn_digits_run__bcast_c1, /* 1 x 1024 */
+    cnn_digits_run__grad_K2_cols = cnn_digits_run__grad_K1_cols + 5760, /* 8 x 6912 */
+    cnn_digits_run__grad_bcast_c2 = cnn_digits_run__bcast_c2, /* 1 x 512 */
+};
+#define bcast_c2 (work + cnn_digits_run__bcast_c2)
+#define bcast_c1 (work + cnn_digits_run__bcast_c1)
+#define conv_K1_cols (work + cnn_digits_run__conv_K1_cols)
+#define conv_K2_cols (work + cnn_digits_run__conv_K2_cols)
+#define colsum_T (work + cnn_digits_run__colsum_T)
+#define rowsum_T (work + cnn_digits_run__rowsum_T)
+#define grad_maxpool_K1_cols (work + cnn_digits_run__grad_maxpool_K1_cols)
+#define grad_K1_cols (work + cnn_digits_run__grad_K1_cols)
+#define grad_bcast_c1 (work + cnn_digits_run__grad_bcast_c1)
+#define grad_K2_cols (work + cnn_digits_run__grad_K2_cols)
+#define grad_bcast_c2 (work + cnn_digits_run__grad_bcast_c2)
 /* cnn_digits_run, part 1 of 3 (kernels 1 to 18): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -982,15 +1009,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     const CNN_DIGITS_REAL *b2,
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *bcast_c2,
-    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *conv_K1_cols,
     CNN_DIGITS_REAL *relu_K1,
     CNN_DIGITS_REAL *step_K1,
     CNN_DIGITS_REAL *maxpool_K1,
     CNN_DIGITS_REAL *conv_K2,
-    CNN_DIGITS_REAL *conv_K2_cols,
     CNN_DIGITS_REAL *relu_K2,
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *maxpool_K2,
@@ -1001,9 +1025,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *softmax_axis_logits,
     CNN_DIGITS_REAL *log_softmax_axis_logits,
     CNN_DIGITS_REAL *mul_T,
-    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
-    CNN_DIGITS_REAL *colsum_T,
-    CNN_DIGITS_REAL *rowsum_T
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
@@ -1020,15 +1042,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     const CNN_DIGITS_REAL *b2,
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *bcast_c2,
-    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *conv_K1_cols,
     CNN_DIGITS_REAL *relu_K1,
     CNN_DIGITS_REAL *step_K1,
     CNN_DIGITS_REAL *maxpool_K1,
     CNN_DIGITS_REAL *conv_K2,
-    CNN_DIGITS_REAL *conv_K2_cols,
     CNN_DIGITS_REAL *relu_K2,
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *maxpool_K2,
@@ -1039,9 +1058,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *softmax_axis_logits,
     CNN_DIGITS_REAL *log_softmax_axis_logits,
     CNN_DIGITS_REAL *mul_T,
-    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
-    CNN_DIGITS_REAL *colsum_T,
-    CNN_DIGITS_REAL *rowsum_T
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits
 )
 {
     /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
@@ -1148,6 +1165,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *relu_K1,
     CNN_DIGITS_REAL *step_K1,
     CNN_DIGITS_REAL *maxpool_K1,
@@ -1162,11 +1180,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_maxpool_K2,
     CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_maxpool_K1,
-    CNN_DIGITS_REAL *grad_maxpool_K1_cols,
-    CNN_DIGITS_REAL *grad_relu_K1,
-    CNN_DIGITS_REAL *grad_K1_cols,
-    CNN_DIGITS_REAL *grad_bcast_c1,
-    CNN_DIGITS_REAL *grad_K2_cols
+    CNN_DIGITS_REAL *grad_relu_K1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
@@ -1178,6 +1192,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *relu_K1,
     CNN_DIGITS_REAL *step_K1,
     CNN_DIGITS_REAL *maxpool_K1,
@@ -1192,11 +1207,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_maxpool_K2,
     CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_maxpool_K1,
-    CNN_DIGITS_REAL *grad_maxpool_K1_cols,
-    CNN_DIGITS_REAL *grad_relu_K1,
-    CNN_DIGITS_REAL *grad_K1_cols,
-    CNN_DIGITS_REAL *grad_bcast_c1,
-    CNN_DIGITS_REAL *grad_K2_cols
+    CNN_DIGITS_REAL *grad_relu_K1
 )
 {
     /* rowsum_T_2 = sum of grad_log_softmax_axis_logits along each row */
@@ -1276,12 +1287,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_b1,
     CNN_DIGITS_REAL *grad_W2,
     CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *maxpool_K2,
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
-    CNN_DIGITS_REAL *grad_relu_K2,
-    CNN_DIGITS_REAL *grad_bcast_c2
+    CNN_DIGITS_REAL *grad_relu_K2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
@@ -1291,12 +1302,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_b1,
     CNN_DIGITS_REAL *grad_W2,
     CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *maxpool_K2,
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
-    CNN_DIGITS_REAL *grad_relu_K2,
-    CNN_DIGITS_REAL *grad_bcast_c2
+    CNN_DIGITS_REAL *grad_relu_K2
 )
 {
     /* grad_bcast_c2 = sum of grad_relu_K2 down each column */
@@ -1364,16 +1375,12 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
     }
 
     /* where each buffer lies in work */
-    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
-    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
-    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *conv_K1_cols = conv_K1 + 1024*n; /* 8 x 576 */
-    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols + 4608; /* n x 1024 */
+    CNN_DIGITS_REAL *conv_K1 = with_grads ? work + 85643 : work + 24587; /* n x 1024 */
+    CNN_DIGITS_REAL *relu_K1 = conv_K1 + 1024*n; /* n x 1024 */
     CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
     CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
     CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *conv_K2_cols = conv_K2 + 512*n; /* 8 x 2304 */
-    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols + 18432; /* n x 512 */
+    CNN_DIGITS_REAL *relu_K2 = conv_K2 + 512*n; /* n x 512 */
     CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
     CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
     CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
@@ -1386,8 +1393,6 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
             x 10 */
     CNN_DIGITS_REAL *grad_log_softmax_axis_logits = with_grads ? mul_T + 10*n :
             log_softmax_axis_logits + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *colsum_T = grad_log_softmax_axis_logits + 10*n; /* 1 x 10 */
-    CNN_DIGITS_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
     cnn_digits_run_part1(
         n,
@@ -1403,15 +1408,12 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         b2,
         loss,
         logits,
-        bcast_c2,
-        bcast_c1,
+        work,
         conv_K1,
-        conv_K1_cols,
         relu_K1,
         step_K1,
         maxpool_K1,
         conv_K2,
-        conv_K2_cols,
         relu_K2,
         step_K2,
         maxpool_K2,
@@ -1422,27 +1424,20 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         softmax_axis_logits,
         log_softmax_axis_logits,
         mul_T,
-        grad_log_softmax_axis_logits,
-        colsum_T,
-        rowsum_T
+        grad_log_softmax_axis_logits
     );
     if (!with_grads) {
         return 0;
     }
 
     /* the gradient's buffers in work */
-    CNN_DIGITS_REAL *rowsum_T_2 = rowsum_T + 1; /* n x 1 */
+    CNN_DIGITS_REAL *rowsum_T_2 = grad_log_softmax_axis_logits + 10*n; /* n x 1 */
     CNN_DIGITS_REAL *grad_logits = mul_T; /* n x 10, in mul_T's memory */
     CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
     CNN_DIGITS_REAL *grad_maxpool_K2 = rowsum_T_2 + n; /* n x 128 */
     CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
     CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_maxpool_K1_cols = conv_K2_cols; /* 8 x 2304, in conv_K2_cols's memory */
     CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
-    CNN_DIGITS_REAL *grad_K1_cols = grad_maxpool_K1 + 256*n; /* 8 x 720 */
-    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
-    CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
-    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
 
     cnn_digits_run_part2(
         n,
@@ -1453,6 +1448,7 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         grad_K1,
         grad_c1,
         grad_K2,
+        work,
         relu_K1,
         step_K1,
         maxpool_K1,
@@ -1467,11 +1463,7 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         grad_maxpool_K2,
         grad_relu_K2,
         grad_maxpool_K1,
-        grad_maxpool_K1_cols,
-        grad_relu_K1,
-        grad_K1_cols,
-        grad_bcast_c1,
-        grad_K2_cols
+        grad_relu_K1
     );
     cnn_digits_run_part3(
         n,
@@ -1480,16 +1472,27 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         grad_b1,
         grad_W2,
         grad_b2,
+        work,
         maxpool_K2,
         relu_W1,
         grad_logits,
         grad_relu_W1,
-        grad_relu_K2,
-        grad_bcast_c2
+        grad_relu_K2
     );
     return 0;
 }
 #endif
+#undef bcast_c2
+#undef bcast_c1
+#undef conv_K1_cols
+#undef conv_K2_cols
+#undef colsum_T
+#undef rowsum_T
+#undef grad_maxpool_K1_cols
+#undef grad_K1_cols
+#undef grad_bcast_c1
+#undef grad_K2_cols
+#undef grad_bcast_c2
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t cnn_digits_forward_work_len(int64_t n)

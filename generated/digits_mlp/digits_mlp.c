@@ -133,7 +133,7 @@ static int digits_mlp_run(
     }
 
     /* where each buffer lies in work */
-    DIGITS_MLP_REAL *mm_W1 = work; /* n x 64 */
+    DIGITS_MLP_REAL *mm_W1 = work + 11; /* n x 64 */
     DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
     DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
     DIGITS_MLP_REAL *softmax_axis_logits = mm_W2; /* n x 10, in mm_W2's memory */
@@ -142,7 +142,7 @@ static int digits_mlp_run(
             x 10 */
     DIGITS_MLP_REAL *grad_log_softmax_axis_logits = with_grads ? mul_T + 10*n :
             log_softmax_axis_logits + 10*n; /* n x 10 */
-    DIGITS_MLP_REAL *colsum_T = grad_log_softmax_axis_logits + 10*n; /* 1 x 10 */
+    DIGITS_MLP_REAL *colsum_T = work; /* 1 x 10 */
     DIGITS_MLP_REAL *rowsum_T = colsum_T + 10; /* 1 x 1 */
 
     /* mm_W1 = X @ W1 */
@@ -196,7 +196,7 @@ static int digits_mlp_run(
     }
 
     /* the gradient's buffers in work */
-    DIGITS_MLP_REAL *rowsum_T_2 = rowsum_T + 1; /* n x 1 */
+    DIGITS_MLP_REAL *rowsum_T_2 = grad_log_softmax_axis_logits + 10*n; /* n x 1 */
     DIGITS_MLP_REAL *grad_logits = mul_T; /* n x 10, in mul_T's memory */
     DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
 

@@ -303,18 +303,18 @@ static int gmm_run(
     }
 
     /* where each buffer lies in work */
-    GMM_REAL *softmax_axis_alpha = work; /* K x 1 */
-    GMM_REAL *collse_alpha = softmax_axis_alpha + K; /* 1 x 1 */
-    GMM_REAL *X_by_column = collse_alpha + 1; /* 3 x N */
+    GMM_REAL *softmax_axis_alpha = work + 7; /* K x 1 */
+    GMM_REAL *collse_alpha = work; /* 1 x 1 */
+    GMM_REAL *X_by_column = softmax_axis_alpha + K; /* 3 x N */
     GMM_REAL *softmax_axis_log_density = X_by_column + 3*N; /* N x K */
     GMM_REAL *rowlse_log_density = softmax_axis_log_density + K*N; /* N x 1 */
-    GMM_REAL *colsum_log_density = rowlse_log_density + N; /* 1 x 1 */
-    GMM_REAL *exp_qd = colsum_log_density + 1; /* K x 3 */
-    GMM_REAL *colsum_qd = exp_qd + 3*K; /* 1 x 3 */
+    GMM_REAL *colsum_log_density = collse_alpha + 1; /* 1 x 1 */
+    GMM_REAL *exp_qd = rowlse_log_density + N; /* K x 3 */
+    GMM_REAL *colsum_qd = colsum_log_density + 1; /* 1 x 3 */
     GMM_REAL *rowsum_qd = colsum_qd + 3; /* 1 x 1 */
-    GMM_REAL *sq_ql = with_grads ? rowsum_qd + 1 : exp_qd; /* K x 3 */
+    GMM_REAL *sq_ql = with_grads ? exp_qd + 3*K : exp_qd; /* K x 3 */
     GMM_REAL *colsum_ql = colsum_qd; /* 1 x 3, in colsum_qd's memory */
-    GMM_REAL *rowsum_ql = with_grads ? sq_ql + 3*K : rowsum_qd + 1; /* 1 x 1 */
+    GMM_REAL *rowsum_ql = rowsum_qd + 1; /* 1 x 1 */
 
     /* softmax_axis_alpha = softmax of alpha down each column, its max subtracted first */
     symbackprop_f64_softmax_axis(alpha, K, 1, softmax_axis_alpha, 1, 0);
@@ -372,7 +372,7 @@ static int gmm_run(
     }
 
     /* the gradient's buffers in work */
-    GMM_REAL *grad_log_density = rowsum_ql + 1; /* N x K */
+    GMM_REAL *grad_log_density = sq_ql + 3*K; /* N x K */
     GMM_REAL *X_by_column_2 = X_by_column; /* 3 x N, in X_by_column's memory */
     GMM_REAL *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
     GMM_REAL *grad_qd_part = sq_ql; /* K x 3, in sq_ql's memory */

@@ -120,6 +120,17 @@ size_t lstm_lm_forward_work_len(int64_t T)
 }
 #endif
 
+/* lstm_lm_forward's buffers of a fixed size lie at fixed places in work, named
+ * here; each buffer's name is a macro for its place until the function's end,
+ * so that its parts take work, not a pointer to each buffer. */
+enum {
+    lstm_lm_forward__scan_W_i, /* 460 x 1 */
+    lstm_lm_forward__colsum_Y = lstm_lm_forward__scan_W_i + 460, /* 1 x 30 */
+    lstm_lm_forward__rowsum_Y = lstm_lm_forward__colsum_Y + 30, /* 1 x 1 */
+};
+#define scan_W_i (work + lstm_lm_forward__scan_W_i)
+#define colsum_Y (work + lstm_lm_forward__colsum_Y)
+#define rowsum_Y (work + lstm_lm_forward__rowsum_Y)
 /* lstm_lm_forward, part 1 of 2 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -142,7 +153,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *scan_W_i
+    LSTM_LM_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part1(
@@ -163,7 +174,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *scan_W_i
+    LSTM_LM_REAL *work
 )
 {
     /* scan_W_i = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of
@@ -395,11 +406,10 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *work,
     LSTM_LM_REAL *softmax_axis_logits,
     LSTM_LM_REAL *log_softmax_axis_logits,
-    LSTM_LM_REAL *mul_Y,
-    LSTM_LM_REAL *colsum_Y,
-    LSTM_LM_REAL *rowsum_Y
+    LSTM_LM_REAL *mul_Y
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part2(
@@ -407,11 +417,10 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *work,
     LSTM_LM_REAL *softmax_axis_logits,
     LSTM_LM_REAL *log_softmax_axis_logits,
-    LSTM_LM_REAL *mul_Y,
-    LSTM_LM_REAL *colsum_Y,
-    LSTM_LM_REAL *rowsum_Y
+    LSTM_LM_REAL *mul_Y
 )
 {
     /* logits: the output 0 of the loop of scan_W_i, written by it */
@@ -484,12 +493,9 @@ SYMBACKPROP_DISPATCH int lstm_lm_forward(
     }
 
     /* where each buffer lies in work */
-    LSTM_LM_REAL *scan_W_i = work; /* 460 x 1 */
-    LSTM_LM_REAL *softmax_axis_logits = scan_W_i + 460; /* T x 30 */
+    LSTM_LM_REAL *softmax_axis_logits = work + 491; /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = softmax_axis_logits; /* T x 30, in softmax_axis_logits's memory */
-    LSTM_LM_REAL *colsum_Y = log_softmax_axis_logits + 30*T; /* 1 x 30 */
-    LSTM_LM_REAL *rowsum_Y = colsum_Y + 30; /* 1 x 1 */
 
     lstm_lm_forward_part1(
         T,
@@ -509,22 +515,24 @@ SYMBACKPROP_DISPATCH int lstm_lm_forward(
         V,
         c,
         logits,
-        scan_W_i
+        work
     );
     lstm_lm_forward_part2(
         T,
         Y,
         loss,
         logits,
+        work,
         softmax_axis_logits,
         log_softmax_axis_logits,
-        mul_Y,
-        colsum_Y,
-        rowsum_Y
+        mul_Y
     );
     return 0;
 }
 #endif
+#undef scan_W_i
+#undef colsum_Y
+#undef rowsum_Y
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_lm_value_and_grad_work_len(int64_t T)
@@ -539,6 +547,17 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
 }
 #endif
 
+/* lstm_lm_value_and_grad's buffers of a fixed size lie at fixed places in work, named
+ * here; each buffer's name is a macro for its place until the function's end,
+ * so that its parts take work, not a pointer to each buffer. */
+enum {
+    lstm_lm_value_and_grad__scan_W_i, /* 460 x 1 */
+    lstm_lm_value_and_grad__colsum_Y = lstm_lm_value_and_grad__scan_W_i + 460, /* 1 x 30 */
+    lstm_lm_value_and_grad__rowsum_Y = lstm_lm_value_and_grad__colsum_Y + 30, /* 1 x 1 */
+};
+#define scan_W_i (work + lstm_lm_value_and_grad__scan_W_i)
+#define colsum_Y (work + lstm_lm_value_and_grad__colsum_Y)
+#define rowsum_Y (work + lstm_lm_value_and_grad__rowsum_Y)
 /* lstm_lm_value_and_grad, part 1 of 4 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -560,7 +579,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *scan_W_i,
+    LSTM_LM_REAL *work,
     LSTM_LM_REAL *logits,
     LSTM_LM_REAL *scan_part_W_i
 );
@@ -582,7 +601,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *scan_W_i,
+    LSTM_LM_REAL *work,
     LSTM_LM_REAL *logits,
     LSTM_LM_REAL *scan_part_W_i
 )
@@ -820,13 +839,12 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
+    LSTM_LM_REAL *work,
     LSTM_LM_REAL *logits,
     LSTM_LM_REAL *softmax_axis_logits,
     LSTM_LM_REAL *log_softmax_axis_logits,
     LSTM_LM_REAL *mul_Y,
     LSTM_LM_REAL *grad_log_softmax_axis_logits,
-    LSTM_LM_REAL *colsum_Y,
-    LSTM_LM_REAL *rowsum_Y,
     LSTM_LM_REAL *rowsum_Y_2,
     LSTM_LM_REAL *grad_logits
 );
@@ -835,13 +853,12 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
+    LSTM_LM_REAL *work,
     LSTM_LM_REAL *logits,
     LSTM_LM_REAL *softmax_axis_logits,
     LSTM_LM_REAL *log_softmax_axis_logits,
     LSTM_LM_REAL *mul_Y,
     LSTM_LM_REAL *grad_log_softmax_axis_logits,
-    LSTM_LM_REAL *colsum_Y,
-    LSTM_LM_REAL *rowsum_Y,
     LSTM_LM_REAL *rowsum_Y_2,
     LSTM_LM_REAL *grad_logits
 )
@@ -1693,16 +1710,13 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
     }
 
     /* where each buffer lies in work */
-    LSTM_LM_REAL *scan_W_i = work; /* 460 x 1 */
-    LSTM_LM_REAL *logits = scan_W_i + 460; /* T x 30 */
+    LSTM_LM_REAL *logits = work + 491; /* T x 30 */
     LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T - 1)/32 + 1) x 32 */
     LSTM_LM_REAL *softmax_axis_logits = scan_part_W_i + 32*((T - 1)/32 + 1); /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = logits; /* T x 30, in logits's memory */
     LSTM_LM_REAL *grad_log_softmax_axis_logits = log_softmax_axis_logits + 30*T; /* T x 30 */
-    LSTM_LM_REAL *colsum_Y = grad_log_softmax_axis_logits + 30*T; /* 1 x 30 */
-    LSTM_LM_REAL *rowsum_Y = colsum_Y + 30; /* 1 x 1 */
-    LSTM_LM_REAL *rowsum_Y_2 = rowsum_Y + 1; /* T x 1 */
+    LSTM_LM_REAL *rowsum_Y_2 = grad_log_softmax_axis_logits + 30*T; /* T x 1 */
     LSTM_LM_REAL *grad_logits = mul_Y; /* T x 30, in mul_Y's memory */
     LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* (160*((32) < (T) ? (32) : (T)) + 4302) x 1 */
 
@@ -1723,7 +1737,7 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
         b_o,
         V,
         c,
-        scan_W_i,
+        work,
         logits,
         scan_part_W_i
     );
@@ -1731,13 +1745,12 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
         T,
         Y,
         loss,
+        work,
         logits,
         softmax_axis_logits,
         log_softmax_axis_logits,
         mul_Y,
         grad_log_softmax_axis_logits,
-        colsum_Y,
-        rowsum_Y,
         rowsum_Y_2,
         grad_logits
     );
@@ -1780,6 +1793,9 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
     return 0;
 }
 #endif
+#undef scan_W_i
+#undef colsum_Y
+#undef rowsum_Y
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see lstm_lm.h) --- */

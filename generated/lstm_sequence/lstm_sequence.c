@@ -660,6 +660,13 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
 }
 #endif
 
+/* lstm_sequence_run's buffers of a fixed size lie at fixed places in work, named
+ * here; each buffer's name is a macro for its place until the function's end,
+ * so that its parts take work, not a pointer to each buffer. */
+enum {
+    lstm_sequence_run__colsum_logit, /* 1 x 1 */
+};
+#define colsum_logit (work + lstm_sequence_run__colsum_logit)
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -1169,6 +1176,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
+    LSTM_SEQUENCE_REAL *work,
     LSTM_SEQUENCE_REAL *add_U_g_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_9,
@@ -1201,8 +1209,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *mul_U_o_7,
     LSTM_SEQUENCE_REAL *mm_V,
     LSTM_SEQUENCE_REAL *add_logit,
-    LSTM_SEQUENCE_REAL *grad_logit,
-    LSTM_SEQUENCE_REAL *colsum_logit
+    LSTM_SEQUENCE_REAL *grad_logit
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
@@ -1227,6 +1234,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
+    LSTM_SEQUENCE_REAL *work,
     LSTM_SEQUENCE_REAL *add_U_g_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_9,
@@ -1259,8 +1267,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *mul_U_o_7,
     LSTM_SEQUENCE_REAL *mm_V,
     LSTM_SEQUENCE_REAL *add_logit,
-    LSTM_SEQUENCE_REAL *grad_logit,
-    LSTM_SEQUENCE_REAL *colsum_logit
+    LSTM_SEQUENCE_REAL *grad_logit
 )
 {
     /* mm_U_f_5 += x6 @ W_f */
@@ -2501,7 +2508,7 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     }
 
     /* where each buffer lies in work */
-    LSTM_SEQUENCE_REAL *mm_W_o = work; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_o = work + 1; /* n x 8 */
     LSTM_SEQUENCE_REAL *sigmoid_W_o = mm_W_o + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_W_i = mm_W_o; /* n x 8, in mm_W_o's memory */
     LSTM_SEQUENCE_REAL *sigmoid_W_i = sigmoid_W_o + 8*n; /* n x 8 */
@@ -2594,7 +2601,6 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     LSTM_SEQUENCE_REAL *mm_V = with_grads ? mul_U_o_7 + 8*n : mul_U_o + 8*n; /* n x 1 */
     LSTM_SEQUENCE_REAL *add_logit = mm_V + n; /* n x 1 */
     LSTM_SEQUENCE_REAL *grad_logit = add_logit + n; /* n x 1 */
-    LSTM_SEQUENCE_REAL *colsum_logit = grad_logit + n; /* 1 x 1 */
 
     lstm_sequence_run_part1(
         n,
@@ -2718,6 +2724,7 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         c0,
         loss,
         logit,
+        work,
         add_U_g_4,
         sigmoid_U_o_5,
         tanh_U_g_9,
@@ -2750,8 +2757,7 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         mul_U_o_7,
         mm_V,
         add_logit,
-        grad_logit,
-        colsum_logit
+        grad_logit
     );
     if (!with_grads) {
         return 0;
@@ -2759,7 +2765,7 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
 
     /* the gradient's buffers in work */
     LSTM_SEQUENCE_REAL *grad_mul_U_o_7 = mm_U_f_7; /* n x 8, in mm_U_f_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g = colsum_logit + 1; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_g = grad_logit + n; /* n x 8 */
     LSTM_SEQUENCE_REAL *grad_add_U_i = grad_add_U_g + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_i + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *grad_add_U_g_2 = grad_add_U_f + 8*n; /* n x 8 */
@@ -3042,6 +3048,7 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     return 0;
 }
 #endif
+#undef colsum_logit
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_sequence_forward_work_len(int64_t n)

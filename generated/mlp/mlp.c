@@ -107,12 +107,12 @@ static int mlp_run(
     }
 
     /* where each buffer lies in work */
-    MLP_REAL *mm_W1 = work; /* n x 4 */
+    MLP_REAL *mm_W1 = work + 3; /* n x 4 */
     MLP_REAL *sigmoid_W1 = mm_W1 + 4*n; /* n x 4 */
     MLP_REAL *mm_W2 = sigmoid_W1 + 4*n; /* n x 2 */
     MLP_REAL *sq_Y = mm_W2 + 2*n; /* n x 2 */
     MLP_REAL *grad_add_Y = sq_Y + 2*n; /* n x 2 */
-    MLP_REAL *colsum_Y = grad_add_Y + 2*n; /* 1 x 2 */
+    MLP_REAL *colsum_Y = work; /* 1 x 2 */
     MLP_REAL *rowsum_Y = colsum_Y + 2; /* 1 x 1 */
 
     /* mm_W1 = X @ W1 */

@@ -1035,6 +1035,26 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
 }
 #endif
 
+/* transformer_lm_run's buffers of a fixed size lie at fixed places in work, named
+ * here; each buffer's name is a macro for its place until the function's end,
+ * so that its parts take work, not a pointer to each buffer. */
+enum {
+    transformer_lm_run__mul_Wq0, /* 64 x 64 */
+    transformer_lm_run__scores_Wk0_block = transformer_lm_run__mul_Wq0 + 4096, /* 64 x 16 */
+    transformer_lm_run__scores_Wk1_block = transformer_lm_run__scores_Wk0_block, /* 64 x 16 */
+    transformer_lm_run__grad_softmax_Wk1_block = transformer_lm_run__scores_Wk1_block, /* 64 x 16 */
+    transformer_lm_run__grad_softmax_Wk0_block = transformer_lm_run__grad_softmax_Wk1_block, /* 64 x
+            16 */
+    transformer_lm_run__grad_mul_Wq0 = transformer_lm_run__mul_Wq0, /* 64 x 64 */
+    transformer_lm_run__grad_mul_Wq1 = transformer_lm_run__grad_mul_Wq0, /* 64 x 64 */
+};
+#define mul_Wq0 (work + transformer_lm_run__mul_Wq0)
+#define scores_Wk0_block (work + transformer_lm_run__scores_Wk0_block)
+#define scores_Wk1_block (work + transformer_lm_run__scores_Wk1_block)
+#define grad_softmax_Wk1_block (work + transformer_lm_run__grad_softmax_Wk1_block)
+#define grad_softmax_Wk0_block (work + transformer_lm_run__grad_softmax_Wk0_block)
+#define grad_mul_Wq0 (work + transformer_lm_run__grad_mul_Wq0)
+#define grad_mul_Wq1 (work + transformer_lm_run__grad_mul_Wq1)
 /* transformer_lm_run, part 1 of 7 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -1065,16 +1085,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *emap_E,
     TRANSFORMER_LM_REAL *emap_P,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
     TRANSFORMER_LM_REAL *scores_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0_block,
     TRANSFORMER_LM_REAL *softmax_Wk0,
     TRANSFORMER_LM_REAL *mm_Wv0,
     TRANSFORMER_LM_REAL *mix_Wv0,
@@ -1093,7 +1112,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
     TRANSFORMER_LM_REAL *scores_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1_block,
     TRANSFORMER_LM_REAL *softmax_Wk1,
     TRANSFORMER_LM_REAL *mm_Wv1,
     TRANSFORMER_LM_REAL *mix_Wv1,
@@ -1129,16 +1147,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *emap_E,
     TRANSFORMER_LM_REAL *emap_P,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
     TRANSFORMER_LM_REAL *scores_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0_block,
     TRANSFORMER_LM_REAL *softmax_Wk0,
     TRANSFORMER_LM_REAL *mm_Wv0,
     TRANSFORMER_LM_REAL *mix_Wv0,
@@ -1157,7 +1174,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
     TRANSFORMER_LM_REAL *scores_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1_block,
     TRANSFORMER_LM_REAL *softmax_Wk1,
     TRANSFORMER_LM_REAL *mm_Wv1,
     TRANSFORMER_LM_REAL *mix_Wv1,
@@ -1433,6 +1449,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
     TRANSFORMER_LM_REAL *softmax_Wk1,
@@ -1456,7 +1473,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *grad_mm_Wv1,
     TRANSFORMER_LM_REAL *grad_add_b1a,
     TRANSFORMER_LM_REAL *grad_softmax_Wk1,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
     TRANSFORMER_LM_REAL *grad_scores_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1
@@ -1473,6 +1489,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
     TRANSFORMER_LM_REAL *softmax_Wk1,
@@ -1496,7 +1513,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *grad_mm_Wv1,
     TRANSFORMER_LM_REAL *grad_add_b1a,
     TRANSFORMER_LM_REAL *grad_softmax_Wk1,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
     TRANSFORMER_LM_REAL *grad_scores_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1
@@ -1612,9 +1628,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
-    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
     TRANSFORMER_LM_REAL *softmax_Wk0,
@@ -1638,7 +1654,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_softmax_Wk0,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
     TRANSFORMER_LM_REAL *grad_scores_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wq0,
@@ -1656,9 +1671,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
-    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
     TRANSFORMER_LM_REAL *softmax_Wk0,
@@ -1682,7 +1697,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_softmax_Wk0,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
     TRANSFORMER_LM_REAL *grad_scores_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wq0,
@@ -1833,6 +1847,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
     TRANSFORMER_LM_REAL *mix_Wv0,
@@ -1842,8 +1857,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0,
-    TRANSFORMER_LM_REAL *grad_mul_Wq0
+    TRANSFORMER_LM_REAL *grad_mm_Wq0
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
@@ -1856,6 +1870,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
     TRANSFORMER_LM_REAL *mix_Wv0,
@@ -1865,8 +1880,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0,
-    TRANSFORMER_LM_REAL *grad_mul_Wq0
+    TRANSFORMER_LM_REAL *grad_mm_Wq0
 )
 {
     /* grad_g0a = sum of norm_E down each column */
@@ -1928,6 +1942,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_gf,
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *add_b0m,
     TRANSFORMER_LM_REAL *mul_W0up,
     TRANSFORMER_LM_REAL *norm_W0down,
@@ -1949,8 +1964,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1,
     TRANSFORMER_LM_REAL *grad_add_W0down_part,
-    TRANSFORMER_LM_REAL *grad_mul_W0up,
-    TRANSFORMER_LM_REAL *grad_mul_Wq1
+    TRANSFORMER_LM_REAL *grad_mul_W0up
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
@@ -1974,6 +1988,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_gf,
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *add_b0m,
     TRANSFORMER_LM_REAL *mul_W0up,
     TRANSFORMER_LM_REAL *norm_W0down,
@@ -1995,8 +2010,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1,
     TRANSFORMER_LM_REAL *grad_add_W0down_part,
-    TRANSFORMER_LM_REAL *grad_mul_W0up,
-    TRANSFORMER_LM_REAL *grad_mul_Wq1
+    TRANSFORMER_LM_REAL *grad_mul_W0up
 )
 {
     /* grad_W0up = add_b0m^T @ grad_mul_W0up */
@@ -2160,17 +2174,15 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     }
 
     /* where each buffer lies in work */
-    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_E = with_grads ? work + 9217 : work + 5121; /* m x 64 */
     TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_E = emap_P; /* m x 64, in emap_P's memory */
     TRANSFORMER_LM_REAL *add_b0a = emap_E; /* m x 64, in emap_E's memory */
-    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? mul_Wq0 + 4096 : norm_E; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : mul_Wq0 + 4096; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? add_E + 64*m : norm_E; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : add_E + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *scores_Wk0_block = scores_Wk0 + 256*m; /* 64 x 16 */
-    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block + 1024; /* m x 256 */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0 + 256*m; /* m x 256 */
     TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wk0; /* m x 64 */
     TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : add_b0a; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wo0 = with_grads ? mix_Wv0 + 64*m : mm_Wv0; /* m x 64 */
@@ -2186,12 +2198,10 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_W0down = mm_W0down; /* m x 64, in mm_W0down's memory */
     TRANSFORMER_LM_REAL *add_b1a = with_grads ? add_W0down + 64*m : add_Wo0; /* m x 64 */
-    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? add_b1a + 64*m : mul_Wq0; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? mul_Wq1 + 4096 : norm_W0down; /* m x 64 */
+    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? scores_Wk0_block + 1024 : mul_Wq0; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? add_b1a + 64*m : norm_W0down; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : mm_Wq0; /* m x 64 */
     TRANSFORMER_LM_REAL *scores_Wk1 = with_grads ? mm_W0up : mul_W0up; /* m x 256, in mm_W0up's
-            memory */
-    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's
             memory */
     TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
     TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wk1; /* m x 64 */
@@ -2212,7 +2222,8 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *softmax_axis_Wout = mm_Wout + 62*m; /* m x 62 */
     TRANSFORMER_LM_REAL *log_softmax_axis_Wout = softmax_axis_Wout + 62*m; /* m x 62 */
     TRANSFORMER_LM_REAL *pick_targets = log_softmax_axis_Wout + 62*m; /* m x 1 */
-    TRANSFORMER_LM_REAL *colsum_targets = pick_targets + m; /* 1 x 1 */
+    TRANSFORMER_LM_REAL *colsum_targets = with_grads ? mul_Wq1 + 4096 : scores_Wk0_block + 1024; /*
+            1 x 1 */
 
     transformer_lm_run_part1(
         m,
@@ -2240,16 +2251,15 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         Wo1,
         g1m,
         b1m,
+        work,
         emap_E,
         emap_P,
         add_E,
         norm_E,
         add_b0a,
-        mul_Wq0,
         mm_Wq0,
         mm_Wk0,
         scores_Wk0,
-        scores_Wk0_block,
         softmax_Wk0,
         mm_Wv0,
         mix_Wv0,
@@ -2268,7 +2278,6 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         mm_Wq1,
         mm_Wk1,
         scores_Wk1,
-        scores_Wk1_block,
         softmax_Wk1,
         mm_Wv1,
         mix_Wv1,
@@ -2311,7 +2320,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout = log_softmax_axis_Wout; /* m x 62, in
             log_softmax_axis_Wout's memory */
     TRANSFORMER_LM_REAL *rowsum_targets = pick_targets; /* m x 1, in pick_targets's memory */
-    TRANSFORMER_LM_REAL *grad_add_bf = colsum_targets + 1; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_bf = pick_targets + m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_add_W1down = grad_norm_W1down + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
@@ -2322,8 +2331,6 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_mm_Wv1 = add_Wo1; /* m x 64, in add_Wo1's memory */
     TRANSFORMER_LM_REAL *grad_add_b1a = grad_add_Wo1_part + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in
-            scores_Wk1_block's memory */
     TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_add_b1a + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *grad_mm_Wk1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wq1 = mm_Wq1; /* m x 64, in mm_Wq1's memory */
@@ -2337,16 +2344,12 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_mm_Wv0 = add_Wo0; /* m x 64, in add_Wo0's memory */
     TRANSFORMER_LM_REAL *grad_add_b0a = grad_add_Wo0_part + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_softmax_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in
-            grad_softmax_Wk1_block's memory */
     TRANSFORMER_LM_REAL *grad_scores_Wk0 = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's
             memory */
     TRANSFORMER_LM_REAL *grad_mm_Wk0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wq0 = mm_Wq0; /* m x 64, in mm_Wq0's memory */
     TRANSFORMER_LM_REAL *grad_norm_E = mm_Wk0; /* m x 64, in mm_Wk0's memory */
     TRANSFORMER_LM_REAL *grad_add_E_part = mm_Wv0; /* m x 64, in mm_Wv0's memory */
-    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
-    TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
 
     transformer_lm_run_part3(
         m,
@@ -2359,6 +2362,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         W1down,
         gf,
         Wout,
+        work,
         mm_Wq1,
         mm_Wk1,
         softmax_Wk1,
@@ -2382,7 +2386,6 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wv1,
         grad_add_b1a,
         grad_softmax_Wk1,
-        grad_softmax_Wk1_block,
         grad_scores_Wk1,
         grad_mm_Wk1,
         grad_mm_Wq1
@@ -2397,9 +2400,9 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         W0up,
         W0down,
         g1a,
+        work,
         add_E,
         norm_E,
-        mul_Wq0,
         mm_Wq0,
         mm_Wk0,
         softmax_Wk0,
@@ -2423,7 +2426,6 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wv0,
         grad_add_b0a,
         grad_softmax_Wk0,
-        grad_softmax_Wk0_block,
         grad_scores_Wk0,
         grad_mm_Wk0,
         grad_mm_Wq0,
@@ -2441,6 +2443,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_Wo0,
         grad_g0m,
         grad_b0m,
+        work,
         norm_E,
         add_b0a,
         mix_Wv0,
@@ -2450,8 +2453,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wv0,
         grad_add_b0a,
         grad_mm_Wk0,
-        grad_mm_Wq0,
-        grad_mul_Wq0
+        grad_mm_Wq0
     );
     transformer_lm_run_part7(
         m,
@@ -2474,6 +2476,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_gf,
         grad_bf,
         grad_Wout,
+        work,
         add_b0m,
         mul_W0up,
         norm_W0down,
@@ -2495,12 +2498,18 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wk1,
         grad_mm_Wq1,
         grad_add_W0down_part,
-        grad_mul_W0up,
-        grad_mul_Wq1
+        grad_mul_W0up
     );
     return 0;
 }
 #endif
+#undef mul_Wq0
+#undef scores_Wk0_block
+#undef scores_Wk1_block
+#undef grad_softmax_Wk1_block
+#undef grad_softmax_Wk0_block
+#undef grad_mul_Wq0
+#undef grad_mul_Wq1
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t transformer_lm_forward_work_len(int64_t m)
@@ -2805,6 +2814,94 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 }
 #endif
 
+/* transformer_lm_train_step's buffers of a fixed size lie at fixed places in work, named
+ * here; each buffer's name is a macro for its place until the function's end,
+ * so that its parts take work, not a pointer to each buffer. */
+enum {
+    transformer_lm_train_step__grad_E_3, /* 62 x 64 */
+    transformer_lm_train_step__grad_P_3 = transformer_lm_train_step__grad_E_3 + 3968, /* 64 x 64 */
+    transformer_lm_train_step__grad_Wq0_3 = transformer_lm_train_step__grad_P_3 + 4096, /* 64 x 64
+            */
+    transformer_lm_train_step__grad_Wk0_3 = transformer_lm_train_step__grad_Wq0_3 + 4096, /* 64 x 64
+            */
+    transformer_lm_train_step__grad_Wv0_3 = transformer_lm_train_step__grad_Wk0_3 + 4096, /* 64 x 64
+            */
+    transformer_lm_train_step__grad_Wo0_3 = transformer_lm_train_step__grad_Wv0_3 + 4096, /* 64 x 64
+            */
+    transformer_lm_train_step__grad_Wq1_3 = transformer_lm_train_step__grad_Wo0_3 + 4096, /* 64 x 64
+            */
+    transformer_lm_train_step__grad_Wk1_3 = transformer_lm_train_step__grad_Wq1_3 + 4096, /* 64 x 64
+            */
+    transformer_lm_train_step__grad_Wv1_3 = transformer_lm_train_step__grad_Wk1_3 + 4096, /* 64 x 64
+            */
+    transformer_lm_train_step__grad_Wo1_3 = transformer_lm_train_step__grad_Wv1_3 + 4096, /* 64 x 64
+            */
+    transformer_lm_train_step__grad_g0a_3 = transformer_lm_train_step__grad_Wo1_3 + 4096, /* 1 x 64
+            */
+    transformer_lm_train_step__grad_b0a_3 = transformer_lm_train_step__grad_g0a_3 + 64, /* 1 x 64 */
+    transformer_lm_train_step__grad_g0m_3 = transformer_lm_train_step__grad_b0a_3 + 64, /* 1 x 64 */
+    transformer_lm_train_step__grad_b0m_3 = transformer_lm_train_step__grad_g0m_3 + 64, /* 1 x 64 */
+    transformer_lm_train_step__grad_c0down_3 = transformer_lm_train_step__grad_b0m_3 + 64, /* 1 x 64
+            */
+    transformer_lm_train_step__grad_g1a_3 = transformer_lm_train_step__grad_c0down_3 + 64, /* 1 x 64
+            */
+    transformer_lm_train_step__grad_b1a_3 = transformer_lm_train_step__grad_g1a_3 + 64, /* 1 x 64 */
+    transformer_lm_train_step__grad_g1m_3 = transformer_lm_train_step__grad_b1a_3 + 64, /* 1 x 64 */
+    transformer_lm_train_step__grad_b1m_3 = transformer_lm_train_step__grad_g1m_3 + 64, /* 1 x 64 */
+    transformer_lm_train_step__grad_c1down_3 = transformer_lm_train_step__grad_b1m_3 + 64, /* 1 x 64
+            */
+    transformer_lm_train_step__grad_gf_3 = transformer_lm_train_step__grad_c1down_3 + 64, /* 1 x 64
+            */
+    transformer_lm_train_step__grad_bf_3 = transformer_lm_train_step__grad_gf_3 + 64, /* 1 x 64 */
+    transformer_lm_train_step__grad_W0up_3 = transformer_lm_train_step__grad_bf_3 + 64, /* 64 x 256
+            */
+    transformer_lm_train_step__grad_W1up_3 = transformer_lm_train_step__grad_W0up_3 + 16384, /* 64 x
+            256 */
+    transformer_lm_train_step__grad_c0up_3 = transformer_lm_train_step__grad_W1up_3 + 16384, /* 1 x
+            256 */
+    transformer_lm_train_step__grad_c1up_3 = transformer_lm_train_step__grad_c0up_3 + 256, /* 1 x
+            256 */
+    transformer_lm_train_step__grad_W0down_3 = transformer_lm_train_step__grad_c1up_3 + 256, /* 256
+            x 64 */
+    transformer_lm_train_step__grad_W1down_3 = transformer_lm_train_step__grad_W0down_3 + 16384, /*
+            256 x 64 */
+    transformer_lm_train_step__grad_Wout_3 = transformer_lm_train_step__grad_W1down_3 + 16384, /* 64
+            x 62 */
+    transformer_lm_train_step__bias_correction1 = transformer_lm_train_step__grad_Wout_3 + 3968, /*
+            1 x 1 */
+    transformer_lm_train_step__bias_correction2, /* 1 x 1 */
+};
+#define grad_E_3 (work + transformer_lm_train_step__grad_E_3)
+#define grad_P_3 (work + transformer_lm_train_step__grad_P_3)
+#define grad_Wq0_3 (work + transformer_lm_train_step__grad_Wq0_3)
+#define grad_Wk0_3 (work + transformer_lm_train_step__grad_Wk0_3)
+#define grad_Wv0_3 (work + transformer_lm_train_step__grad_Wv0_3)
+#define grad_Wo0_3 (work + transformer_lm_train_step__grad_Wo0_3)
+#define grad_Wq1_3 (work + transformer_lm_train_step__grad_Wq1_3)
+#define grad_Wk1_3 (work + transformer_lm_train_step__grad_Wk1_3)
+#define grad_Wv1_3 (work + transformer_lm_train_step__grad_Wv1_3)
+#define grad_Wo1_3 (work + transformer_lm_train_step__grad_Wo1_3)
+#define grad_g0a_3 (work + transformer_lm_train_step__grad_g0a_3)
+#define grad_b0a_3 (work + transformer_lm_train_step__grad_b0a_3)
+#define grad_g0m_3 (work + transformer_lm_train_step__grad_g0m_3)
+#define grad_b0m_3 (work + transformer_lm_train_step__grad_b0m_3)
+#define grad_c0down_3 (work + transformer_lm_train_step__grad_c0down_3)
+#define grad_g1a_3 (work + transformer_lm_train_step__grad_g1a_3)
+#define grad_b1a_3 (work + transformer_lm_train_step__grad_b1a_3)
+#define grad_g1m_3 (work + transformer_lm_train_step__grad_g1m_3)
+#define grad_b1m_3 (work + transformer_lm_train_step__grad_b1m_3)
+#define grad_c1down_3 (work + transformer_lm_train_step__grad_c1down_3)
+#define grad_gf_3 (work + transformer_lm_train_step__grad_gf_3)
+#define grad_bf_3 (work + transformer_lm_train_step__grad_bf_3)
+#define grad_W0up_3 (work + transformer_lm_train_step__grad_W0up_3)
+#define grad_W1up_3 (work + transformer_lm_train_step__grad_W1up_3)
+#define grad_c0up_3 (work + transformer_lm_train_step__grad_c0up_3)
+#define grad_c1up_3 (work + transformer_lm_train_step__grad_c1up_3)
+#define grad_W0down_3 (work + transformer_lm_train_step__grad_W0down_3)
+#define grad_W1down_3 (work + transformer_lm_train_step__grad_W1down_3)
+#define grad_Wout_3 (work + transformer_lm_train_step__grad_Wout_3)
+#define bias_correction1 (work + transformer_lm_train_step__bias_correction1)
+#define bias_correction2 (work + transformer_lm_train_step__bias_correction2)
 /* transformer_lm_train_step, part 1 of 4 (kernels 1 to 10): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -2847,37 +2944,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *step,
     TRANSFORMER_LM_REAL *m_E,
     TRANSFORMER_LM_REAL *v_E,
-    TRANSFORMER_LM_REAL *grad_E_3,
-    TRANSFORMER_LM_REAL *grad_P_3,
-    TRANSFORMER_LM_REAL *grad_Wq0_3,
-    TRANSFORMER_LM_REAL *grad_Wk0_3,
-    TRANSFORMER_LM_REAL *grad_Wv0_3,
-    TRANSFORMER_LM_REAL *grad_Wo0_3,
-    TRANSFORMER_LM_REAL *grad_Wq1_3,
-    TRANSFORMER_LM_REAL *grad_Wk1_3,
-    TRANSFORMER_LM_REAL *grad_Wv1_3,
-    TRANSFORMER_LM_REAL *grad_Wo1_3,
-    TRANSFORMER_LM_REAL *grad_g0a_3,
-    TRANSFORMER_LM_REAL *grad_b0a_3,
-    TRANSFORMER_LM_REAL *grad_g0m_3,
-    TRANSFORMER_LM_REAL *grad_b0m_3,
-    TRANSFORMER_LM_REAL *grad_c0down_3,
-    TRANSFORMER_LM_REAL *grad_g1a_3,
-    TRANSFORMER_LM_REAL *grad_b1a_3,
-    TRANSFORMER_LM_REAL *grad_g1m_3,
-    TRANSFORMER_LM_REAL *grad_b1m_3,
-    TRANSFORMER_LM_REAL *grad_c1down_3,
-    TRANSFORMER_LM_REAL *grad_gf_3,
-    TRANSFORMER_LM_REAL *grad_bf_3,
-    TRANSFORMER_LM_REAL *grad_W0up_3,
-    TRANSFORMER_LM_REAL *grad_W1up_3,
-    TRANSFORMER_LM_REAL *grad_c0up_3,
-    TRANSFORMER_LM_REAL *grad_c1up_3,
-    TRANSFORMER_LM_REAL *grad_W0down_3,
-    TRANSFORMER_LM_REAL *grad_W1down_3,
-    TRANSFORMER_LM_REAL *grad_Wout_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2947,37 +3014,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *step,
     TRANSFORMER_LM_REAL *m_E,
     TRANSFORMER_LM_REAL *v_E,
-    TRANSFORMER_LM_REAL *grad_E_3,
-    TRANSFORMER_LM_REAL *grad_P_3,
-    TRANSFORMER_LM_REAL *grad_Wq0_3,
-    TRANSFORMER_LM_REAL *grad_Wk0_3,
-    TRANSFORMER_LM_REAL *grad_Wv0_3,
-    TRANSFORMER_LM_REAL *grad_Wo0_3,
-    TRANSFORMER_LM_REAL *grad_Wq1_3,
-    TRANSFORMER_LM_REAL *grad_Wk1_3,
-    TRANSFORMER_LM_REAL *grad_Wv1_3,
-    TRANSFORMER_LM_REAL *grad_Wo1_3,
-    TRANSFORMER_LM_REAL *grad_g0a_3,
-    TRANSFORMER_LM_REAL *grad_b0a_3,
-    TRANSFORMER_LM_REAL *grad_g0m_3,
-    TRANSFORMER_LM_REAL *grad_b0m_3,
-    TRANSFORMER_LM_REAL *grad_c0down_3,
-    TRANSFORMER_LM_REAL *grad_g1a_3,
-    TRANSFORMER_LM_REAL *grad_b1a_3,
-    TRANSFORMER_LM_REAL *grad_g1m_3,
-    TRANSFORMER_LM_REAL *grad_b1m_3,
-    TRANSFORMER_LM_REAL *grad_c1down_3,
-    TRANSFORMER_LM_REAL *grad_gf_3,
-    TRANSFORMER_LM_REAL *grad_bf_3,
-    TRANSFORMER_LM_REAL *grad_W0up_3,
-    TRANSFORMER_LM_REAL *grad_W1up_3,
-    TRANSFORMER_LM_REAL *grad_c0up_3,
-    TRANSFORMER_LM_REAL *grad_c1up_3,
-    TRANSFORMER_LM_REAL *grad_W0down_3,
-    TRANSFORMER_LM_REAL *grad_W1down_3,
-    TRANSFORMER_LM_REAL *grad_Wout_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2,
+    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -3205,17 +3242,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *v_Wv1,
     TRANSFORMER_LM_REAL *m_Wo1,
     TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *grad_P_3,
-    TRANSFORMER_LM_REAL *grad_Wq0_3,
-    TRANSFORMER_LM_REAL *grad_Wk0_3,
-    TRANSFORMER_LM_REAL *grad_Wv0_3,
-    TRANSFORMER_LM_REAL *grad_Wo0_3,
-    TRANSFORMER_LM_REAL *grad_Wq1_3,
-    TRANSFORMER_LM_REAL *grad_Wk1_3,
-    TRANSFORMER_LM_REAL *grad_Wv1_3,
-    TRANSFORMER_LM_REAL *grad_Wo1_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
+    TRANSFORMER_LM_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
@@ -3250,17 +3277,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *v_Wv1,
     TRANSFORMER_LM_REAL *m_Wo1,
     TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *grad_P_3,
-    TRANSFORMER_LM_REAL *grad_Wq0_3,
-    TRANSFORMER_LM_REAL *grad_Wk0_3,
-    TRANSFORMER_LM_REAL *grad_Wv0_3,
-    TRANSFORMER_LM_REAL *grad_Wo0_3,
-    TRANSFORMER_LM_REAL *grad_Wq1_3,
-    TRANSFORMER_LM_REAL *grad_Wk1_3,
-    TRANSFORMER_LM_REAL *grad_Wv1_3,
-    TRANSFORMER_LM_REAL *grad_Wo1_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
+    TRANSFORMER_LM_REAL *work
 )
 {
     /* m_P = beta1*m_P + grad_P_3*(1 - beta1) */
@@ -3441,20 +3458,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *v_gf,
     TRANSFORMER_LM_REAL *m_bf,
     TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *grad_g0a_3,
-    TRANSFORMER_LM_REAL *grad_b0a_3,
-    TRANSFORMER_LM_REAL *grad_g0m_3,
-    TRANSFORMER_LM_REAL *grad_b0m_3,
-    TRANSFORMER_LM_REAL *grad_c0down_3,
-    TRANSFORMER_LM_REAL *grad_g1a_3,
-    TRANSFORMER_LM_REAL *grad_b1a_3,
-    TRANSFORMER_LM_REAL *grad_g1m_3,
-    TRANSFORMER_LM_REAL *grad_b1m_3,
-    TRANSFORMER_LM_REAL *grad_c1down_3,
-    TRANSFORMER_LM_REAL *grad_gf_3,
-    TRANSFORMER_LM_REAL *grad_bf_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
+    TRANSFORMER_LM_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
@@ -3498,20 +3502,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *v_gf,
     TRANSFORMER_LM_REAL *m_bf,
     TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *grad_g0a_3,
-    TRANSFORMER_LM_REAL *grad_b0a_3,
-    TRANSFORMER_LM_REAL *grad_g0m_3,
-    TRANSFORMER_LM_REAL *grad_b0m_3,
-    TRANSFORMER_LM_REAL *grad_c0down_3,
-    TRANSFORMER_LM_REAL *grad_g1a_3,
-    TRANSFORMER_LM_REAL *grad_b1a_3,
-    TRANSFORMER_LM_REAL *grad_g1m_3,
-    TRANSFORMER_LM_REAL *grad_b1m_3,
-    TRANSFORMER_LM_REAL *grad_c1down_3,
-    TRANSFORMER_LM_REAL *grad_gf_3,
-    TRANSFORMER_LM_REAL *grad_bf_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
+    TRANSFORMER_LM_REAL *work
 )
 {
     /* m_g0a = beta1*m_g0a + grad_g0a_3*(1 - beta1) */
@@ -3701,15 +3692,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *v_W1down,
     TRANSFORMER_LM_REAL *m_Wout,
     TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *grad_W0up_3,
-    TRANSFORMER_LM_REAL *grad_W1up_3,
-    TRANSFORMER_LM_REAL *grad_c0up_3,
-    TRANSFORMER_LM_REAL *grad_c1up_3,
-    TRANSFORMER_LM_REAL *grad_W0down_3,
-    TRANSFORMER_LM_REAL *grad_W1down_3,
-    TRANSFORMER_LM_REAL *grad_Wout_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
+    TRANSFORMER_LM_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
@@ -3738,15 +3721,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *v_W1down,
     TRANSFORMER_LM_REAL *m_Wout,
     TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *grad_W0up_3,
-    TRANSFORMER_LM_REAL *grad_W1up_3,
-    TRANSFORMER_LM_REAL *grad_c0up_3,
-    TRANSFORMER_LM_REAL *grad_c1up_3,
-    TRANSFORMER_LM_REAL *grad_W0down_3,
-    TRANSFORMER_LM_REAL *grad_W1down_3,
-    TRANSFORMER_LM_REAL *grad_Wout_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
+    TRANSFORMER_LM_REAL *work
 )
 {
     /* m_W0up = beta1*m_W0up + grad_W0up_3*(1 - beta1) */
@@ -4038,39 +4013,6 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         }
     }
 
-    /* where each buffer lies in work */
-    TRANSFORMER_LM_REAL *grad_E_3 = work; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_3 = grad_E_3 + 3968; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wq0_3 = grad_P_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wk0_3 = grad_Wq0_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wv0_3 = grad_Wk0_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wo0_3 = grad_Wv0_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wq1_3 = grad_Wo0_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wk1_3 = grad_Wq1_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wv1_3 = grad_Wk1_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wo1_3 = grad_Wv1_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_g0a_3 = grad_Wo1_3 + 4096; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b0a_3 = grad_g0a_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_g0m_3 = grad_b0a_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b0m_3 = grad_g0m_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_c0down_3 = grad_b0m_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_g1a_3 = grad_c0down_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b1a_3 = grad_g1a_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_g1m_3 = grad_b1a_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b1m_3 = grad_g1m_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_c1down_3 = grad_b1m_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_gf_3 = grad_c1down_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_bf_3 = grad_gf_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_W0up_3 = grad_bf_3 + 64; /* 64 x 256 */
-    TRANSFORMER_LM_REAL *grad_W1up_3 = grad_W0up_3 + 16384; /* 64 x 256 */
-    TRANSFORMER_LM_REAL *grad_c0up_3 = grad_W1up_3 + 16384; /* 1 x 256 */
-    TRANSFORMER_LM_REAL *grad_c1up_3 = grad_c0up_3 + 256; /* 1 x 256 */
-    TRANSFORMER_LM_REAL *grad_W0down_3 = grad_c1up_3 + 256; /* 256 x 64 */
-    TRANSFORMER_LM_REAL *grad_W1down_3 = grad_W0down_3 + 16384; /* 256 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wout_3 = grad_W1down_3 + 16384; /* 64 x 62 */
-    TRANSFORMER_LM_REAL *bias_correction1 = grad_Wout_3 + 3968; /* 1 x 1 */
-    TRANSFORMER_LM_REAL *bias_correction2 = bias_correction1 + 1; /* 1 x 1 */
-
     /* the gradient, in work after the buffers above */
     TRANSFORMER_LM_REAL *grad_E = work + 111618; /* 62 x 64 */
     TRANSFORMER_LM_REAL *grad_P = grad_E + 62*64; /* 64 x 64 */
@@ -4210,37 +4152,7 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         step,
         m_E,
         v_E,
-        grad_E_3,
-        grad_P_3,
-        grad_Wq0_3,
-        grad_Wk0_3,
-        grad_Wv0_3,
-        grad_Wo0_3,
-        grad_Wq1_3,
-        grad_Wk1_3,
-        grad_Wv1_3,
-        grad_Wo1_3,
-        grad_g0a_3,
-        grad_b0a_3,
-        grad_g0m_3,
-        grad_b0m_3,
-        grad_c0down_3,
-        grad_g1a_3,
-        grad_b1a_3,
-        grad_g1m_3,
-        grad_b1m_3,
-        grad_c1down_3,
-        grad_gf_3,
-        grad_bf_3,
-        grad_W0up_3,
-        grad_W1up_3,
-        grad_c0up_3,
-        grad_c1up_3,
-        grad_W0down_3,
-        grad_W1down_3,
-        grad_Wout_3,
-        bias_correction1,
-        bias_correction2,
+        work,
         grad_E,
         grad_P,
         grad_g0a,
@@ -4303,17 +4215,7 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         v_Wv1,
         m_Wo1,
         v_Wo1,
-        grad_P_3,
-        grad_Wq0_3,
-        grad_Wk0_3,
-        grad_Wv0_3,
-        grad_Wo0_3,
-        grad_Wq1_3,
-        grad_Wk1_3,
-        grad_Wv1_3,
-        grad_Wo1_3,
-        bias_correction1,
-        bias_correction2
+        work
     );
     transformer_lm_train_step_part3(
         g0a,
@@ -4356,20 +4258,7 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         v_gf,
         m_bf,
         v_bf,
-        grad_g0a_3,
-        grad_b0a_3,
-        grad_g0m_3,
-        grad_b0m_3,
-        grad_c0down_3,
-        grad_g1a_3,
-        grad_b1a_3,
-        grad_g1m_3,
-        grad_b1m_3,
-        grad_c1down_3,
-        grad_gf_3,
-        grad_bf_3,
-        bias_correction1,
-        bias_correction2
+        work
     );
     transformer_lm_train_step_part4(
         W0up,
@@ -4397,19 +4286,42 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         v_W1down,
         m_Wout,
         v_Wout,
-        grad_W0up_3,
-        grad_W1up_3,
-        grad_c0up_3,
-        grad_c1up_3,
-        grad_W0down_3,
-        grad_W1down_3,
-        grad_Wout_3,
-        bias_correction1,
-        bias_correction2
+        work
     );
     return 0;
 }
 #endif
+#undef grad_E_3
+#undef grad_P_3
+#undef grad_Wq0_3
+#undef grad_Wk0_3
+#undef grad_Wv0_3
+#undef grad_Wo0_3
+#undef grad_Wq1_3
+#undef grad_Wk1_3
+#undef grad_Wv1_3
+#undef grad_Wo1_3
+#undef grad_g0a_3
+#undef grad_b0a_3
+#undef grad_g0m_3
+#undef grad_b0m_3
+#undef grad_c0down_3
+#undef grad_g1a_3
+#undef grad_b1a_3
+#undef grad_g1m_3
+#undef grad_b1m_3
+#undef grad_c1down_3
+#undef grad_gf_3
+#undef grad_bf_3
+#undef grad_W0up_3
+#undef grad_W1up_3
+#undef grad_c0up_3
+#undef grad_c1up_3
+#undef grad_W0down_3
+#undef grad_W1down_3
+#undef grad_Wout_3
+#undef bias_correction1
+#undef bias_correction2
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* The train step's workspace for any minibatch of the epoch (the last may be smaller). */

@@ -14,7 +14,7 @@ from symbackprop.base.abi import SIZE_DOES_NOT_FIT
 from symbackprop.base.cnames import CNamer
 from symbackprop.emit import sizes
 from symbackprop.emit.codegen import CFunction, CKernel, CParam, FunctionEmitter
-from symbackprop.emit.cparts import part_ranges
+from symbackprop.emit.cparts import MAX_PLACE, FixedBuffer, part_ranges
 from symbackprop.emit.emitted import RealType
 from symbackprop.schedule.kernel import kernel_reads, kernel_writes
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
@@ -80,6 +80,7 @@ def emit_function(
         statuses=statuses(tuple(dims.values()), checks, divides),
         parts=part_ranges(len(kernels), schedule.split if shared else None, straight_kernels(kernels)),
         size_check=size_check,
+        fixed=fixed_buffers(schedule, emitter),
     )
 
 
@@ -128,13 +129,12 @@ def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,
         if slot.after is not None:
             before = slot_of[slot.after]
             return f"{namer.name(slot.after)} + {emitter.dim(sp.sympify(before.shape[0]) * before.shape[1])}"
-        return "work"
+        return f"work + {emitter.dim(slot.offset)}" if slot.offset != 0 else "work"  # after the fixed-size buffers
 
     slot_of = {slot.name: slot for slot in schedule.slots}
     head_of = {slot.name: slot for slot in schedule.head_slots} if shared else {}
     for slot in schedule.slots:
-        # (a padded buffer's rows: "(N + 7) x 1")
-        extent = " x ".join(f"({text})" if " " in text and text[0] != "(" else text for text in map(emitter.dim, slot.shape))
+        extent = _extent(slot, emitter)
         if slot.reuses is not None:
             extent = f"{extent}, in {namer.name(slot.reuses)}'s memory"
         where = place(slot, slot_of)
@@ -142,6 +142,32 @@ def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,
             where = f"with_grads ? {where} : {place(head_of[slot.name], head_of)}"
         declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, extent))
     return declares
+
+
+def _extent(slot: Slot, emitter: FunctionEmitter) -> str:
+    """A buffer's shape as C text (a padded buffer's rows: "(N + 7) x 1")."""
+    return " x ".join(f"({text})" if " " in text and text[0] != "(" else text for text in map(emitter.dim, slot.shape))
+
+
+def fixed_buffers(schedule: FunctionSchedule, emitter: FunctionEmitter) -> tuple[FixedBuffer, ...]:
+    """The workspace buffers of a fixed size at a fixed place (work_offsets),
+    each placed relative to the buffer before it or whose memory it takes,
+    where that one is such a buffer too (cparts names their places)."""
+    offsets, namer = emitter.work_offsets, emitter.namer
+    fixed: list[FixedBuffer] = []
+    named: set[str] = set()
+    for slot in schedule.slots:
+        size = sp.sympify(slot.shape[0]) * slot.shape[1]
+        place = offsets.get(slot.name)
+        if place is None or not size.is_Integer or place + int(size) > MAX_PLACE:
+            continue
+        base = slot.reuses if slot.reuses is not None else slot.after
+        if base in named:
+            fixed.append(FixedBuffer(namer.name(slot.name), namer.name(base), place - offsets[base], _extent(slot, emitter)))
+        else:
+            fixed.append(FixedBuffer(namer.name(slot.name), None, place, _extent(slot, emitter)))
+        named.add(slot.name)
+    return tuple(fixed)
 
 
 def forward_only(kernels: list[CKernel], schedule: FunctionSchedule) -> list[CKernel]:

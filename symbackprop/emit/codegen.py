@@ -28,7 +28,7 @@ from symbackprop.base.cnames import DESCRIBE_MODULE, CNamer, comment_text
 from symbackprop.base.cprint import IEEEPrinter
 from symbackprop.base.functions import CHelper, helpers_called
 from symbackprop.base.registry import helpers, record
-from symbackprop.emit.cparts import Prelude, prelude
+from symbackprop.emit.cparts import FixedBuffer, Prelude, enumerators, place_name, prelude
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
 from symbackprop.emit.emitted import FLOAT32, FLOAT64, REAL_TYPES, RealType
 from symbackprop.emit.templatecache import TEMPLATES, environment, template_bytecode_cache
@@ -192,6 +192,22 @@ class CFunction:
     # all its sizes (arrays and workspace) summed, as checked C (emit/sizes.py): above
     # SYMBACKPROP_SIZE_MAX the function returns SIZE_DOES_NOT_FIT; None with no dimension
     size_check: str | None = None
+    fixed: tuple[FixedBuffer, ...] = ()  # its workspace buffers at a fixed place: named, where it has parts (cparts)
+
+    @property
+    def places(self) -> list[tuple[str, str]]:
+        """Where it has parts: the enum lines naming its fixed buffers'
+        places (cparts), (enumerator, comment); else none."""
+        return enumerators(self.name, self.fixed) if self.parts else []
+
+    def place_name(self, buffer: str) -> str:
+        return place_name(self.name, buffer)
+
+    def declared(self, start: int = 0, end: int | None = None) -> list[tuple[str, str, str]]:
+        """The workspace pointers it declares of table(start, end): where it
+        has parts, not those of a named place (cparts)."""
+        named = {b.name for b in self.fixed} if self.parts else set()
+        return [d for d in self.table(start, end) if d[0] not in named]
 
     def wide(self, start: int = 0, end: int | None = None) -> bool:
         """Whether its kernels (those from start to end) hold a wide
@@ -222,8 +238,8 @@ class CFunction:
         """The parameters of the part beginning at kernel `start`, given its
         C text: the function's, and the workspace pointers it uses."""
         real = next(p.decl for p in self.params if p.role == "work").rsplit("*", 1)[0]
-        pointers = [(name, f"{real}*{name}") for name, _, _ in [*self.table(), *self.call_pointers]]
-        return prelude([(p.cname, p.decl) for p in self.params] + pointers, body)
+        pointers = [(name, f"{real}*{name}") for name, _, _ in [*self.declared(), *self.call_pointers]]
+        return prelude([(p.cname, p.decl) for p in self.params] + pointers, body, frozenset(b.name for b in self.fixed))
 
     @property
     def dim_params(self) -> str:

@@ -9,7 +9,13 @@ model's depth; small models (every golden file) stay one function.
 
 Each part takes those of the function's parameters and workspace pointers
 (declared in one block by the function) that its kernels use: so no part's
-text grows with the length of the function.
+text grows with the length of the function. The buffers at a fixed place
+in `work` (those of a fixed size: schedule/workspace.py) are not passed one
+pointer each: their places are named once, an enum of the function, and
+each buffer's name is a macro, `(work + place)`, from the function's first
+part to its end, so a part that uses them takes `work`. A hand-like chain's
+hvp passed its parts 11,000 pointers to 1 x 1 buffers, 30% of its C, and
+GCC loaded each from the stack and could not tell them apart.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 PART_KERNELS = 32  # kernels per part; a function with more is cut
+MAX_PLACE = 2**31 - 1  # the C standard's least INT_MAX: a place in an enum is an int
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
@@ -42,13 +49,50 @@ def part_ranges(count: int, split: int | None, alone: Sequence[int] = ()) -> tup
 
 
 @dataclass(frozen=True)
+class FixedBuffer:
+    """A workspace buffer at a fixed place in `work`: `offset` elements
+    after the place of `base` (another such buffer: the one before it, or
+    the dead one whose memory it takes), or after work's start (None)."""
+
+    name: str  # its C name
+    base: str | None
+    offset: int
+    extent: str  # its shape as C text, for the comment
+
+
+def enumerators(function: str, buffers: Sequence[FixedBuffer]) -> list[tuple[str, str]]:
+    """The enum lines that name the buffers' places, (enumerator, comment),
+    each relative to its base: a buffer more moves no other line. A place
+    one after the line before's is left implicit."""
+    lines: list[tuple[str, str]] = []
+    before: str | None = None
+    for buffer in buffers:
+        name = place_name(function, buffer.name)
+        if (buffer.base, buffer.offset) == ((None, 0) if before is None else (before, 1)):
+            value = name
+        elif buffer.base is None:
+            value = f"{name} = {buffer.offset}"
+        else:
+            value = f"{name} = {place_name(function, buffer.base)}" + (f" + {buffer.offset}" if buffer.offset else "")
+        lines.append((value, buffer.extent))
+        before = buffer.name
+    return lines
+
+
+def place_name(function: str, buffer: str) -> str:
+    """The enumerator of a buffer's place: the function's name, two
+    underscores (which no C name the namer gives holds), the buffer's."""
+    return f"{function}__{buffer}"
+
+
+@dataclass(frozen=True)
 class Prelude:
     """What a part takes."""
 
     params: tuple[tuple[str, str], ...]  # (name, declaration) of the parameters and pointers it uses, in order
 
 
-def prelude(params: Sequence[tuple[str, str]], body: str) -> Prelude:
+def prelude(params: Sequence[tuple[str, str]], body: str, in_work: frozenset[str] = frozenset()) -> Prelude:
     """The parameters (the function's, then its workspace pointers) that
     `body`, the C text of the part's kernels, uses.
 
@@ -56,6 +100,10 @@ def prelude(params: Sequence[tuple[str, str]], body: str) -> Prelude:
         params: (C name, C declaration) of the function's parameters and
             of the workspace pointers it declares.
         body: the C text of the part's kernels.
+        in_work: the names of buffers at a named place (macros of `work`):
+            a part that uses one takes `work`.
     """
     used = set(_IDENTIFIER.findall(_COMMENT.sub(" ", body)))  # a comment's words ("t9^T") use nothing
+    if used & in_work:
+        used.add("work")
     return Prelude(tuple(p for p in params if p[0] in used))

@@ -3,7 +3,8 @@ reusing the memory of a buffer of the same size whose last reader has run,
 the one freed last (a buffer more in one layer then moves which memory the
 buffers of the next layer or two take, not of every later layer as taking
 the one freed first did; the size is the same either way: buffers of one
-size are interchangeable)."""
+size are interchangeable). The buffers of a fixed size lie first, each at
+a fixed place, then those whose size a dimension sets."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class Slot:
     name: str
     shape: Shape
     offset: sp.Expr  # absolute, in elements
-    after: str | None = None  # the new slot just before it (None: the start of work)
+    after: str | None = None  # the new slot just before it (None: the first of its region, at `offset`)
     reuses: str | None = None  # the dead buffer whose memory it takes over
 
 
@@ -53,9 +54,10 @@ def plan_workspace(kernels: Sequence[Any], buffers: Mapping[str, Shape],
             last[buffer] = index
     free: list[str] = []  # buffers whose last reader has run
     releases: dict[int, list[str]] = {}
-    slots: list[Slot] = []
-    offset_of: dict[str, sp.Expr] = {}
-    end, previous = sp.Integer(0), None
+    placed: list[tuple[str, str | None, str | None]] = []  # (buffer, after, reuses), in order
+    offset_of: dict[str, sp.Expr] = {}  # within its region
+    end = {True: sp.Integer(0), False: sp.Integer(0)}  # each region's length
+    previous: dict[bool, str | None] = {True: None, False: None}
     for buffer in sorted(sizes, key=lambda b: (first.get(b, 0), written_at.get(b, 0), b)):
         start = first.get(buffer, 0)
         for index in sorted(k for k in releases if k < start):
@@ -64,11 +66,22 @@ def plan_workspace(kernels: Sequence[Any], buffers: Mapping[str, Shape],
         if reuse is not None:
             free.remove(reuse)
             offset_of[buffer] = offset_of[reuse]
-            slots.append(Slot(buffer, shapes[buffer], offset_of[buffer], reuses=reuse))
+            placed.append((buffer, None, reuse))
         else:
-            offset_of[buffer] = end
-            end = end + sizes[buffer]
-            slots.append(Slot(buffer, shapes[buffer], offset_of[buffer], after=previous))
-            previous = buffer
+            fixed = _fixed(sizes[buffer])
+            offset_of[buffer] = end[fixed]
+            end[fixed] = end[fixed] + sizes[buffer]
+            placed.append((buffer, previous[fixed], None))  # the first of a size a dimension sets: after them all
+            previous[fixed] = buffer
         releases.setdefault(last.get(buffer, start), []).append(buffer)
-    return tuple(slots), sp.expand(end)
+    slots = tuple(Slot(buffer, shapes[buffer], offset_of[buffer] + (0 if _fixed(sizes[buffer]) else end[True]),
+                       after=after, reuses=reuse)
+                  for buffer, after, reuse in placed)
+    return slots, sp.expand(end[True] + end[False])
+
+
+def _fixed(size: sp.Expr) -> bool:
+    """Whether a buffer's size is a number: such buffers lie first in work,
+    each at a fixed place (a function cut into parts names those places
+    instead of passing a pointer to each: emit/cparts.py)."""
+    return not size.free_symbols

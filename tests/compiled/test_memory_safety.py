@@ -172,6 +172,18 @@ def test_a_loop_over_whole_eights_is_clean_under_sanitizers(sanitizer, tmp_path)
     _assert_clean_under_sanitizers(model, tmp_path)
 
 
+def test_parts_that_name_their_buffers_places_are_clean_under_sanitizers(sanitizer, tmp_path):
+    """Parts that take work and name the places of the fixed-size buffers
+    (macros of work: emit/cparts.py), beside buffers a dimension sizes, at
+    N = 1 and 1000 (tests/compiled/test_fixed_places.py)."""
+    from test_fixed_places import _rotations
+
+    model = _rotations(4)
+    source = generate(model)[0].source
+    assert "_part2(" in source and "#define" in source and "N" in source
+    _assert_clean_under_sanitizers(model, tmp_path)
+
+
 @pytest.mark.slow  # 7 s; CI's slow tier runs it
 def test_sums_added_from_a_table_are_clean_under_sanitizers(sanitizer, tmp_path):
     """Sums of a product added into a triangle's columns from a table of

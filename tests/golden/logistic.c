@@ -84,11 +84,11 @@ static int logistic_run(
     }
 
     /* where each buffer lies in work */
-    LOGISTIC_REAL *add_t = work; /* n x 1 */
+    LOGISTIC_REAL *add_t = work + 1; /* n x 1 */
     LOGISTIC_REAL *mm_w = add_t + n; /* n x 1 */
     LOGISTIC_REAL *add_t_2 = mm_w + n; /* n x 1 */
     LOGISTIC_REAL *grad_mm_w = add_t_2 + n; /* n x 1 */
-    LOGISTIC_REAL *colsum_t = grad_mm_w + n; /* 1 x 1 */
+    LOGISTIC_REAL *colsum_t = work; /* 1 x 1 */
 
     /* add_t = 1 - t */
     logistic_add_n_loop_fb90(n, add_t, t);

@@ -92,18 +92,39 @@ size_t scan_rnn_forward_work_len(int64_t T)
 }
 #endif
 
+/* scan_rnn_forward's buffers of a fixed size lie at fixed places in work, named
+ * here; each buffer's name is a macro for its place until the function's end,
+ * so that its parts take work, not a pointer to each buffer. */
+enum {
+    scan_rnn_forward__mul_M, /* 2 x 2 */
+    scan_rnn_forward__scan_h0 = scan_rnn_forward__mul_M + 4, /* 46 x 1 */
+    scan_rnn_forward__scan_part_h0_2 = scan_rnn_forward__scan_h0 + 46, /* 1 x 3 */
+    scan_rnn_forward__scan_part_h0_3 = scan_rnn_forward__scan_part_h0_2 + 3, /* 2 x 2 */
+    scan_rnn_forward__colsum_Z = scan_rnn_forward__scan_part_h0_3 + 4, /* 1 x 1 */
+    scan_rnn_forward__rowsum_h0, /* 1 x 1 */
+    scan_rnn_forward__colsum_h0, /* 1 x 2 */
+    scan_rnn_forward__rowsum_h0_2 = scan_rnn_forward__colsum_h0 + 2, /* 1 x 1 */
+};
+#define mul_M (work + scan_rnn_forward__mul_M)
+#define scan_h0 (work + scan_rnn_forward__scan_h0)
+#define scan_part_h0_2 (work + scan_rnn_forward__scan_part_h0_2)
+#define scan_part_h0_3 (work + scan_rnn_forward__scan_part_h0_3)
+#define colsum_Z (work + scan_rnn_forward__colsum_Z)
+#define rowsum_h0 (work + scan_rnn_forward__rowsum_h0)
+#define colsum_h0 (work + scan_rnn_forward__colsum_h0)
+#define rowsum_h0_2 (work + scan_rnn_forward__rowsum_h0_2)
 /* scan_rnn_forward, part 1 of 3 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *mul_M
+    SCAN_RNN_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *mul_M
+    SCAN_RNN_REAL *work
 )
 {
     /* mul_M = 2*M^T */
@@ -128,11 +149,8 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *mul_M,
-    SCAN_RNN_REAL *scan_h0,
-    SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_2,
-    SCAN_RNN_REAL *scan_part_h0_3
+    SCAN_RNN_REAL *work,
+    SCAN_RNN_REAL *scan_part_h0
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part2(
@@ -144,11 +162,8 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *mul_M,
-    SCAN_RNN_REAL *scan_h0,
-    SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_2,
-    SCAN_RNN_REAL *scan_part_h0_3
+    SCAN_RNN_REAL *work,
+    SCAN_RNN_REAL *scan_part_h0
 )
 {
     /* scan_h0 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of scan_part_h0 */
@@ -262,28 +277,18 @@ SCAN_RNN_SHARED void scan_rnn_forward_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_2,
-    SCAN_RNN_REAL *scan_part_h0_3,
-    SCAN_RNN_REAL *sq_Z,
-    SCAN_RNN_REAL *colsum_Z,
-    SCAN_RNN_REAL *rowsum_h0,
-    SCAN_RNN_REAL *colsum_h0,
-    SCAN_RNN_REAL *rowsum_h0_2
+    SCAN_RNN_REAL *sq_Z
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_2,
-    SCAN_RNN_REAL *scan_part_h0_3,
-    SCAN_RNN_REAL *sq_Z,
-    SCAN_RNN_REAL *colsum_Z,
-    SCAN_RNN_REAL *rowsum_h0,
-    SCAN_RNN_REAL *colsum_h0,
-    SCAN_RNN_REAL *rowsum_h0_2
+    SCAN_RNN_REAL *sq_Z
 )
 {
     /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
@@ -338,49 +343,23 @@ SYMBACKPROP_DISPATCH int scan_rnn_forward(
     }
 
     /* where each buffer lies in work */
-    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
-    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
-    SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
-    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0 + T; /* 1 x 3 */
-    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
-    SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
-    SCAN_RNN_REAL *colsum_Z = sq_Z + T; /* 1 x 1 */
-    SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
-    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
-    SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
+    SCAN_RNN_REAL *scan_part_h0 = work + 62; /* T x 1 */
+    SCAN_RNN_REAL *sq_Z = scan_part_h0 + T; /* T x 1 */
 
-    scan_rnn_forward_part1(M, mul_M);
-    scan_rnn_forward_part2(
-        T,
-        XT_,
-        W,
-        Ux,
-        b,
-        V,
-        h0,
-        M,
-        mul_M,
-        scan_h0,
-        scan_part_h0,
-        scan_part_h0_2,
-        scan_part_h0_3
-    );
-    scan_rnn_forward_part3(
-        T,
-        Z,
-        loss,
-        scan_part_h0,
-        scan_part_h0_2,
-        scan_part_h0_3,
-        sq_Z,
-        colsum_Z,
-        rowsum_h0,
-        colsum_h0,
-        rowsum_h0_2
-    );
+    scan_rnn_forward_part1(M, work);
+    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, work, scan_part_h0);
+    scan_rnn_forward_part3(T, Z, loss, work, scan_part_h0, sq_Z);
     return 0;
 }
 #endif
+#undef mul_M
+#undef scan_h0
+#undef scan_part_h0_2
+#undef scan_part_h0_3
+#undef colsum_Z
+#undef rowsum_h0
+#undef colsum_h0
+#undef rowsum_h0_2
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t scan_rnn_value_and_grad_work_len(int64_t T)
@@ -395,18 +374,47 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
 }
 #endif
 
+/* scan_rnn_value_and_grad's buffers of a fixed size lie at fixed places in work, named
+ * here; each buffer's name is a macro for its place until the function's end,
+ * so that its parts take work, not a pointer to each buffer. */
+enum {
+    scan_rnn_value_and_grad__mul_M, /* 2 x 2 */
+    scan_rnn_value_and_grad__scan_h0 = scan_rnn_value_and_grad__mul_M + 4, /* 46 x 1 */
+    scan_rnn_value_and_grad__scan_part_h0_2 = scan_rnn_value_and_grad__scan_h0 + 46, /* 1 x 3 */
+    scan_rnn_value_and_grad__scan_part_h0_3 = scan_rnn_value_and_grad__scan_part_h0_2 + 3, /* 2 x 2
+            */
+    scan_rnn_value_and_grad__colsum_Z = scan_rnn_value_and_grad__scan_part_h0_3 + 4, /* 1 x 1 */
+    scan_rnn_value_and_grad__rowsum_h0, /* 1 x 1 */
+    scan_rnn_value_and_grad__colsum_h0, /* 1 x 2 */
+    scan_rnn_value_and_grad__rowsum_h0_2 = scan_rnn_value_and_grad__colsum_h0 + 2, /* 1 x 1 */
+    scan_rnn_value_and_grad__grad_M_part = scan_rnn_value_and_grad__scan_part_h0_3, /* 2 x 2 */
+    scan_rnn_value_and_grad__grad_mul_M = scan_rnn_value_and_grad__mul_M, /* 2 x 2 */
+    scan_rnn_value_and_grad__grad_transpose_M = scan_rnn_value_and_grad__rowsum_h0_2 + 1, /* 2 x 2
+            */
+};
+#define mul_M (work + scan_rnn_value_and_grad__mul_M)
+#define scan_h0 (work + scan_rnn_value_and_grad__scan_h0)
+#define scan_part_h0_2 (work + scan_rnn_value_and_grad__scan_part_h0_2)
+#define scan_part_h0_3 (work + scan_rnn_value_and_grad__scan_part_h0_3)
+#define colsum_Z (work + scan_rnn_value_and_grad__colsum_Z)
+#define rowsum_h0 (work + scan_rnn_value_and_grad__rowsum_h0)
+#define colsum_h0 (work + scan_rnn_value_and_grad__colsum_h0)
+#define rowsum_h0_2 (work + scan_rnn_value_and_grad__rowsum_h0_2)
+#define grad_M_part (work + scan_rnn_value_and_grad__grad_M_part)
+#define grad_mul_M (work + scan_rnn_value_and_grad__grad_mul_M)
+#define grad_transpose_M (work + scan_rnn_value_and_grad__grad_transpose_M)
 /* scan_rnn_value_and_grad, part 1 of 5 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *mul_M
+    SCAN_RNN_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *mul_M
+    SCAN_RNN_REAL *work
 )
 {
     /* mul_M = 2*M^T */
@@ -431,12 +439,9 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *mul_M,
-    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_4,
-    SCAN_RNN_REAL *scan_part_h0_2,
-    SCAN_RNN_REAL *scan_part_h0_3
+    SCAN_RNN_REAL *scan_part_h0_4
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
@@ -448,12 +453,9 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *mul_M,
-    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_4,
-    SCAN_RNN_REAL *scan_part_h0_2,
-    SCAN_RNN_REAL *scan_part_h0_3
+    SCAN_RNN_REAL *scan_part_h0_4
 )
 {
     /* scan_h0 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of
@@ -573,30 +575,20 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_2,
-    SCAN_RNN_REAL *scan_part_h0_3,
     SCAN_RNN_REAL *sq_Z,
-    SCAN_RNN_REAL *grad_add_Z,
-    SCAN_RNN_REAL *colsum_Z,
-    SCAN_RNN_REAL *rowsum_h0,
-    SCAN_RNN_REAL *colsum_h0,
-    SCAN_RNN_REAL *rowsum_h0_2
+    SCAN_RNN_REAL *grad_add_Z
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_2,
-    SCAN_RNN_REAL *scan_part_h0_3,
     SCAN_RNN_REAL *sq_Z,
-    SCAN_RNN_REAL *grad_add_Z,
-    SCAN_RNN_REAL *colsum_Z,
-    SCAN_RNN_REAL *rowsum_h0,
-    SCAN_RNN_REAL *colsum_h0,
-    SCAN_RNN_REAL *rowsum_h0_2
+    SCAN_RNN_REAL *grad_add_Z
 )
 {
     /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
@@ -647,11 +639,10 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_b,
     SCAN_RNN_REAL *grad_V,
     SCAN_RNN_REAL *grad_h0,
+    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0_4,
     SCAN_RNN_REAL *grad_add_Z,
-    SCAN_RNN_REAL *scan_vjp_W,
-    SCAN_RNN_REAL *grad_M_part,
-    SCAN_RNN_REAL *grad_mul_M
+    SCAN_RNN_REAL *scan_vjp_W
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
@@ -667,11 +658,10 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_b,
     SCAN_RNN_REAL *grad_V,
     SCAN_RNN_REAL *grad_h0,
+    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0_4,
     SCAN_RNN_REAL *grad_add_Z,
-    SCAN_RNN_REAL *scan_vjp_W,
-    SCAN_RNN_REAL *grad_M_part,
-    SCAN_RNN_REAL *grad_mul_M
+    SCAN_RNN_REAL *scan_vjp_W
 )
 {
     /* scan_vjp_W = backward scan over t = T-1 .. 0: adjoints of (h, m) and of the step's
@@ -932,16 +922,12 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
 /* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     SCAN_RNN_REAL *grad_M,
-    SCAN_RNN_REAL *grad_M_part,
-    SCAN_RNN_REAL *grad_mul_M,
-    SCAN_RNN_REAL *grad_transpose_M
+    SCAN_RNN_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     SCAN_RNN_REAL *grad_M,
-    SCAN_RNN_REAL *grad_M_part,
-    SCAN_RNN_REAL *grad_mul_M,
-    SCAN_RNN_REAL *grad_transpose_M
+    SCAN_RNN_REAL *work
 )
 {
     /* grad_W: the adjoint of captured value 0 of the loop of scan_vjp_W, written by it */
@@ -1005,54 +991,15 @@ SYMBACKPROP_DISPATCH int scan_rnn_value_and_grad(
     }
 
     /* where each buffer lies in work */
-    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
-    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
-    SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
+    SCAN_RNN_REAL *scan_part_h0 = work + 66; /* T x 1 */
     SCAN_RNN_REAL *scan_part_h0_4 = scan_part_h0 + T; /* ((T - 1)/2 + 1) x 7 */
-    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0_4 + 7*((T - 1)/2 + 1); /* 1 x 3 */
-    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
-    SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
+    SCAN_RNN_REAL *sq_Z = scan_part_h0_4 + 7*((T - 1)/2 + 1); /* T x 1 */
     SCAN_RNN_REAL *grad_add_Z = sq_Z + T; /* T x 1 */
-    SCAN_RNN_REAL *colsum_Z = grad_add_Z + T; /* 1 x 1 */
-    SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
-    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
-    SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
-    SCAN_RNN_REAL *scan_vjp_W = rowsum_h0_2 + 1; /* (13*((2) < (T) ? (2) : (T)) + 82) x 1 */
-    SCAN_RNN_REAL *grad_M_part = scan_part_h0_3; /* 2 x 2, in scan_part_h0_3's memory */
-    SCAN_RNN_REAL *grad_mul_M = mul_M; /* 2 x 2, in mul_M's memory */
-    SCAN_RNN_REAL *grad_transpose_M = scan_vjp_W + 13*((2) < (T) ? (2) : (T)) + 82; /* 2 x 2 */
+    SCAN_RNN_REAL *scan_vjp_W = grad_add_Z + T; /* (13*((2) < (T) ? (2) : (T)) + 82) x 1 */
 
-    scan_rnn_value_and_grad_part1(M, mul_M);
-    scan_rnn_value_and_grad_part2(
-        T,
-        XT_,
-        W,
-        Ux,
-        b,
-        V,
-        h0,
-        M,
-        mul_M,
-        scan_h0,
-        scan_part_h0,
-        scan_part_h0_4,
-        scan_part_h0_2,
-        scan_part_h0_3
-    );
-    scan_rnn_value_and_grad_part3(
-        T,
-        Z,
-        loss,
-        scan_part_h0,
-        scan_part_h0_2,
-        scan_part_h0_3,
-        sq_Z,
-        grad_add_Z,
-        colsum_Z,
-        rowsum_h0,
-        colsum_h0,
-        rowsum_h0_2
-    );
+    scan_rnn_value_and_grad_part1(M, work);
+    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, work, scan_part_h0, scan_part_h0_4);
+    scan_rnn_value_and_grad_part3(T, Z, loss, work, scan_part_h0, sq_Z, grad_add_Z);
     scan_rnn_value_and_grad_part4(
         T,
         XT_,
@@ -1066,16 +1013,26 @@ SYMBACKPROP_DISPATCH int scan_rnn_value_and_grad(
         grad_b,
         grad_V,
         grad_h0,
+        work,
         scan_part_h0_4,
         grad_add_Z,
-        scan_vjp_W,
-        grad_M_part,
-        grad_mul_M
+        scan_vjp_W
     );
-    scan_rnn_value_and_grad_part5(grad_M, grad_M_part, grad_mul_M, grad_transpose_M);
+    scan_rnn_value_and_grad_part5(grad_M, work);
     return 0;
 }
 #endif
+#undef mul_M
+#undef scan_h0
+#undef scan_part_h0_2
+#undef scan_part_h0_3
+#undef colsum_Z
+#undef rowsum_h0
+#undef colsum_h0
+#undef rowsum_h0_2
+#undef grad_M_part
+#undef grad_mul_M
+#undef grad_transpose_M
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see scan_rnn.h) --- */
