@@ -218,7 +218,7 @@ def test_ht_jacobian_columns_in_gradbench_order():
 
 
 @pytest.mark.skipif(not os.environ.get("GB_MANUAL_DIR"), reason="GradBench's C++ is not built (GB_MANUAL_DIR)")
-@pytest.mark.parametrize("name", ["kmeans", "ht"])
+@pytest.mark.parametrize("name", ["kmeans", "ht", "ba"])
 def test_manual_peer(name):
     """GradBench's hand-written C++, rebuilt outside the repository, agrees with the references."""
     from benchmarks.gradbench import manual
