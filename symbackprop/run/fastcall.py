@@ -6,7 +6,10 @@ allocation and pointers than on its arithmetic. `Caller` does the checks,
 the allocation of the outputs and the call in C, through a packed entry
 point that every module has beside each function (see
 toolchain.packed.packed_entries). It declines (returns None) whatever it does not
-expect, and the Python path then converts or explains.
+expect, and the Python path then converts or explains; a caller given a
+fallback (Function.answer's) calls it there itself, and returns the
+outputs shaped as the module's method returns them, so that an ordinary
+call is one C call.
 
 The extension is built with the package where it is installed (setup.py:
 `symbackprop.run.symbackprop_fastcall`), and used where it imports and was

@@ -17,6 +17,7 @@ writes its results into arrays it owns.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -72,12 +73,15 @@ class Function:
         self.answer: Callable[[dict[str, Any]], Any] = self._caller(self.layout, self._answer) or self._answer
 
     def _caller(self, layout: Any, fallback: Callable[[dict[str, Any]], Any] | None = None) -> Any:
+        """The C caller returning a list (layout None) or shaped, or None where there is none."""
         if self.spec.inplace:
             return None
+        # (the caller's own copy of the layout: it indexes its results by it unchecked)
         return fastcall.caller(self.lib, self.ffi, self.c_name, len(self.dims), self.dtype.itemsize,
-                               *self.binder.c_patterns(), tuple(self.input_names), layout, fallback)
+                               *self.binder.c_patterns(), tuple(self.input_names), copy.deepcopy(layout), fallback)
 
     def _answer(self, arrays: dict[str, Any]) -> Any:
+        """`answer` through `call`: what the C caller does not take."""
         return self.returned(self.call(arrays))
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
