@@ -2,7 +2,8 @@
 
     python benchmarks/gradbench/run.py [--evals lse,gmm] [--small] [--quick]
                                        [--peers symbackprop,jax,torch,torch_compile,manual]
-                                       [--compile-timeout 60] [--scaling] [--json out.json] [--save NAME]
+                                       [--compile-timeout 60] [--scaling] [--clock cpu] [--json out.json]
+                                       [--save NAME]
 
 Per eval (at its default size, or its smallest with --small): symbackprop's
 cold and cached compile time, each in a fresh process (cold: an empty
@@ -154,10 +155,21 @@ def validate(E, peer: str, primal, derivative, data: dict, ref: tuple, jax_deriv
     return {"errors": errors, "ok": ok}
 
 
-def time_interleaved(calls: dict, plan) -> dict:
+def _cpu_sample(call, inner: int) -> int:
+    """measure._sample on this process's CPU time (ns): on a machine loaded by
+    other work the wall clock measures the share of the CPU the process got."""
+    t0 = time.process_time_ns()
+    for _ in range(inner):
+        call()
+    return time.process_time_ns() - t0
+
+
+def time_interleaved(calls: dict, plan, clock: str = "wall") -> dict:
     """Median, min and max seconds per call of each no-argument call,
     sampling them in turn (one sample each, repeated) so that machine noise
-    falls on all of them alike. Reuses benchmarks/measure.py's helpers."""
+    falls on all of them alike. Reuses benchmarks/measure.py's helpers;
+    clock "cpu" times the process's CPU time."""
+    sample = _cpu_sample if clock == "cpu" else _sample
     inner = {}
     for key, call in calls.items():
         _warm_up(call, plan.warmup_s)
@@ -166,7 +178,7 @@ def time_interleaved(calls: dict, plan) -> dict:
     start = time.perf_counter()
     for _ in range(plan.samples):
         for key, call in calls.items():
-            samples[key].append(_sample(call, inner[key]) / inner[key] / 1e9)
+            samples[key].append(sample(call, inner[key]) / inner[key] / 1e9)
         if time.perf_counter() - start > plan.budget_s * len(calls) and len(samples[key]) >= plan.min_samples:
             break
     return {key: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "samples": len(v)}
@@ -227,7 +239,7 @@ def run_eval(name: str, size: dict, args, cache_root: Path) -> dict:
     if "jax" not in args.peers:
         rec["peers"].pop("jax", None)
     if not args.no_timing and calls:
-        times = time_interleaved(calls, PLANS[args.plan])
+        times = time_interleaved(calls, PLANS[args.plan], args.clock)
         for (peer, fn), t in times.items():
             rec["peers"][peer][fn] = t
     return rec
@@ -334,8 +346,9 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
         print(f"\nwrote {args.json}")
-    if args.save and "results" in report:
-        path = tables.save(args.save, results_file(report["results"], args, argv))
+    if args.save:  # (with --scaling, a row per eval and size)
+        records = report.get("results") or [r for s in report["scaling"] for r in s["points"]]
+        path = tables.save(args.save, results_file(records, args, argv))
         print(f"\nwrote {path.relative_to(ROOT)}: render it with <!-- table:{args.save} --> and benchmarks/tables.py")
     return 0
 
@@ -357,7 +370,8 @@ def results_file(records: list, args, argv=None) -> dict:
     return {"title": "GradBench's evals, time per call", **tables.provenance(),
             "command": " ".join(["python benchmarks/gradbench/run.py", *(sys.argv[1:] if argv is None else argv)]),
             "conditions": f"every peer's results checked first; calls timed interleaved, {args.plan} plan, "
-                          f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians",
+                          f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians"
+                          f"{', of the process CPU time' if args.clock == 'cpu' else ''}",
             "source": _source(peers), "meta": meta(args), "row_header": "eval",
             "baseline": "symbackprop" if "symbackprop" in peers else None, "columns": columns, "rows": rows}
 
@@ -401,6 +415,8 @@ def parse(argv):
     p.add_argument("--compile-timeout", type=float, default=60.0, help="seconds a symbackprop compile may take")
     p.add_argument("--no-timing", action="store_true", help="validate only")
     p.add_argument("--no-pin", action="store_true", help="do not pin this process to one CPU")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: time the process's CPU time (on a machine loaded by other work)")
     p.add_argument("--verbose", action="store_true", help="print peers' tracebacks")
     p.add_argument("--json", default=None, help="write every result to this file")
     p.add_argument("--save", default=None, metavar="NAME",
