@@ -131,6 +131,11 @@ def measure(checkouts: dict[str, str], args) -> tuple[list[str], dict[str, list[
     return labels, rounds
 
 
+def _commit(folder: str) -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
 def _load() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
@@ -182,7 +187,7 @@ def _save(args, argv, checkouts: dict, rows: list, load: list) -> None:
     conditions += [f"load average {load[0]:.2f} at the start, {load[1]:.2f} at the end"] if all(load) else []
     if hasattr(os, "sched_getaffinity"):
         conditions.append(f"run on CPUs {','.join(map(str, sorted(os.sched_getaffinity(0))))} of {os.cpu_count()}")
-    conditions += [f"before: {checkouts['before']}"] if "before" in checkouts else []
+    conditions += [f"before: {checkouts['before']} at commit {_commit(checkouts['before'])}"] if "before" in checkouts else []
     conditions += [args.conditions] if args.conditions else []
     columns = [{"key": name, "label": f"{name} ({'--against' if name == 'before' else 'this commit'})",
                 "ratio": name == "after"} for name in checkouts]
