@@ -371,7 +371,7 @@ def results_file(records: list, args, argv=None) -> dict:
             "command": " ".join(["python benchmarks/gradbench/run.py", *(sys.argv[1:] if argv is None else argv)]),
             "conditions": f"every peer's results checked first; calls timed interleaved, {args.plan} plan, "
                           f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians"
-                          f"{', of the process CPU time' if args.clock == 'cpu' else ''}",
+                          f"{', of the process CPU time' if getattr(args, 'clock', 'wall') == 'cpu' else ''}",
             "source": _source(peers), "meta": meta(args), "row_header": "eval",
             "baseline": "symbackprop" if "symbackprop" in peers else None, "columns": columns, "rows": rows}
 
