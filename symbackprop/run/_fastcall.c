@@ -200,6 +200,8 @@ static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
         if (self->names == NULL || PyDict_GET_SIZE(values) != self->n_inputs) {
             return declined(self, values, 0); /* every name found and no other: the binder names what is missing or unknown */
         }
+    } else if (self->fallback != NULL) {
+        return declined(self, values, 0); /* (a mapping of another type, say: the fallback's to take or explain) */
     } else if (!PyList_CheckExact(values) || PyList_GET_SIZE(values) != self->n_inputs) {
         PyErr_SetString(PyExc_TypeError, "a Caller takes one list of its inputs or the dict of them by name");
         return NULL;

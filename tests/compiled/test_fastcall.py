@@ -213,6 +213,16 @@ def test_a_scalar_models_bad_argument_is_named_by_the_fallback(square, bad, mess
         square.value_and_grad()
 
 
+def test_a_mapping_of_another_type_goes_to_the_fallback(square):
+    """Function.answer given an OrderedDict (or a list): the Python path, the same answer."""
+    from collections import OrderedDict
+
+    fn = square.function("value_and_grad")
+    assert fn.answer(OrderedDict(x=3.0)) == fn.answer({"x": 3.0}) == (9.0, {"x": 6.0})
+    with pytest.raises(ArgumentError, match="x"):
+        fn.answer(OrderedDict(y=3.0))
+
+
 def test_a_module_and_its_callers_are_collected():
     """A Caller's fallback is its Function's method: a cycle the collector breaks."""
     import gc
