@@ -11,6 +11,10 @@ libraries exposing C entry points, and name their folder in GB_MANUAL_DIR:
         void ht_set(model and data, as ht.hpp's from_json fills its structs)
         void ht_objective(const double* theta, double* err)
         void ht_jacobian(const double* theta, double* J)   (column-major, 3N x columns)
+    libba_manual.so      ba.hpp's `objective`, ba.cpp's `Jacobian::compute` (ba_d.hpp):
+        void ba_set(int n, int m, int p, cams, X, w, const int* obs, feats)   (as from_json fills Input)
+        void ba_objective(double* reproj_err, double* w_err)
+        const double* ba_jacobian(void)   (the SparseMat's vals, built afresh on each call as the C++ does)
 
 built with g++ -O3 -march=native, without OpenMP (one thread, as every peer here).
 Called through ctypes: a call costs about a microsecond more than from C++,
@@ -32,7 +36,9 @@ SOURCE = ("the manual column: GradBench's hand-written C++ from gradbench/gradbe
           "repository (g++ -O3 -march=native, no OpenMP) and called in-process through ctypes: kmeans from "
           "cpp/gradbench/evals/kmeans.hpp and tools/manual/kmeans.cpp at 1e870182; ht from "
           "cpp/gradbench/evals/ht.hpp at 28d72eed, tools/manual/ht_d.hpp at 3eb158a3 and tools/manual/ht.cpp "
-          "at ac868ffa, with cpp/adbench/shared/light_matrix.h at 3d73a76d and matrix.h at 17c5ef38")
+          "at ac868ffa, with cpp/adbench/shared/light_matrix.h at 3d73a76d and matrix.h at 17c5ef38; ba from "
+          "cpp/gradbench/evals/ba.hpp at 3eb158a3, tools/manual/ba_d.hpp at 3d73a76d and tools/manual/ba.cpp at "
+          "59916618")
 
 _DOUBLES = ctypes.POINTER(ctypes.c_double)
 _INTS = ctypes.POINTER(ctypes.c_int)
@@ -100,7 +106,28 @@ def ht_calls(data: dict):
     return objective, jacobian
 
 
-CALLS = {"kmeans": kmeans_calls, "ht": ht_calls}
+def ba_calls(data: dict):
+    lib = _library("ba")
+    lib.ba_jacobian.restype = _DOUBLES
+    keep = {key: np.ascontiguousarray(data[key]) for key in ("cams", "X", "w", "feats")}
+    obs = np.ascontiguousarray(np.stack([data["cam"], data["pt"]], axis=1), dtype=np.intc)
+    (n, m), p = (len(keep["cams"]), len(keep["X"])), len(keep["w"])
+    lib.ba_set(n, m, p, _doubles(keep["cams"]), _doubles(keep["X"]), _doubles(keep["w"]), _ints(obs),
+               _doubles(keep["feats"]))
+    reproj_err, w_err = np.empty((p, 2)), np.empty(p)
+    r_ptr, w_ptr = _doubles(reproj_err), _doubles(w_err)
+
+    def objective():
+        lib.ba_objective(r_ptr, w_ptr)
+        return {"reproj_err": reproj_err, "w_err": w_err}
+
+    def jacobian():  # 30 values per observation (its two rows of 15), then one per weight
+        return {"vals": np.ctypeslib.as_array(lib.ba_jacobian(), shape=(31 * p,))}
+
+    return objective, jacobian
+
+
+CALLS = {"kmeans": kmeans_calls, "ht": ht_calls, "ba": ba_calls}
 
 
 def calls(name: str, data: dict):

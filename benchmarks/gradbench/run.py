@@ -344,8 +344,9 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
         print(f"\nwrote {args.json}")
-    if args.save and "results" in report:
-        path = tables.save(args.save, results_file(report["results"], args, argv))
+    if args.save:  # (with --scaling, a row per eval and size)
+        records = report.get("results") or [r for s in report["scaling"] for r in s["points"]]
+        path = tables.save(args.save, results_file(records, args, argv))
         print(f"\nwrote {path.relative_to(ROOT)}: render it with <!-- table:{args.save} --> and benchmarks/tables.py")
     return 0
 

@@ -245,7 +245,7 @@ def test_ht_poses_only_the_vertices_used(variant):
 
 
 @pytest.mark.skipif(not os.environ.get("GB_MANUAL_DIR"), reason="GradBench's C++ is not built (GB_MANUAL_DIR)")
-@pytest.mark.parametrize("name", ["kmeans", "ht"])
+@pytest.mark.parametrize("name", ["kmeans", "ht", "ba"])
 def test_manual_peer(name):
     """GradBench's hand-written C++, rebuilt outside the repository, agrees with the references."""
     from benchmarks.gradbench import manual

@@ -13,7 +13,15 @@
  * or as the dict of keyword arguments (looked up by the names given). Anything else returns None
  * without raising: the caller then takes the binder's path, which converts
  * what it can and names what is wrong. A nonzero status of the generated
- * function is returned as an int for the same reason. Built with the
+ * function is returned as an int for the same reason. A Caller given a
+ * fallback calls it with the arguments instead, and returns what it returns.
+ *
+ * The outputs come back as a list in C order, or, for a Caller given a
+ * layout, shaped as the module's method returns them (function.py's
+ * Function.layout: an int is that output, a dict {key: int} a dict of
+ * outputs, a tuple of layouts a tuple). A scalar output is written on this
+ * call's stack and returned as a Python float: no array is made for it
+ * (a call of a scalar model spent a third of its time on those). Built with the
  * package where it is installed (setup.py), else on first use by
  * symbackprop.run.fastcall and cached.
  */
@@ -47,6 +55,8 @@ typedef struct {
     int n_dims, n_inputs, n_outputs, itemsize;
     Pattern *patterns; /* inputs, then outputs */
     PyObject *names;   /* the inputs' names in C order (a tuple), or NULL: lists only */
+    PyObject *layout;   /* how the outputs are returned (see above), or NULL: a list */
+    PyObject *fallback; /* called with the arguments where this declines or the status is nonzero, or NULL */
 } Caller;
 
 /* Scratch memory per thread, shared by every module: generated functions
@@ -170,6 +180,11 @@ static PyObject *argument(const Caller *self, PyObject *values, int k)
     return item;
 }
 
+static void release(PyObject **results, int count);
+static PyObject *declined(const Caller *self, PyObject *values, int status);
+static PyObject *returned(const Caller *self, PyObject **results);
+static PyObject *shaped(PyObject *layout, PyObject *const *results);
+
 static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
 {
     PyObject *values;
@@ -183,8 +198,10 @@ static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
     }
     if (PyDict_CheckExact(values)) {
         if (self->names == NULL || PyDict_GET_SIZE(values) != self->n_inputs) {
-            Py_RETURN_NONE; /* every name found and no other: the binder names what is missing or unknown */
+            return declined(self, values, 0); /* every name found and no other: the binder names what is missing or unknown */
         }
+    } else if (self->fallback != NULL) {
+        return declined(self, values, 0); /* (a mapping of another type, say: the fallback's to take or explain) */
     } else if (!PyList_CheckExact(values) || PyList_GET_SIZE(values) != self->n_inputs) {
         PyErr_SetString(PyExc_TypeError, "a Caller takes one list of its inputs or the dict of them by name");
         return NULL;
@@ -196,11 +213,11 @@ static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
         PyObject *item = argument(self, values, k);
         const Pattern *p = &self->patterns[k];
         if (item == NULL) {
-            Py_RETURN_NONE;
+            return declined(self, values, 0);
         }
         if (!PyArray_CheckExact(item)) {
             if (!p->scalar || !number(item, p->type, &numbers[k])) {
-                Py_RETURN_NONE;
+                return declined(self, values, 0);
             }
             pointers[k] = &numbers[k];
             continue;
@@ -211,45 +228,46 @@ static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
         if (ndim == 0 && p->scalar) { /* a 0-d array for a scalar: its one element, as (1, 1) */
             if (PyArray_TYPE(array) != p->type || PyArray_ISBYTESWAPPED(array) ||
                 !PyArray_CHKFLAGS(array, NPY_ARRAY_ALIGNED)) {
-                Py_RETURN_NONE;
+                return declined(self, values, 0);
             }
             pointers[k] = PyArray_DATA(array);
             continue;
         }
         if (PyArray_TYPE(array) != p->type || (ndim != 2 && !column) || PyArray_ISBYTESWAPPED(array) ||
             !PyArray_CHKFLAGS(array, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED)) {
-            Py_RETURN_NONE;
+            return declined(self, values, 0);
         }
         const npy_intp *shape = PyArray_DIMS(array);
         if (!bind(p->rows, shape[0], dims) || !bind(p->cols, column ? 1 : shape[1], dims)) {
-            Py_RETURN_NONE;
+            return declined(self, values, 0);
         }
         pointers[k] = PyArray_DATA(array);
     }
     for (int d = 0; d < self->n_dims; ++d) {
         if (dims[d] < 1) {
-            Py_RETURN_NONE; /* not fixed by any argument */
+            return declined(self, values, 0); /* not fixed by any argument */
         }
     }
-    PyObject *outputs = PyList_New(self->n_outputs);
-    if (outputs == NULL) {
-        return NULL;
-    }
+    PyObject *results[self->n_outputs + 1];
+    union { double d; float f; } scalars[self->n_outputs + 1]; /* scalar outputs, in the module's real type */
     for (int k = 0; k < self->n_outputs; ++k) {
         const Pattern *p = &self->patterns[self->n_inputs + k];
+        results[k] = NULL;
+        if (p->scalar) {
+            pointers[self->n_inputs + k] = &scalars[k];
+            continue;
+        }
         npy_intp shape[2] = {resolve(p->rows, dims), resolve(p->cols, dims)};
-        PyObject *array = PyArray_SimpleNew(2, shape, p->type);
-        if (array == NULL) {
-            Py_DECREF(outputs);
+        if ((results[k] = PyArray_SimpleNew(2, shape, p->type)) == NULL) {
+            release(results, k);
             return NULL;
         }
-        PyList_SET_ITEM(outputs, k, array);
-        pointers[self->n_inputs + k] = PyArray_DATA((PyArrayObject *)array);
+        pointers[self->n_inputs + k] = PyArray_DATA((PyArrayObject *)results[k]);
     }
     size_t work = self->work_len(dims);
     void *memory = scratch((work ? work : 1) * (size_t)self->itemsize);
     if (memory == NULL) {
-        Py_DECREF(outputs);
+        release(results, self->n_outputs);
         return PyErr_NoMemory();
     }
     pointers[self->n_inputs + self->n_outputs] = memory;
@@ -259,24 +277,117 @@ static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
     status = entry(dims, pointers);
     Py_END_ALLOW_THREADS
     if (status != 0) {
-        Py_DECREF(outputs);
-        return PyLong_FromLong(status);
+        release(results, self->n_outputs);
+        return declined(self, values, status);
     }
     for (int k = 0; k < self->n_outputs; ++k) {
         const Pattern *p = &self->patterns[self->n_inputs + k];
-        if (!p->scalar) {
-            continue;
+        if (p->scalar) {
+            double value = p->type == NPY_FLOAT ? (double)scalars[k].f : scalars[k].d;
+            if ((results[k] = PyFloat_FromDouble(value)) == NULL) {
+                release(results, self->n_outputs);
+                return NULL;
+            }
         }
-        PyArrayObject *array = (PyArrayObject *)PyList_GET_ITEM(outputs, k);
-        double value = p->type == NPY_FLOAT ? (double)*(float *)PyArray_DATA(array) : *(double *)PyArray_DATA(array);
-        PyObject *number = PyFloat_FromDouble(value);
-        if (number == NULL) {
-            Py_DECREF(outputs);
-            return NULL;
-        }
-        PyList_SetItem(outputs, k, number); /* drops the array */
     }
-    return outputs;
+    return returned(self, results);
+}
+
+/* Drops the first `count` results (NULL: not made). */
+static void release(PyObject **results, int count)
+{
+    for (int k = 0; k < count; ++k) {
+        Py_XDECREF(results[k]);
+    }
+}
+
+/* What a declined call (status 0) or a nonzero status returns. */
+static PyObject *declined(const Caller *self, PyObject *values, int status)
+{
+    if (self->fallback != NULL) {
+        return PyObject_CallOneArg(self->fallback, values);
+    }
+    if (status != 0) {
+        return PyLong_FromLong(status);
+    }
+    Py_RETURN_NONE;
+}
+
+/* The results (owned: dropped here) as a list, or shaped by the layout. */
+static PyObject *returned(const Caller *self, PyObject **results)
+{
+    PyObject *out;
+    if (self->layout == NULL) {
+        if ((out = PyList_New(self->n_outputs)) != NULL) {
+            for (int k = 0; k < self->n_outputs; ++k) {
+                PyList_SET_ITEM(out, k, results[k]); /* steals */
+            }
+            return out;
+        }
+    } else {
+        out = shaped(self->layout, results);
+    }
+    release(results, self->n_outputs);
+    return out;
+}
+
+/* A layout (checked by layout_ok) filled in with new references to the results. */
+static PyObject *shaped(PyObject *layout, PyObject *const *results)
+{
+    if (PyLong_CheckExact(layout)) {
+        PyObject *item = results[PyLong_AsSsize_t(layout)];
+        Py_INCREF(item);
+        return item;
+    }
+    if (PyDict_CheckExact(layout)) {
+        PyObject *out = PyDict_New(), *key, *index;
+        Py_ssize_t position = 0;
+        while (out != NULL && PyDict_Next(layout, &position, &key, &index)) {
+            if (PyDict_SetItem(out, key, results[PyLong_AsSsize_t(index)]) < 0) {
+                Py_CLEAR(out);
+            }
+        }
+        return out;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(layout);
+    PyObject *out = PyTuple_New(count);
+    for (Py_ssize_t k = 0; out != NULL && k < count; ++k) {
+        PyObject *part = shaped(PyTuple_GET_ITEM(layout, k), results);
+        if (part == NULL) {
+            Py_CLEAR(out);
+        } else {
+            PyTuple_SET_ITEM(out, k, part);
+        }
+    }
+    return out;
+}
+
+/* 1 where every int of the layout names an output and it is made of ints, dicts of them and tuples. */
+static int layout_ok(PyObject *layout, int n_outputs)
+{
+    if (PyLong_CheckExact(layout)) {
+        Py_ssize_t index = PyLong_AsSsize_t(layout);
+        return index >= 0 && index < n_outputs;
+    }
+    if (PyDict_CheckExact(layout)) {
+        PyObject *key, *index;
+        Py_ssize_t position = 0;
+        while (PyDict_Next(layout, &position, &key, &index)) {
+            if (!PyLong_CheckExact(index) || !layout_ok(index, n_outputs)) {
+                return 0;
+            }
+        }
+        return 1;
+    }
+    if (!PyTuple_CheckExact(layout)) {
+        return 0;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(layout); ++k) {
+        if (!layout_ok(PyTuple_GET_ITEM(layout, k), n_outputs)) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static int read_patterns(PyObject *sequence, Pattern *into, Py_ssize_t count)
@@ -300,12 +411,20 @@ static int Caller_init(Caller *self, PyObject *args, PyObject *kwargs)
 {
     unsigned long long entry, work_len;
     int n_dims, itemsize;
-    PyObject *inputs, *outputs, *names = NULL;
-    if (kwargs != NULL || !PyArg_ParseTuple(args, "KKiiO!O!|O!", &entry, &work_len, &n_dims, &itemsize,
-                                            &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &PyTuple_Type, &names)) {
+    PyObject *inputs, *outputs, *names = NULL, *layout = Py_None, *fallback = Py_None;
+    if (kwargs != NULL || !PyArg_ParseTuple(args, "KKiiO!O!|O!OO", &entry, &work_len, &n_dims, &itemsize,
+                                            &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &PyTuple_Type, &names,
+                                            &layout, &fallback)) {
         if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "Caller(entry, work_len, n_dims, itemsize, inputs, outputs[, names])");
+            PyErr_SetString(PyExc_TypeError,
+                            "Caller(entry, work_len, n_dims, itemsize, inputs, outputs[, names[, layout, fallback]])");
         }
+        return -1;
+    }
+    layout = layout == Py_None ? NULL : layout;
+    fallback = fallback == Py_None ? NULL : fallback;
+    if (fallback != NULL && !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "Caller: the fallback must be callable");
         return -1;
     }
     if (n_dims < 0 || n_dims > MAX_DIMS || itemsize < 1) {
@@ -336,6 +455,14 @@ static int Caller_init(Caller *self, PyObject *args, PyObject *kwargs)
             PyErr_SetString(PyExc_ValueError, "Caller: a pattern names no size or a dimension out of range");
             return -1;
         }
+        if (k >= n_in && p->scalar && (p->rows != 1 || p->cols != 1)) {
+            PyErr_SetString(PyExc_ValueError, "Caller: a scalar output must be 1 x 1");
+            return -1;
+        }
+    }
+    if (layout != NULL && !layout_ok(layout, (int)n_out)) {
+        PyErr_SetString(PyExc_ValueError, "Caller: a layout is an output's index, a dict of them or a tuple of layouts");
+        return -1;
     }
     self->entry = (entry_fn)(uintptr_t)entry;
     self->work_len = (work_len_fn)(uintptr_t)work_len;
@@ -345,13 +472,35 @@ static int Caller_init(Caller *self, PyObject *args, PyObject *kwargs)
     self->itemsize = itemsize;
     Py_XINCREF(names);
     Py_XSETREF(self->names, names);
+    Py_XINCREF(layout);
+    Py_XSETREF(self->layout, layout);
+    Py_XINCREF(fallback);
+    Py_XSETREF(self->fallback, fallback);
+    return 0;
+}
+
+/* The fallback is a method of the Function that holds this Caller: a cycle for the collector. */
+static int Caller_traverse(Caller *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->names);
+    Py_VISIT(self->layout);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int Caller_clear(Caller *self)
+{
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->layout);
+    Py_CLEAR(self->fallback);
     return 0;
 }
 
 static void Caller_dealloc(Caller *self)
 {
+    PyObject_GC_UnTrack(self);
+    Caller_clear(self);
     PyMem_Free(self->patterns);
-    Py_XDECREF(self->names);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -359,11 +508,14 @@ static PyTypeObject CallerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "symbackprop_fastcall.Caller",
     .tp_basicsize = sizeof(Caller),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Caller(entry, work_len, n_dims, itemsize, inputs, outputs[, names]): calls one generated function",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Caller(entry, work_len, n_dims, itemsize, inputs, outputs[, names[, layout, fallback]]): calls one "
+              "generated function",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Caller_init,
     .tp_dealloc = (destructor)Caller_dealloc,
+    .tp_traverse = (traverseproc)Caller_traverse,
+    .tp_clear = (inquiry)Caller_clear,
     .tp_call = (ternaryfunc)Caller_call,
 };
 

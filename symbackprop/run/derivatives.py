@@ -79,7 +79,7 @@ class Derivatives:
             return {k: g * factor for k, g in grads.items()}
         fn = self.function("vjp", output)
         (seed_arg, _, _), = fn.spec.extra_roles
-        return fn.returned(fn.call({**arrays, seed_arg: seed}))
+        return fn.answer({**arrays, seed_arg: seed})
 
     def _with_extra(self, kind: str, given: Mapping[str, Any], what: str, arrays: Mapping[str, Any]) -> tuple[Function, dict]:
         """The function and its arguments, with zeros for the tangents or
@@ -116,7 +116,7 @@ class Derivatives:
             ModelError, BuildError: compiling the C function on first use failed.
         """
         fn, full = self._with_extra("jvp", tangents, "tangent", arrays)
-        return fn.returned(fn.call(full))
+        return fn.answer(full)
 
     def hvp(self, directions: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
         """Hessian of the loss times a direction.
@@ -152,7 +152,7 @@ class Derivatives:
             ArgumentError, ModelError, BuildError: as `hvp` raises them.
         """
         fn, full = self._with_extra("hvp", directions, "direction", arrays)
-        return fn.returned(fn.call(full))
+        return fn.answer(full)
 
     def hessian(self, **arrays: Any) -> dict[str, dict[str, Any]]:
         """The full Hessian of the loss, by pairs of differentiated leaves

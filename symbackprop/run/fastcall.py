@@ -6,7 +6,10 @@ allocation and pointers than on its arithmetic. `Caller` does the checks,
 the allocation of the outputs and the call in C, through a packed entry
 point that every module has beside each function (see
 toolchain.packed.packed_entries). It declines (returns None) whatever it does not
-expect, and the Python path then converts or explains.
+expect, and the Python path then converts or explains; a caller given a
+fallback (Function.answer's) calls it there itself, and returns the
+outputs shaped as the module's method returns them, so that an ordinary
+call is one C call.
 
 The extension is built with the package where it is installed (setup.py:
 `symbackprop.run.symbackprop_fastcall`), and used where it imports and was
@@ -159,7 +162,7 @@ MAX_ARGUMENTS = 4096
 
 def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
            inputs: list[tuple[int, int, int, bool]], outputs: list[tuple[int, int, int, bool]],
-           names: tuple[str, ...] = ()) -> Any | None:
+           names: tuple[str, ...] = (), layout: Any = None, fallback: Any = None) -> Any | None:
     """A C caller of one generated function, or None (no extension, a
     module built without packed entry points, or over MAX_ARGUMENTS arrays).
 
@@ -173,18 +176,23 @@ def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
         outputs: (rows, cols, numpy type number, returned as a float) per output.
         names: the inputs' names in C order (then the caller also takes
             the dict of keyword arguments).
+        layout: how to return the outputs (Function.layout; needs names),
+            or None: a list in C order.
+        fallback: called with the arguments, its result returned, where
+            the caller declines or the C function's status is nonzero.
 
     Returns:
         A callable taking the list of inputs in C order (or the dict of them
-        by name) and returning the list of outputs, None to decline, or an
-        int status of the C function.
+        by name) and returning the outputs (see layout), or (without a
+        fallback) None to decline or an int status of the C function.
     """
     module = extension()
     if module is None or not hasattr(lib, f"{c_name}__packed") or len(inputs) + len(outputs) > MAX_ARGUMENTS:
         return None
     entry = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}__packed")))
     work_len = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}_work_len__packed")))
-    named = (tuple(sys.intern(name) for name in names),) if names else ()  # interned: keyword arguments' keys are
+    # interned: keyword arguments' keys are
+    named = (tuple(sys.intern(name) for name in names), layout, fallback) if names else ()
     return module.Caller(entry, work_len, n_dims, itemsize, tuple(inputs), tuple(outputs), *named)
 
 

@@ -17,6 +17,7 @@ writes its results into arrays it owns.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -62,12 +63,26 @@ class Function:
         self.groups: dict[str, list[tuple[int, str]]] = {}
         for index, out in enumerate(spec.outputs):
             self.groups.setdefault(out.group, []).append((index, out.key))
-        # what the module's method of this kind returns, made from call's results
-        self.returned: Callable[[Sequence[Any]], Any] = self._shaper()
+        # what the module's method of this kind returns, from call's results
+        self.layout = self._layout()
         self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
         # the C hot path (fastcall.py), from the binder's patterns; not for functions that write their inputs
-        self.fast = None if spec.inplace else fastcall.caller(lib, ffi, self.c_name, len(self.dims), dtype.itemsize,
-                                                              *self.binder.c_patterns(), tuple(self.input_names))
+        self.fast = self._caller(None)
+        # `answer(arrays)`: what the module's method returns, in one C call where the hot path takes the
+        # arguments (shaped by `layout`), else through `call` (which converts or explains)
+        self.answer: Callable[[dict[str, Any]], Any] = self._caller(self.layout, self._answer) or self._answer
+
+    def _caller(self, layout: Any, fallback: Callable[[dict[str, Any]], Any] | None = None) -> Any:
+        """The C caller returning a list (layout None) or shaped, or None where there is none."""
+        if self.spec.inplace:
+            return None
+        # (the caller's own copy of the layout: it indexes its results by it unchecked)
+        return fastcall.caller(self.lib, self.ffi, self.c_name, len(self.dims), self.dtype.itemsize,
+                               *self.binder.c_patterns(), tuple(self.input_names), copy.deepcopy(layout), fallback)
+
+    def _answer(self, arrays: dict[str, Any]) -> Any:
+        """`answer` through `call`: what the C caller does not take."""
+        return self.returned(self.call(arrays))
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
         """Checked, converted arrays in C order, and the bound dimensions
@@ -172,11 +187,12 @@ class Function:
         """
         return {key: results[index] for index, key in self.groups.get(name, ())}
 
-    def _shaper(self) -> Callable[[Sequence[Any]], Any]:
-        """`returned`: what the module's method of this function's kind
-        returns, made from `call`'s results, the one place that decides it
-        (a prepared call returns the same). Its indices are looked up here,
-        once: it runs on every call.
+    def _layout(self) -> Any:
+        """What the module's method of this function's kind returns, as
+        indices into `call`'s results, the one place that decides it (the
+        C hot path fills it in, `returned` in Python; a prepared call
+        returns the same): an int is that result, a dict {key: int} a dict
+        of them, a tuple of layouts a tuple.
 
         - forward, jvp: {"loss": ..., output name: ...};
         - value_and_grad: (loss, {name: gradient});
@@ -186,25 +202,33 @@ class Function:
         """
         kind = self.spec.kind
         if kind in ("forward", "jvp"):
-            keys = tuple(out.key for out in self.outputs)
-            return lambda results: dict(zip(keys, results))
+            return {out.key: k for k, out in enumerate(self.outputs)}
         if kind == "train_step":
-            return lambda results: results[0]
-        grads = tuple(self.groups.get("grads", ()))
-        hvp = tuple(self.groups.get("hvp", ()))
+            return 0
+        grads = {key: i for i, key in self.groups.get("grads", ())}
         if "loss" not in self.groups:
-            return lambda results: {key: results[i] for i, key in grads}
+            return grads
         loss = self.groups["loss"][0][0]
-        if not hvp:
-            return lambda results: (results[loss], {key: results[i] for i, key in grads})
-        return lambda results: (results[loss], {key: results[i] for i, key in grads}, {key: results[i] for i, key in hvp})
+        if "hvp" not in self.groups:
+            return loss, grads
+        return loss, grads, {key: i for i, key in self.groups["hvp"]}
+
+    def returned(self, results: Sequence[Any], layout: Any = None) -> Any:
+        """`layout` (the function's by default) filled in with `call`'s results."""
+        layout = self.layout if layout is None else layout
+        if type(layout) is int:
+            return results[layout]
+        if type(layout) is dict:
+            return {key: results[index] for key, index in layout.items()}
+        return tuple(self.returned(results, part) for part in layout)
 
     def reused(self, outputs: Sequence[np.ndarray]) -> Callable[[], Any]:
         """What a prepared call over `outputs` returns after each run, built
         once: the same dicts of the same arrays every time, only its
         scalars read again (as Python floats, as `returned` gives them),
         so that a call allocates no more than the float of its loss and
-        the tuple around it. Equal to `returned` of the call's results.
+        the tuple around it. Equal to `returned` of the call's results
+        (the same shapes as `_layout`'s, with the arrays bound here).
 
         Args:
             outputs: the prepared call's output arrays, in C order.

@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.display import BackwardGraph
     from symbackprop.run.optim import SGD, Adam
 
+# The keys of the ordinary API's functions, looked up on every call
+# (`function` also builds what is missing, and explains).
+_FORWARD, _VALUE_AND_GRAD = ("forward", None), ("value_and_grad", None)
+
 # The compiler (pipeline, emit) and the displays are imported where a method
 # needs them: a module loaded from the cache imports neither.
 
@@ -158,8 +162,8 @@ class CompiledModule(Training, Derivatives):
             ArgumentError: a missing, unknown or malformed argument, or
                 inconsistent dimensions.
         """
-        fn = self.function("forward")
-        return fn.returned(fn.call(arrays))
+        fn = self._functions.get(_FORWARD) or self.function("forward")
+        return fn.answer(arrays)
 
     def value_and_grad(self, **arrays: Any) -> tuple[float, dict[str, Any]]:
         """The loss and its gradients.
@@ -174,8 +178,8 @@ class CompiledModule(Training, Derivatives):
             ArgumentError: a missing, unknown or malformed argument,
                 inconsistent dimensions, or a model without a loss.
         """
-        fn = self.function("value_and_grad")
-        return fn.returned(fn.call(arrays))
+        fn = (self.spec.has_loss and self._functions.get(_VALUE_AND_GRAD)) or self.function("value_and_grad")
+        return fn.answer(arrays)
 
     def prepare(self, function: str = "value_and_grad", **arrays: Any) -> PreparedCall:
         """Bind arrays once for a hot loop: checks and allocation happen

@@ -88,7 +88,7 @@ class Trainer:
                 argument), a parameter has a symbolic shape, or any check of
                 the binder fails.
         """
-        return self.function.returned(self.function.call(self._arguments(arrays)))
+        return self.function.answer(self._arguments(arrays))
 
     def epoch(self, batch_size: Any = None, order: Any = None, /, **arrays: Any) -> np.ndarray:
         """One epoch in one C call: a training step on each minibatch of

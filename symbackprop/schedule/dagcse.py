@@ -49,6 +49,10 @@ def dag_cse(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic] | None = N
     order, uses = _walk(exprs, lets, reads)
     done: dict[sp.Basic, sp.Basic] = {}
     temps: list[tuple[sp.Symbol, sp.Basic]] = []
+    # Two nodes can rebuild to one value (lets equal once their reads are
+    # temporaries, a sum over a shared part beside the same sum written out):
+    # the first temporary of a value is every one's.
+    named_as: dict[sp.Basic, sp.Symbol] = {}
     for node in order:
         if node in lets:
             value = done[lets[node]]
@@ -62,8 +66,10 @@ def dag_cse(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic] | None = N
             value = _rebuilt(node, [done[a] for a in args]) if args else node
             named = uses[node] > 1 and _may_be_temporary(node)
         if named:
-            symbol = next(names)
-            temps.append((symbol, value))
+            symbol = named_as.get(value)
+            if symbol is None:
+                symbol = named_as[value] = next(names)
+                temps.append((symbol, value))
             value = symbol
         done[node] = value
     return temps, [done[e] for e in exprs]

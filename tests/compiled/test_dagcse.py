@@ -108,3 +108,22 @@ def test_ordered_terms_is_sympys_print_order():
              a[0, 1] * x - a[1, 0] * y + a[2, 2] * x * y + 2.5, sp.I * x + x + 2, -x * y - z ** 3 * w + sp.sin(x) ** 2]
     for expr in cases:
         assert ordered_terms(expr) == expr.as_ordered_terms(), expr
+
+
+def test_lets_of_one_value_share_one_temporary_and_so_do_what_they_feed():
+    """Two named values equal once their reads are temporaries (the same
+    forward value in a residual and in its Jacobian, grouped in one loop:
+    ba's sqrt, sin and cos were each computed twice) are one temporary, and
+    so is everything built the same way on them."""
+    a, b, c, d = sp.symbols("a b c d", real=True)
+    lets = {a: sp.sin(x) + y, b: sp.sin(x) + y, c: sp.sqrt(a) * z, d: sp.sqrt(b) * z}
+    exprs = [c * w + a, d * x + b, c + d]
+    temps, reduced = dag_cse(exprs, lets)
+    values = [value for _, value in temps]
+    assert len(values) == len(set(values)) == 2  # sin(x) + y and sqrt of it times z, once each
+    rng = random.Random(1)
+    for _ in range(5):
+        point = {s: rng.uniform(0.5, 2.0) for s in (x, y, z, w)}
+        want = [float(e.xreplace(lets).xreplace(lets).xreplace(point)) for e in exprs]  # (lets read lets)
+        got = _evaluate(temps, reduced, point)
+        assert all(abs(g - v) <= 1e-12 * max(1.0, abs(v)) for g, v in zip(got, want))

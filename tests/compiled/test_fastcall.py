@@ -41,6 +41,21 @@ def test_every_example_gives_the_python_paths_results_exactly(name):
         fn = mod.function(kind)
         assert fn.fast is not None
         _same(fn.call(data), _python_path(fn, data))
+        _same_shaped(fn.answer(dict(data)), fn.returned(_python_path(fn, data)))
+
+
+def _same_shaped(a, b):
+    """The same dicts and tuples of the same floats and arrays, bit for bit."""
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        _same(list(a.values()), list(b.values()))
+    elif isinstance(a, tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same_shaped(x, y)
+    else:
+        _same([a], [b])
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +153,12 @@ def test_threads_calling_one_function_get_their_own_results(mlp):
     ((1, 1, 1, 8, ((-3, 1, 12, False),), ()), ValueError),
     ((1, 1, 1, 8, ((1, 1, 12, False),), (), ("a", "b")), ValueError),  # one name per input
     (("a",), TypeError),
+    ((1, 1, 1, 8, (), ((2, 1, 12, True),), ()), ValueError),  # a scalar output is 1 x 1
+    ((1, 1, 1, 8, (), ((1, 1, 12, True),), (), 1), ValueError),  # no output 1
+    ((1, 1, 1, 8, (), ((1, 1, 12, True),), (), [0]), ValueError),  # a list is no layout
+    ((1, 1, 1, 8, (), ((1, 1, 12, True),), (), {"a": "0"}), ValueError),
+    ((1, 1, 1, 8, (), ((1, 1, 12, True),), (), ({"a": 0}, -1)), ValueError),
+    ((1, 1, 1, 8, (), ((1, 1, 12, True),), (), 0, "not callable"), TypeError),
 ])
 def test_a_caller_checks_its_construction(args, error):
     module = fastcall.extension()
@@ -147,6 +168,75 @@ def test_a_caller_checks_its_construction(args, error):
         return
     with pytest.raises(error):
         module.Caller(*args)
+
+
+@pytest.fixture(scope="module", params=["float64", "float32"])
+def square(request):
+    """GradBench's hello: the square of a scalar, and its derivative."""
+    import sympy as sp
+
+    x = sp.Symbol("x")
+    return sbp.compile(sbp.Model(f"fast_square_{request.param}", params=[x], loss=x**2), dtype=request.param)
+
+
+@pytest.mark.parametrize("given", [float, np.array, lambda v: np.full((1, 1), v)])
+@pytest.mark.parametrize("value", [3.0, -0.5, 0.0, 1e30])
+def test_a_scalar_model_returns_floats_in_one_c_call(square, monkeypatch, given, value):
+    dtype = square.dtype
+    x = given(value) if given is float else given(value).astype(dtype)
+    monkeypatch.setattr(type(square.function("forward")), "call", lambda *_: pytest.fail("the Python path ran"))
+    out = square.forward(x=x)
+    loss, grads = square.value_and_grad(x=x)
+    rounded = float(dtype.type(value))  # (1e30 squared overflows float32: inf)
+    # closed forms: x^2 and 2x, each in the module's precision (inf where float32 overflows)
+    with np.errstate(over="ignore"):
+        assert out == {"loss": float(dtype.type(rounded * rounded))} and loss == out["loss"]
+        assert grads == {"x": float(dtype.type(2 * rounded))}
+    assert type(loss) is float and type(grads["x"]) is float
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.ones((2, 1)), r"x is a scalar.*got shape \(2, 1\)"),
+    (np.ones((1, 1), np.int32), "x must have dtype .*; got int32"),
+    ("3", "x must be a real number .* got str"),
+    (None, "x must be a real number .* got NoneType"),
+])
+def test_a_scalar_models_bad_argument_is_named_by_the_fallback(square, bad, message):
+    if isinstance(bad, np.ndarray) and bad.dtype.kind == "f":
+        bad = bad.astype(square.dtype)  # only the shape is wrong
+    for call in (square.forward, square.value_and_grad):
+        with pytest.raises(ArgumentError, match=message):
+            call(x=bad)
+    with pytest.raises(ArgumentError, match="y"):
+        square.forward(x=1.0, y=2.0)
+    with pytest.raises(ArgumentError, match="x"):
+        square.value_and_grad()
+
+
+def test_a_mapping_of_another_type_goes_to_the_fallback(square):
+    """Function.answer given an OrderedDict (or a list): the Python path, the same answer."""
+    from collections import OrderedDict
+
+    fn = square.function("value_and_grad")
+    assert fn.answer(OrderedDict(x=3.0)) == fn.answer({"x": 3.0}) == (9.0, {"x": 6.0})
+    with pytest.raises(ArgumentError, match="x"):
+        fn.answer(OrderedDict(y=3.0))
+
+
+def test_a_module_and_its_callers_are_collected():
+    """A Caller's fallback is its Function's method: a cycle the collector breaks."""
+    import gc
+    import weakref
+
+    import sympy as sp
+
+    x = sp.Symbol("x")
+    mod = sbp.compile(sbp.Model("fast_square_collected", params=[x], loss=x**2))
+    assert mod.value_and_grad(x=2.0) == (4.0, {"x": 4.0})
+    gone = weakref.ref(mod.function("value_and_grad"))
+    del mod
+    gc.collect()
+    assert gone() is None
 
 
 @pytest.fixture(scope="module", params=["float64", "float32"])
