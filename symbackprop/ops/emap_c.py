@@ -137,16 +137,18 @@ def _add_loop(em: FunctionEmitter, run: Sequence[_Add]) -> str:
 LOOP_VARS = ("i", "j")
 
 
-def _position(em: FunctionEmitter, where: tuple) -> tuple[sp.Expr, sp.Expr]:
+def _position(em: FunctionEmitter, where: tuple, computed: tuple[str, ...] = ()) -> tuple[sp.Expr, sp.Expr]:
     """A load's or target's (row, column) as index expressions; a gathered
-    row reads its index (named in the index printer's text)."""
+    row reads its index (named in the index printer's text), a computed
+    index (a real number) as an integer."""
     out = []
     for spec in where:
         if spec[0] == "loop":
             out.append((LOOP_I, LOOP_J)[spec[1]])
         elif spec[0] == "gather":
             symbol = sp.Symbol(f"_gather_{spec[1]}_{spec[2]}", integer=True)
-            em.index.text[symbol] = f"{em.namer.name(spec[1])}[{LOOP_VARS[spec[2]]}]"
+            read = f"{em.namer.name(spec[1])}[{LOOP_VARS[spec[2]]}]"
+            em.index.text[symbol] = f"(int64_t){read}" if spec[1] in computed else read
             out.append(symbol)
         else:
             out.append(sp.Integer(spec[1]))
@@ -178,7 +180,7 @@ def _body(em: FunctionEmitter, kernel: EmapKernel) -> _Body:
     inner = len(kernel.loops) - 1 - kernel.outer
     if kernel.padded:
         em.index.text.update({ROWS8: "rows8", PAST_LAST: "row"})
-    access = {sym: em.access(view, *_position(em, where)) for sym, view, where in kernel.loads}
+    access = {sym: em.access(view, *_position(em, where, kernel.computed)) for sym, view, where in kernel.loads}
     used = set().union(*(e.free_symbols for _, e in kernel.temps), *(e.free_symbols for *_, e in kernel.stores))
     loaded = [sym for sym, _, _ in kernel.loads if inner not in uses[sym] and sym in used]
     hoisted = [(sym, e) for sym, e in kernel.temps if inner not in uses[sym]]
@@ -226,7 +228,7 @@ def _stores(em: FunctionEmitter, kernel: EmapKernel, body: _Body) -> _Stores:
         output = kernel.outputs[number]
         rows, cols = output.shape
         view = View(output.buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
-        row, first = _position(em, output.target)
+        row, first = _position(em, output.target, kernel.computed)
         out.places[k] = (view, row, first + col)
         if k in summed:
             continue
@@ -313,7 +315,12 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     def named(expr: sp.Basic) -> list[str]:
         return sorted(body.names[s] for s in expr.free_symbols if s in body.names)
 
+    guard = None
+    if kernel.guard is not None:  # (two loops: the guard's is the outer one, emap_group)
+        view, loop = kernel.guard
+        guard = f"{em.access(view, (LOOP_I, LOOP_J)[loop], sp.Integer(0))} == 0"
     return {
+        "guard": guard,
         "copies": [_copy_fields(em, copy) for copy in kernel.copies],
         "loops": [(LOOP_VARS[a], em.dim(kernel.loops[a])) for a in (outer, inner)[:len(kernel.loops)]],
         "lanes": LANES if size <= LANES_MAX_OPS else 1,
