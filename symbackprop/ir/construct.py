@@ -198,7 +198,7 @@ def row_placeholder(arg: int, col: int) -> sp.Symbol:
 #   ("cell",)         element (i, k): a loops[0] x loops[1] argument
 #   ("index",)        an index leaf, read only through gathers
 #   ("guard", a)      a column read at (i, k)[a] and nowhere else: an example
-#                     whose entry is 0 is skipped (writes nothing, adds nothing)
+#                     whose entry is 0 is skipped (adds nothing; its own place is 0)
 # The target says where example (i, k) writes its outputs, in the same terms;
 # where several examples write one place (a gather's scatter-add, a row of a
 # two-loop map, a shared row) they add up.

@@ -93,7 +93,8 @@ def group_kernel(sched, members: list[Node]) -> EmapKernel:
     summed = set(split[0]) if split else set()
     count = sum(1 for k, (number, _, _) in enumerate(kernel.stores)  # the sums left in the loop
                 if k not in summed and adds_locally(kernel.outputs[number], inner))
-    kernel = _whole_eights(sched, kernel) or _inner_rows_by_column(sched, kernel)
+    # (whole eights read a guard past the last example: a guarded loop keeps its tail)
+    kernel = (None if guard else _whole_eights(sched, kernel)) or _inner_rows_by_column(sched, kernel)
     kernel = _outer_product_sums(sched, kernel, split)
     if not kernel.padded or not count or threaded(kernel):  # (threaded: its sums stay in its tail's locals)
         return kernel

@@ -27,7 +27,7 @@ import sympy as sp
 
 from symbackprop.base.registry import OpRecord, VjpRule, plain_grad_fn, register
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
-from symbackprop.ir.construct import const, emap, is_const, map_, transpose
+from symbackprop.ir.construct import const, emap, is_const, map_, row_placeholder, transpose
 from symbackprop.ir.node import Node, Shape, op_node, placeholder
 from symbackprop.ops.cumulative import axis_walk, contiguous
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
@@ -41,22 +41,20 @@ def _is_zero(node: Node) -> bool:
     return is_const(node) and sp.sympify(node.attrs[0]) == 0
 
 
-def extreme_spread(g: Node, z: Node, extreme: Node, axis: int, rest: bool = False) -> Node:
+def extreme_spread(g: Node, z: Node, extreme: Node, axis: int) -> Node:
     """g (the adjoint of z's max or min `extreme` over `axis`) shared among
-    the entries of z equal to it: z's shape. rest: but for the first such
-    entry of each row (column), 0 there (through_extreme)."""
+    the entries of z equal to it: z's shape."""
     if _is_zero(g):
         return const(0, z.shape)
-    return op_node("extreme_spread", (g, z, extreme), z.shape, (axis, rest))
+    return op_node("extreme_spread", (g, z, extreme), z.shape, (axis,))
 
 
-def extreme_mean(t: Node, z: Node, extreme: Node, axis: int, rest: bool = False) -> Node:
+def extreme_mean(t: Node, z: Node, extreme: Node, axis: int) -> Node:
     """The mean of t over the entries of z equal to `extreme` (z's max or
-    min over `axis`): the extreme's shape. rest: the first such entry of
-    each row (column) left out of the sum (not of the count)."""
+    min over `axis`): the extreme's shape."""
     if _is_zero(t):
         return const(0, extreme.shape)
-    return op_node("extreme_mean", (t, z, extreme), extreme.shape, (axis, rest))
+    return op_node("extreme_mean", (t, z, extreme), extreme.shape, (axis,))
 
 
 # What extreme_tie computes of each row's (column's) entries equal to its extreme.
@@ -75,22 +73,22 @@ def extreme_tie(z: Node, extreme: Node, axis: int, what: str) -> Node:
 
 def _spread_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     _, z, extreme = node.args
-    return (extreme_mean(g, z, extreme, *node.attrs) if needed[0] else None, None, None)
+    return (extreme_mean(g, z, extreme, node.attrs[0]) if needed[0] else None, None, None)
 
 
 def _spread_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     _, z, extreme = node.args
-    return extreme_spread(tangents[0], z, extreme, *node.attrs) if tangents[0] is not None else None
+    return extreme_spread(tangents[0], z, extreme, node.attrs[0]) if tangents[0] is not None else None
 
 
 def _mean_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     _, z, extreme = node.args
-    return (extreme_spread(g, z, extreme, *node.attrs) if needed[0] else None, None, None)
+    return (extreme_spread(g, z, extreme, node.attrs[0]) if needed[0] else None, None, None)
 
 
 def _mean_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     _, z, extreme = node.args
-    return extreme_mean(tangents[0], z, extreme, *node.attrs) if tangents[0] is not None else None
+    return extreme_mean(tangents[0], z, extreme, node.attrs[0]) if tangents[0] is not None else None
 
 
 # --- numpy reference ------------------------------------------------------------
@@ -103,29 +101,16 @@ def shares(z: np.ndarray, extreme: np.ndarray, axis: int) -> np.ndarray:
         return hit / hit.sum(axis=axis, keepdims=True)
 
 
-def _but_first(terms: np.ndarray, z: np.ndarray, extreme: np.ndarray, axis: int) -> np.ndarray:
-    """terms, 0 at the first entry of each row (column) equal to its extreme (or NaN)."""
-    with np.errstate(all="ignore"):
-        hit = np.where(np.isnan(z) | np.isnan(extreme), np.nan, (z == extreme).astype(z.dtype))
-    out = np.array(terms, dtype=z.dtype)
-    np.put_along_axis(out, np.argmax(hit != 0, axis=axis, keepdims=True), 0.0, axis=axis)
-    return out
-
-
 def _eval_spread(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     g, z, extreme = args
-    axis, rest = node.attrs
     with np.errstate(all="ignore"):
-        out = shares(z, extreme, axis) * g
-    return _but_first(out, z, extreme, axis) if rest else out
+        return shares(z, extreme, node.attrs[0]) * g
 
 
 def _eval_mean(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     t, z, extreme = args
-    axis, rest = node.attrs
     with np.errstate(all="ignore"):
-        terms = shares(z, extreme, axis) * t
-        return (_but_first(terms, z, extreme, axis) if rest else terms).sum(axis=axis, keepdims=True)
+        return (shares(z, extreme, node.attrs[0]) * t).sum(axis=node.attrs[0], keepdims=True)
 
 
 def _eval_tie(node: Node, args: list[np.ndarray], context) -> np.ndarray:
@@ -144,31 +129,37 @@ def _eval_tie(node: Node, args: list[np.ndarray], context) -> np.ndarray:
 def through_extreme(node: Node, g: Node, needed: Sequence[bool], vjp: VjpRule) -> tuple[Node | None, ...] | None:
     """The VJP of a map over pairs (an emap's two loops, z[i, k] its body
     at row i of some arguments and row k of others) whose adjoint `g` is
-    the spread of its max or min over k (or i), as k-means' cost: each row
-    (column) of z adds the derivative of the body at its extreme's pair,
-    the other rows of k read through an index (a gather, and the adjoint a
-    scatter-add), in place of every pair's. A row with ties (or a NaN)
-    adds the others too, in a loop over the pairs that skips every other
-    row (a guard). `vjp` is the emap's own rule. None where `g` is not
-    such a spread, or the map reads a row another way (a cell, a gather
-    by the reduced loop)."""
-    if g.op != "extreme_spread" or g.args[1] is not node or g.attrs[1] or node.attrs[3] != ("cell",):
+    the spread of its max or min over k (or i), as k-means' cost, without
+    the body's derivative at every pair: a row (column) whose extreme is
+    one entry adds it at that pair alone, the other loop's rows read
+    through its index (a gather, and their adjoint a scatter-add); a row
+    with ties, or a NaN, at every pair, its share folded into the body, in
+    a loop over the pairs that skips every other row (a guard). `vjp` is
+    the emap's own rule. None where `g` is not such a spread or the map
+    reads a row another way (a cell, a gather by the reduced loop)."""
+    if g.op != "extreme_spread" or g.args[1] is not node or node.attrs[3] != ("cell",):
         return None
     bodies, bindings, loops, _, lets = node.attrs
     seed, _, extreme = g.args
     axis = g.attrs[0]
-    keep = 1 - axis
-    first, extra = (extreme_tie(node, extreme, axis, what) for what in TIE_WHATS)
-    share = map_(1 / (A0 + 1), [extra], extra.shape)  # 1 / the ties' count (NaN in a row with a NaN)
-    picked = _at_first(bindings, len(node.args), keep)
+    keep, count = 1 - axis, len(node.args)
+    picked = _at_first(bindings, count, keep)
     if picked is None:
         return None
-    row_seed = seed if axis == 1 else transpose(seed)
-    one = emap(bodies, node.args + (first,), picked + (("index",),), (loops[keep],), ("row", 0), (loops[keep], 1), lets)
-    at_extremes = vjp(one, map_(A0 * A1, [share, row_seed], (loops[keep], 1)), list(needed) + [False])
-    guarded = emap(bodies, node.args + (extra,), bindings + (("guard", keep),), loops, ("cell",), node.shape, lets)
-    at_ties = vjp(guarded, extreme_spread(seed, node, extreme, axis, rest=True), list(needed) + [False])
-    return tuple(_plus(a, b) for a, b in zip(at_extremes[:len(node.args)], at_ties[:len(node.args)]))
+    first, extra = (extreme_tie(node, extreme, axis, what) for what in TIE_WHATS)
+    column = (lambda v: v) if axis == 1 else transpose  # a row's values as a column
+    # rows of one extreme (0 ties beyond it); a row with a NaN is the guarded loop's
+    single = map_(sp.Piecewise((1, sp.Eq(A0, 0)), (0, True)), [extra], extra.shape)
+    one = emap(bodies, node.args + (first, single), picked + (("index",), ("guard", 0)), (loops[keep],), ("row", 0),
+               (loops[keep], 1), lets)
+    at_extremes = vjp(one, column(seed), list(needed) + [False] * 2)
+    z, m, ties, adjoint = (row_placeholder(count + k, 0) for k in range(4))
+    share = sp.Piecewise((adjoint / (ties + 1), sp.Eq(z, m)), (0, True))  # as extreme_spread's: NaN with a NaN
+    guarded = emap([body * share for body in bodies], node.args + (node, column(extreme), extra, column(seed), extra),
+                   bindings + (("cell",), ("row", keep), ("row", keep), ("row", keep), ("guard", keep)), loops,
+                   ("cell",), node.shape, lets)
+    at_ties = vjp(guarded, const(1, node.shape), list(needed) + [False] * 5)
+    return tuple(_plus(a, b) for a, b in zip(at_extremes[:count], at_ties[:count]))
 
 
 def _at_first(bindings: tuple, first: int, keep: int) -> tuple | None:
@@ -211,7 +202,7 @@ class ExtremeKernel:
     """`kind` (extreme_spread, extreme_mean or extreme_tie) of `values` (a
     View, a constant read at every entry, or None: extreme_tie) over the
     ties of `src` (z, `shape`) with `extreme` along `axis`, into the
-    contiguous `out`; `more`: the node's attrs after the axis."""
+    contiguous `out`; `what`: extreme_tie's (TIE_WHATS), else None."""
 
     kind: str
     out: str
@@ -220,7 +211,7 @@ class ExtremeKernel:
     extreme: View
     shape: Shape
     axis: int
-    more: int
+    what: int | None
     equations: tuple[Equation, ...]
 
     def reads(self) -> list[str]:
@@ -249,10 +240,9 @@ def _describe(sched, node: Node) -> tuple[str, str]:
         return f"{what} of {ties}", rf"\mathrm{{{what}}} [z = m]"
     values = node.args[0]
     label = str(values.attrs[0]) if is_const(values) else sched.label(values)
-    but = ", but for the first" if node.attrs[1] else ""
     if node.op == "extreme_spread":
-        return f"{label} shared evenly among {ties}{but}, 0 elsewhere", r"\frac{[z = m]}{\sum [z = m]}\, g"
-    return f"mean of {label} over {ties}{but}", r"\sum \frac{[z = m]}{\sum [z = m]}\, t"
+        return f"{label} shared evenly among {ties}, 0 elsewhere", r"\frac{[z = m]}{\sum [z = m]}\, g"
+    return f"mean of {label} over {ties}", r"\sum \frac{[z = m]}{\sum [z = m]}\, t"
 
 
 def _kernel(sched, node: Node, out: str) -> ExtremeKernel:
@@ -261,13 +251,13 @@ def _kernel(sched, node: Node, out: str) -> ExtremeKernel:
     equation = Equation(out, text, f"{latex_name(out)} = {latex}")
     where = None if not values else values[0].attrs[0] if is_const(values[0]) else sched.view(values[0])
     return ExtremeKernel(node.op, out, where, sched.view(z), sched.view(extreme), z.shape, node.attrs[0],
-                         int(node.attrs[1]), (equation,))
+                         node.attrs[1] if node.op == "extreme_tie" else None, (equation,))
 
 
 def _emit(em: FunctionEmitter, kernel: ExtremeKernel) -> dict:
     """One helper call per row (column): z's entries, their extreme, the
     spread's adjoint (a number) or the mean's values (entries), and the
-    node's flag (rest, or what extreme_tie computes)."""
+    and what extreme_tie computes."""
     walk, loop, count = axis_walk(em, kernel.shape, kernel.axis)
     outer = (LOOP_J if kernel.axis == 0 else LOOP_I) if loop else sp.Integer(0)
     src, src_step = walk(kernel.src)
@@ -277,7 +267,7 @@ def _emit(em: FunctionEmitter, kernel: ExtremeKernel) -> dict:
         g = (em.access(kernel.values, *((sp.Integer(0), outer) if kernel.axis == 0 else (outer, sp.Integer(0))))
              if isinstance(kernel.values, View) else printer.doprint(kernel.values))
         dst, dst_step = walk(contiguous(kernel.out, kernel.shape))
-        return {"loop": loop, "args": f"{src}, {count}, {src_step}, {extreme}, {g}, {dst}, {dst_step}, {kernel.more}"}
+        return {"loop": loop, "args": f"{src}, {count}, {src_step}, {extreme}, {g}, {dst}, {dst_step}"}
     args = f"{src}, {count}, {src_step}, {extreme}"
     if isinstance(kernel.values, View):
         args += ", {}, {}".format(*walk(kernel.values))
@@ -289,7 +279,7 @@ def _emit(em: FunctionEmitter, kernel: ExtremeKernel) -> dict:
         "loop": loop,
         "parallel": loop is not None and worth_threads(outer_len),
         "out": f"{em.namer.name(kernel.out)}[{outer if loop else 0}]",
-        "args": f"{args}, {kernel.more}",
+        "args": args if kernel.what is None else f"{args}, {kernel.what}",
     }
 
 
