@@ -137,3 +137,30 @@ def test_a_nan_makes_every_gradient_of_its_rows_nan(where):
     assert np.isnan(grads["C"]).all()
     assert np.isnan(grads["P"][1]).all()
     assert np.isnan(grads["P"]).all() == (where == "C")  # a NaN point leaves the other points' gradients
+
+
+def test_an_extreme_of_pairs_in_float32_matches_float64():
+    """The index of each row's extreme is a float32 number there (exact
+    below 2**24 columns): the gradient with ties matches float64's."""
+    rng = np.random.default_rng(4)
+    P, C = rng.integers(0, 4, size=(20, 3)).astype(float) / 4, rng.integers(0, 4, size=(9, 3)).astype(float) / 4
+    C[5] = C[2]  # ties, exact in both precisions (quarters)
+    model = _pairs_model("pair_f32", "min", 1)
+    _, want = sbp.compile(model).value_and_grad(P=P, C=C)
+    _, got = sbp.compile(model, dtype="float32").value_and_grad(P=P.astype(np.float32), C=C.astype(np.float32))
+    for name in ("P", "C"):
+        assert got[name].dtype == np.float32
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("op", ["min", "max"])
+@pytest.mark.parametrize("length", [5, 70])  # the scalar helper, and the vector one (64 and more)
+def test_an_extreme_is_numpys_and_nan_wherever_a_row_has_one(op, length):
+    Z = sp.MatrixSymbol("Z", N, length)
+    mod = sbp.compile(sbp.Model(f"extreme_{op}_{length}", params=[Z], loss=nn.sum_all(Z),
+                                outputs={"m": sbp.reduce(op, Z, 1)}))
+    values = np.random.default_rng(length).standard_normal((6, length))
+    values[1, 0] = values[2, length // 2] = values[3, -1] = np.nan
+    got = mod.forward(Z=values)["m"]
+    np.testing.assert_array_equal(got, getattr(np, op)(values, axis=1, keepdims=True))
+    assert np.isnan(got[1:4]).all() and not np.isnan(got[[0, 4, 5]]).any()
