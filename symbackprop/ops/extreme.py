@@ -57,15 +57,13 @@ def extreme_mean(t: Node, z: Node, extreme: Node, axis: int) -> Node:
     return op_node("extreme_mean", (t, z, extreme), extreme.shape, (axis,))
 
 
-# What extreme_tie computes of each row's (column's) entries equal to its extreme.
-TIE_WHATS = ("first", "extra")  # the first's position; their count - 1
-
-
-def extreme_tie(z: Node, extreme: Node, axis: int, what: str) -> Node:
+def extreme_tie(z: Node, extreme: Node, axis: int) -> Node:
     """Of each row's (axis 1; column's, axis 0) entries equal to its
-    extreme: `what` (TIE_WHATS), NaN where the row has a NaN (its first
-    position then 0). A column of one entry a row (column)."""
-    return op_node("extreme_tie", (z, extreme), (z.shape[1 - axis], 1), (axis, TIE_WHATS.index(what)))
+    extreme, as a column of one number a row (column): where one entry is,
+    its position (0 or more); where several are, minus their count (-2 or
+    less); where the row has a NaN, -1. through_extreme reads the position
+    through an index, the count in a share."""
+    return op_node("extreme_tie", (z, extreme), (z.shape[1 - axis], 1), (axis,))
 
 
 # --- derivatives: linear in the first argument, each the other's transpose ------
@@ -115,12 +113,11 @@ def _eval_mean(node: Node, args: list[np.ndarray], context) -> np.ndarray:
 
 def _eval_tie(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     z, extreme = args
-    axis, what = node.attrs
-    with np.errstate(all="ignore"):
-        hit = np.where(np.isnan(z) | np.isnan(extreme), z + extreme, (z == extreme).astype(z.dtype))
-        count = hit.sum(axis=axis)
-        first = np.argmax(hit != 0, axis=axis)
-    return (first.astype(z.dtype) if TIE_WHATS[what] == "first" else count - 1).reshape(-1, 1)
+    axis = node.attrs[0]
+    nan = np.isnan(z).any(axis=axis) | np.isnan(extreme).reshape(-1)
+    hit = z == extreme
+    count, first = hit.sum(axis=axis), np.argmax(hit, axis=axis)
+    return np.where(nan, -1, np.where(count == 1, first, -count)).astype(z.dtype).reshape(-1, 1)
 
 
 # --- through a map over pairs ------------------------------------------------------
@@ -146,16 +143,16 @@ def through_extreme(node: Node, g: Node, needed: Sequence[bool], vjp: VjpRule) -
     picked = _at_first(bindings, count, keep)
     if picked is None:
         return None
-    first, extra = (extreme_tie(node, extreme, axis, what) for what in TIE_WHATS)
+    tie = extreme_tie(node, extreme, axis)
     column = (lambda v: v) if axis == 1 else transpose  # a row's values as a column
-    # rows of one extreme (0 ties beyond it); a row with a NaN is the guarded loop's
-    single = map_(sp.Piecewise((1, sp.Eq(A0, 0)), (0, True)), [extra], extra.shape)
-    one = emap(bodies, node.args + (first, single), picked + (("index",), ("guard", 0)), (loops[keep],), ("row", 0),
+    single, several = (map_(sp.Piecewise((1, condition), (0, True)), [tie], tie.shape)
+                       for condition in (A0 >= 0, A0 < 0))  # (a row with a NaN is one of several)
+    one = emap(bodies, node.args + (tie, single), picked + (("index",), ("guard", 0)), (loops[keep],), ("row", 0),
                (loops[keep], 1), lets)
     at_extremes = vjp(one, column(seed), list(needed) + [False] * 2)
-    z, m, ties, adjoint = (row_placeholder(count + k, 0) for k in range(4))
-    share = sp.Piecewise((adjoint / (ties + 1), sp.Eq(z, m)), (0, True))  # as extreme_spread's: NaN with a NaN
-    guarded = emap([body * share for body in bodies], node.args + (node, column(extreme), extra, column(seed), extra),
+    z, m, code, adjoint = (row_placeholder(count + k, 0) for k in range(4))
+    share = sp.Piecewise((-adjoint / code, sp.Eq(z, m)), (0, True))  # as extreme_spread's: NaN with a NaN
+    guarded = emap([body * share for body in bodies], node.args + (node, column(extreme), tie, column(seed), several),
                    bindings + (("cell",), ("row", keep), ("row", keep), ("row", keep), ("guard", keep)), loops,
                    ("cell",), node.shape, lets)
     at_ties = vjp(guarded, const(1, node.shape), list(needed) + [False] * 5)
@@ -202,7 +199,7 @@ class ExtremeKernel:
     """`kind` (extreme_spread, extreme_mean or extreme_tie) of `values` (a
     View, a constant read at every entry, or None: extreme_tie) over the
     ties of `src` (z, `shape`) with `extreme` along `axis`, into the
-    contiguous `out`; `what`: extreme_tie's (TIE_WHATS), else None."""
+    contiguous `out`."""
 
     kind: str
     out: str
@@ -211,7 +208,6 @@ class ExtremeKernel:
     extreme: View
     shape: Shape
     axis: int
-    what: int | None
     equations: tuple[Equation, ...]
 
     def reads(self) -> list[str]:
@@ -236,8 +232,7 @@ def _describe(sched, node: Node) -> tuple[str, str]:
     ties = (f"the entries of {sched.label(z)} equal to {sched.label(extreme)} "
             + ("down each column" if node.attrs[0] == 0 else "along each row"))
     if node.op == "extreme_tie":
-        what = TIE_WHATS[node.attrs[1]]
-        return f"{what} of {ties}", rf"\mathrm{{{what}}} [z = m]"
+        return f"the position of the one of {ties}, or minus their count", r"\mathrm{tie}(z, m)"
     values = node.args[0]
     label = str(values.attrs[0]) if is_const(values) else sched.label(values)
     if node.op == "extreme_spread":
@@ -251,13 +246,13 @@ def _kernel(sched, node: Node, out: str) -> ExtremeKernel:
     equation = Equation(out, text, f"{latex_name(out)} = {latex}")
     where = None if not values else values[0].attrs[0] if is_const(values[0]) else sched.view(values[0])
     return ExtremeKernel(node.op, out, where, sched.view(z), sched.view(extreme), z.shape, node.attrs[0],
-                         node.attrs[1] if node.op == "extreme_tie" else None, (equation,))
+                         (equation,))
 
 
 def _emit(em: FunctionEmitter, kernel: ExtremeKernel) -> dict:
     """One helper call per row (column): z's entries, their extreme, the
     spread's adjoint (a number) or the mean's values (entries), and the
-    and what extreme_tie computes."""
+    (extreme_tie: neither)."""
     walk, loop, count = axis_walk(em, kernel.shape, kernel.axis)
     outer = (LOOP_J if kernel.axis == 0 else LOOP_I) if loop else sp.Integer(0)
     src, src_step = walk(kernel.src)
@@ -279,7 +274,7 @@ def _emit(em: FunctionEmitter, kernel: ExtremeKernel) -> dict:
         "loop": loop,
         "parallel": loop is not None and worth_threads(outer_len),
         "out": f"{em.namer.name(kernel.out)}[{outer if loop else 0}]",
-        "args": args if kernel.what is None else f"{args}, {kernel.what}",
+        "args": args,
     }
 
 
