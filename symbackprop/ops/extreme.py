@@ -15,6 +15,11 @@ and its own JVP; z and m only choose entries (their derivatives are 0).
 Each kernel is one helper call a row (templates/reduce.c.j2) that counts
 the row's hits, then writes (sums) its shares: the mask, its row sums, the
 division and the product were four passes over z, each storing N x K.
+
+Where z is a map over pairs (k-means' distances), through_extreme, called
+by the emap's VJP rule, takes the map's derivative at each row's extreme
+pair alone, through the position extreme_tie finds (one pass a row), and
+at every pair only in the rows with ties or a NaN (a guarded loop).
 """
 
 from __future__ import annotations
