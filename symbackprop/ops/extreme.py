@@ -59,6 +59,9 @@ def extreme_mean(t: Node, z: Node, extreme: Node, axis: int) -> Node:
     min over `axis`): the extreme's shape."""
     if _is_zero(t):
         return const(0, extreme.shape)
+    over_pairs = _mean_over_pairs(t, z, extreme, axis)
+    if over_pairs is not None:
+        return over_pairs
     return op_node("extreme_mean", (t, z, extreme), extreme.shape, (axis,))
 
 
@@ -149,9 +152,8 @@ def through_extreme(node: Node, g: Node, needed: Sequence[bool], vjp: VjpRule) -
     if picked is None:
         return None
     tie = extreme_tie(node, extreme, axis)
-    column = (lambda v: v) if axis == 1 else transpose  # a row's values as a column
-    single, several = (map_(sp.Piecewise((1, condition), (0, True)), [tie], tie.shape)
-                       for condition in (A0 >= 0, A0 < 0))  # (a row with a NaN is one of several)
+    column = _column(axis)
+    single, several = _guards(tie)
     one = emap(bodies, node.args + (tie, single), picked + (("index",), ("guard", 0)), (loops[keep],), ("row", 0),
                (loops[keep], 1), lets)
     at_extremes = vjp(one, column(seed), list(needed) + [False] * 2)
@@ -162,6 +164,45 @@ def through_extreme(node: Node, g: Node, needed: Sequence[bool], vjp: VjpRule) -
                    ("cell",), node.shape, lets)
     at_ties = vjp(guarded, const(1, node.shape), list(needed) + [False] * 5)
     return tuple(_plus(a, b) for a, b in zip(at_extremes[:count], at_ties[:count]))
+
+
+def _mean_over_pairs(t: Node, z: Node, extreme: Node, axis: int) -> Node | None:
+    """extreme_mean of a map over pairs t (a tangent of z, in forward
+    mode) as through_extreme takes the VJP: t at each row's extreme pair
+    alone where one entry is the extreme, t's mean over the tied pairs
+    where several are (or a NaN), in a guarded loop over the pairs that
+    adds into the row. None where t is not such a map."""
+    if t.op != "emap" or t.attrs[3] != ("cell",) or t.shape != z.shape:
+        return None
+    bodies, bindings, loops, _, lets = t.attrs
+    keep, count = 1 - axis, len(t.args)
+    picked = _at_first(bindings, count, keep)
+    if picked is None:
+        return None
+    tie = extreme_tie(z, extreme, axis)
+    single, several = _guards(tie)
+    one = emap(bodies, t.args + (tie, single), picked + (("index",), ("guard", 0)), (loops[keep],), ("row", 0),
+               (loops[keep], 1), lets)
+    entry, m, code = (row_placeholder(count + k, 0) for k in range(3))
+    share = sp.Piecewise((-1 / code, sp.Eq(entry, m)), (0, True))  # NaN with a NaN
+    ties = emap([body * share for body in bodies], t.args + (z, _column(axis)(extreme), tie, several),
+                bindings + (("cell",), ("row", keep), ("row", keep), ("guard", keep)), loops, ("row", keep),
+                (loops[keep], 1), lets)
+    total = map_(A0 + A1, [one, ties], (loops[keep], 1))
+    return total if axis == 1 else transpose(total)
+
+
+def _column(axis: int):
+    """A row's (axis 1) or column's (axis 0) values of an extreme, as a column."""
+    return (lambda v: v) if axis == 1 else transpose
+
+
+def _guards(tie: Node) -> tuple[Node, Node]:
+    """The guards of the rows of one extreme and of several (a row with a
+    NaN is one of several: its code is -1)."""
+    single, several = (map_(sp.Piecewise((1, condition), (0, True)), [tie], tie.shape)
+                       for condition in (A0 >= 0, A0 < 0))
+    return single, several
 
 
 def _at_first(bindings: tuple, first: int, keep: int) -> tuple | None:
