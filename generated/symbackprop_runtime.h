@@ -616,10 +616,10 @@ SYMBACKPROP_HELPER double symbackprop_f64_max_vector(const double *x, int64_t n)
     }
     double result = -INFINITY;
     for (int l = 0; l < 8; ++l) {
-        result = (lane[l] > result || isnan(lane[l])) ? lane[l] : result;
+        result = isnan(lane[l]) ? lane[l] : ((lane[l] > result) ? lane[l] : result);
     }
     for (; k < n; ++k) {
-        result = (x[k] > result || isnan(x[k])) ? x[k] : result;
+        result = isnan(x[k]) ? x[k] : ((x[k] > result) ? x[k] : result);
     }
     return result;
 }
@@ -633,21 +633,20 @@ SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_
         return symbackprop_f64_max_vector(x, n);
     }
 #endif
-    double result = -INFINITY;
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    double result = -INFINITY;    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
     if (whole > 0) {
         double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
         for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
-                lane[l] = (x[(k + l)*stride] > lane[l] || isnan(x[(k + l)*stride])) ? x[(k + l)*stride] : lane[l];
+                lane[l] = isnan(x[(k + l)*stride]) ? x[(k + l)*stride] : ((x[(k + l)*stride] > lane[l]) ? x[(k + l)*stride] : lane[l]);
             }
         }
         for (int64_t l = 0; l < 8; ++l) {
-            result = (lane[l] > result || isnan(lane[l])) ? lane[l] : result;
+            result = isnan(lane[l]) ? lane[l] : ((lane[l] > result) ? lane[l] : result);
         }
     }
     for (int64_t k = whole; k < n; ++k) {
-        result = (x[k*stride] > result || isnan(x[k*stride])) ? x[k*stride] : result;
+        result = isnan(x[k*stride]) ? x[k*stride] : ((x[k*stride] > result) ? x[k*stride] : result);
     }
     return result;
 }
@@ -669,10 +668,10 @@ SYMBACKPROP_HELPER double symbackprop_f64_min_vector(const double *x, int64_t n)
     }
     double result = INFINITY;
     for (int l = 0; l < 8; ++l) {
-        result = (lane[l] < result || isnan(lane[l])) ? lane[l] : result;
+        result = isnan(lane[l]) ? lane[l] : ((lane[l] < result) ? lane[l] : result);
     }
     for (; k < n; ++k) {
-        result = (x[k] < result || isnan(x[k])) ? x[k] : result;
+        result = isnan(x[k]) ? x[k] : ((x[k] < result) ? x[k] : result);
     }
     return result;
 }
@@ -686,23 +685,97 @@ SYMBACKPROP_HELPER double symbackprop_f64_min(const double *x, int64_t n, int64_
         return symbackprop_f64_min_vector(x, n);
     }
 #endif
-    double result = INFINITY;
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    double result = INFINITY;    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
     if (whole > 0) {
         double lane[8] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
         for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
-                lane[l] = (x[(k + l)*stride] < lane[l] || isnan(x[(k + l)*stride])) ? x[(k + l)*stride] : lane[l];
+                lane[l] = isnan(x[(k + l)*stride]) ? x[(k + l)*stride] : ((x[(k + l)*stride] < lane[l]) ? x[(k + l)*stride] : lane[l]);
             }
         }
         for (int64_t l = 0; l < 8; ++l) {
-            result = (lane[l] < result || isnan(lane[l])) ? lane[l] : result;
+            result = isnan(lane[l]) ? lane[l] : ((lane[l] < result) ? lane[l] : result);
         }
     }
     for (int64_t k = whole; k < n; ++k) {
-        result = (x[k*stride] < result || isnan(x[k*stride])) ? x[k*stride] : result;
+        result = isnan(x[k*stride]) ? x[k*stride] : ((x[k*stride] < result) ? x[k*stride] : result);
     }
     return result;
+}
+
+/* 1 where x equals m (the max or min of x's row or column), else 0; NaN
+ * where either is NaN (ops/extreme.py). */
+SYMBACKPROP_HELPER double symbackprop_f64_extreme_hit(double x, double m)
+{
+    return (isnan(x) || isnan(m)) ? x + m : (double)(x == m);
+}
+
+/* How many of n entries stride apart equal m: an extreme's ties; NaN
+ * where one of them or m is NaN (the sum of their extreme_hit, counted in
+ * integers, which the compiler vectorizes). */
+SYMBACKPROP_HELPER double symbackprop_f64_extreme_ties(const double *x, int64_t n, int64_t stride, double m)
+{
+    int64_t count = 0, nan = isnan(m);
+    for (int64_t k = 0; k < n; ++k) {
+        count += x[k * stride] == m;
+        nan |= isnan(x[k * stride]);
+    }
+    return nan ? (double)NAN : (double)count;
+}
+
+/* The position of the first of n entries stride apart that equals m, in
+ * a row without NaN. A short row compares every entry, from the last,
+ * with no branch (a search that stops mispredicts its stop once a row). */
+SYMBACKPROP_HELPER int64_t symbackprop_f64_extreme_first(const double *x, int64_t n, int64_t stride, double m)
+{
+    int64_t first = 0;
+    if (n <= 64) {
+        for (int64_t k = n - 1; k >= 0; --k) {
+            first = x[k * stride] == m ? k : first;
+        }
+        return first;
+    }
+    while (first < n - 1 && x[first * stride] != m) {
+        ++first;
+    }
+    return first;
+}
+
+/* g, the adjoint of m (the max or min of n entries stride apart), shared
+ * evenly among the entries equal to m, into out (out_stride apart): 0
+ * elsewhere; NaN throughout where an entry or m is NaN. */
+SYMBACKPROP_HELPER void symbackprop_f64_extreme_spread(const double *x, int64_t n, int64_t stride, double m, double g,
+                                                   double *out, int64_t out_stride)
+{
+    const double count = symbackprop_f64_extreme_ties(x, n, stride, m);
+    for (int64_t k = 0; k < n; ++k) {
+        out[k * out_stride] = symbackprop_f64_extreme_hit(x[k * stride], m) / count * g;
+    }
+}
+
+/* The mean of t (t_stride apart) over the entries of x (n, stride apart)
+ * equal to m, their max or min: NaN where an entry or m is NaN. */
+SYMBACKPROP_HELPER double symbackprop_f64_extreme_mean(const double *x, int64_t n, int64_t stride, double m,
+                                                  const double *t, int64_t t_stride)
+{
+    const double count = symbackprop_f64_extreme_ties(x, n, stride, m);
+    double sum = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        sum += symbackprop_f64_extreme_hit(x[k * stride], m) / count * t[k * t_stride];
+    }
+    return sum;
+}
+
+/* Of n entries stride apart, those equal to m (their max or min): where
+ * one is, its position; where several are, minus their count; where an
+ * entry or m is NaN, -1 (ops/extreme.py's extreme_tie). */
+SYMBACKPROP_HELPER double symbackprop_f64_extreme_tie(const double *x, int64_t n, int64_t stride, double m)
+{
+    const double count = symbackprop_f64_extreme_ties(x, n, stride, m);
+    if (isnan(count)) {
+        return -1;
+    }
+    return count == 1 ? (double)symbackprop_f64_extreme_first(x, n, stride, m) : -count;
 }
 
 #if defined(__GNUC__)
@@ -1753,10 +1826,10 @@ SYMBACKPROP_HELPER float symbackprop_f32_max_vector(const float *x, int64_t n)
     }
     float result = -INFINITY;
     for (int l = 0; l < 8; ++l) {
-        result = (lane[l] > result || isnan(lane[l])) ? lane[l] : result;
+        result = isnan(lane[l]) ? lane[l] : ((lane[l] > result) ? lane[l] : result);
     }
     for (; k < n; ++k) {
-        result = (x[k] > result || isnan(x[k])) ? x[k] : result;
+        result = isnan(x[k]) ? x[k] : ((x[k] > result) ? x[k] : result);
     }
     return result;
 }
@@ -1770,21 +1843,20 @@ SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t 
         return symbackprop_f32_max_vector(x, n);
     }
 #endif
-    float result = -INFINITY;
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    float result = -INFINITY;    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
     if (whole > 0) {
         float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
         for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
-                lane[l] = (x[(k + l)*stride] > lane[l] || isnan(x[(k + l)*stride])) ? x[(k + l)*stride] : lane[l];
+                lane[l] = isnan(x[(k + l)*stride]) ? x[(k + l)*stride] : ((x[(k + l)*stride] > lane[l]) ? x[(k + l)*stride] : lane[l]);
             }
         }
         for (int64_t l = 0; l < 8; ++l) {
-            result = (lane[l] > result || isnan(lane[l])) ? lane[l] : result;
+            result = isnan(lane[l]) ? lane[l] : ((lane[l] > result) ? lane[l] : result);
         }
     }
     for (int64_t k = whole; k < n; ++k) {
-        result = (x[k*stride] > result || isnan(x[k*stride])) ? x[k*stride] : result;
+        result = isnan(x[k*stride]) ? x[k*stride] : ((x[k*stride] > result) ? x[k*stride] : result);
     }
     return result;
 }
@@ -1806,10 +1878,10 @@ SYMBACKPROP_HELPER float symbackprop_f32_min_vector(const float *x, int64_t n)
     }
     float result = INFINITY;
     for (int l = 0; l < 8; ++l) {
-        result = (lane[l] < result || isnan(lane[l])) ? lane[l] : result;
+        result = isnan(lane[l]) ? lane[l] : ((lane[l] < result) ? lane[l] : result);
     }
     for (; k < n; ++k) {
-        result = (x[k] < result || isnan(x[k])) ? x[k] : result;
+        result = isnan(x[k]) ? x[k] : ((x[k] < result) ? x[k] : result);
     }
     return result;
 }
@@ -1823,23 +1895,97 @@ SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t 
         return symbackprop_f32_min_vector(x, n);
     }
 #endif
-    float result = INFINITY;
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    float result = INFINITY;    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
     if (whole > 0) {
         float lane[8] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
         for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
-                lane[l] = (x[(k + l)*stride] < lane[l] || isnan(x[(k + l)*stride])) ? x[(k + l)*stride] : lane[l];
+                lane[l] = isnan(x[(k + l)*stride]) ? x[(k + l)*stride] : ((x[(k + l)*stride] < lane[l]) ? x[(k + l)*stride] : lane[l]);
             }
         }
         for (int64_t l = 0; l < 8; ++l) {
-            result = (lane[l] < result || isnan(lane[l])) ? lane[l] : result;
+            result = isnan(lane[l]) ? lane[l] : ((lane[l] < result) ? lane[l] : result);
         }
     }
     for (int64_t k = whole; k < n; ++k) {
-        result = (x[k*stride] < result || isnan(x[k*stride])) ? x[k*stride] : result;
+        result = isnan(x[k*stride]) ? x[k*stride] : ((x[k*stride] < result) ? x[k*stride] : result);
     }
     return result;
+}
+
+/* 1 where x equals m (the max or min of x's row or column), else 0; NaN
+ * where either is NaN (ops/extreme.py). */
+SYMBACKPROP_HELPER float symbackprop_f32_extreme_hit(float x, float m)
+{
+    return (isnan(x) || isnan(m)) ? x + m : (float)(x == m);
+}
+
+/* How many of n entries stride apart equal m: an extreme's ties; NaN
+ * where one of them or m is NaN (the sum of their extreme_hit, counted in
+ * integers, which the compiler vectorizes). */
+SYMBACKPROP_HELPER float symbackprop_f32_extreme_ties(const float *x, int64_t n, int64_t stride, float m)
+{
+    int64_t count = 0, nan = isnan(m);
+    for (int64_t k = 0; k < n; ++k) {
+        count += x[k * stride] == m;
+        nan |= isnan(x[k * stride]);
+    }
+    return nan ? (float)NAN : (float)count;
+}
+
+/* The position of the first of n entries stride apart that equals m, in
+ * a row without NaN. A short row compares every entry, from the last,
+ * with no branch (a search that stops mispredicts its stop once a row). */
+SYMBACKPROP_HELPER int64_t symbackprop_f32_extreme_first(const float *x, int64_t n, int64_t stride, float m)
+{
+    int64_t first = 0;
+    if (n <= 64) {
+        for (int64_t k = n - 1; k >= 0; --k) {
+            first = x[k * stride] == m ? k : first;
+        }
+        return first;
+    }
+    while (first < n - 1 && x[first * stride] != m) {
+        ++first;
+    }
+    return first;
+}
+
+/* g, the adjoint of m (the max or min of n entries stride apart), shared
+ * evenly among the entries equal to m, into out (out_stride apart): 0
+ * elsewhere; NaN throughout where an entry or m is NaN. */
+SYMBACKPROP_HELPER void symbackprop_f32_extreme_spread(const float *x, int64_t n, int64_t stride, float m, float g,
+                                                   float *out, int64_t out_stride)
+{
+    const float count = symbackprop_f32_extreme_ties(x, n, stride, m);
+    for (int64_t k = 0; k < n; ++k) {
+        out[k * out_stride] = symbackprop_f32_extreme_hit(x[k * stride], m) / count * g;
+    }
+}
+
+/* The mean of t (t_stride apart) over the entries of x (n, stride apart)
+ * equal to m, their max or min: NaN where an entry or m is NaN. */
+SYMBACKPROP_HELPER float symbackprop_f32_extreme_mean(const float *x, int64_t n, int64_t stride, float m,
+                                                  const float *t, int64_t t_stride)
+{
+    const float count = symbackprop_f32_extreme_ties(x, n, stride, m);
+    float sum = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        sum += symbackprop_f32_extreme_hit(x[k * stride], m) / count * t[k * t_stride];
+    }
+    return sum;
+}
+
+/* Of n entries stride apart, those equal to m (their max or min): where
+ * one is, its position; where several are, minus their count; where an
+ * entry or m is NaN, -1 (ops/extreme.py's extreme_tie). */
+SYMBACKPROP_HELPER float symbackprop_f32_extreme_tie(const float *x, int64_t n, int64_t stride, float m)
+{
+    const float count = symbackprop_f32_extreme_ties(x, n, stride, m);
+    if (isnan(count)) {
+        return -1;
+    }
+    return count == 1 ? (float)symbackprop_f32_extreme_first(x, n, stride, m) : -count;
 }
 
 #if defined(__GNUC__)
@@ -2520,6 +2666,12 @@ SYMBACKPROP_HELPER void symbackprop_f32_full_mix(int transpose, int64_t n, int64
 #define symbackprop_f64_det symbackprop_f32_det
 #define symbackprop_f64_exp_store symbackprop_f32_exp_store
 #define symbackprop_f64_exp_store1 symbackprop_f32_exp_store1
+#define symbackprop_f64_extreme_first symbackprop_f32_extreme_first
+#define symbackprop_f64_extreme_hit symbackprop_f32_extreme_hit
+#define symbackprop_f64_extreme_mean symbackprop_f32_extreme_mean
+#define symbackprop_f64_extreme_spread symbackprop_f32_extreme_spread
+#define symbackprop_f64_extreme_tie symbackprop_f32_extreme_tie
+#define symbackprop_f64_extreme_ties symbackprop_f32_extreme_ties
 #define symbackprop_f64_full_mix symbackprop_f32_full_mix
 #define symbackprop_f64_full_scores symbackprop_f32_full_scores
 #define symbackprop_f64_gemm symbackprop_f32_gemm

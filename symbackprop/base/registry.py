@@ -122,7 +122,7 @@ _LOWERING: dict[type, tuple[str, LoweringRule]] = {}
 _SHAPES: dict[type, ShapeRule] = {}
 # the modules that register ops (on import), loaded on the first look-up
 FAMILIES = tuple(f"symbackprop.ops.{family}"
-                 for family in ("elementwise", "matmul", "reduce", "cumulative", "views", "emap", "linalg", "conv",
+                 for family in ("elementwise", "matmul", "extreme", "reduce", "cumulative", "views", "emap", "linalg", "conv",
                                 "attention", "pick", "normalize", "slices"))
 FAMILIES += ("symbackprop.loops.register", "symbackprop.diff.nested")
 _loaded = False

@@ -360,7 +360,8 @@ def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:
     `axis` (0: down the rows, 1: along each row, None: every entry, giving 1 x 1).
 
     max and min pass the gradient to the extreme entry, split evenly among
-    ties; logsumexp subtracts the maximum before exp; prod's gradient is the
+    ties (over every entry: among the tied rows' extremes, then each
+    row's tied entries); logsumexp subtracts the maximum before exp; prod's gradient is the
     product of the other entries (exact where an entry is 0).
 
     Args:

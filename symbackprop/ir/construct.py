@@ -197,6 +197,8 @@ def row_placeholder(arg: int, col: int) -> sp.Symbol:
 #   ("whole",)        row 0: a 1-row argument shared by every example
 #   ("cell",)         element (i, k): a loops[0] x loops[1] argument
 #   ("index",)        an index leaf, read only through gathers
+#   ("guard", a)      a column read at (i, k)[a] and nowhere else: an example
+#                     whose entry is 0 is skipped (adds nothing; its own place is 0)
 # The target says where example (i, k) writes its outputs, in the same terms;
 # where several examples write one place (a gather's scatter-add, a row of a
 # two-loop map, a shared row) they add up.
@@ -249,7 +251,7 @@ def _drop_unused(args: tuple, bindings: tuple, bodies: tuple, lets: tuple, targe
     and the target use), renumbered in order, so equal maps are equal nodes."""
     free = set().union(*(b.free_symbols for b in bodies), *(e.free_symbols for _, e in lets))
     used = [p for p, a in enumerate(args) if any(row_placeholder(p, c) in free for c in range(binding_width(a, bindings[p])))]
-    needed = set(used)
+    needed = set(used) | {p for p, binding in enumerate(bindings) if binding[0] == "guard"}
     for p in used + [None]:
         binding = target if p is None else bindings[p]
         if binding[0] == "gather":
@@ -274,8 +276,16 @@ def accumulates(target: tuple, loops: tuple) -> bool:
     return not (target == ("cell",) or (target[0] == "row" and len(loops) == 1))
 
 
+def guard_of(node: Node) -> tuple[Node, int] | None:
+    """An emap's guard (see emap): its column and the loop it is read at, or None."""
+    for arg, binding in zip(node.args, node.attrs[1]):
+        if binding[0] == "guard":
+            return arg, binding[1]
+    return None
+
+
 def binding_width(node: Node, binding: tuple) -> int:
-    if binding[0] == "index":
+    if binding[0] in ("index", "guard"):
         return 0
     return 1 if binding[0] == "cell" else int(node.shape[1])
 

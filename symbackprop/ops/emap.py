@@ -30,6 +30,7 @@ from symbackprop.ir.node import SCALAR, Node
 from symbackprop.messages import short
 from symbackprop.ops.emap_c import emit_emap
 from symbackprop.ops.emap_group import group_kernel
+from symbackprop.ops.extreme import through_extreme
 
 # --- derivatives ------------------------------------------------------------
 
@@ -62,6 +63,9 @@ def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]
     expression that several of its terms use), and each argument's adjoint is one more
     emap over the same examples, written (added) where the argument was read.
     The adjoint rows g are read where the node wrote its outputs."""
+    sparse = through_extreme(node, g, needed, _vjp)
+    if sparse is not None:
+        return sparse
     bodies, bindings, loops, target, lets = node.attrs
     seed = len(node.args)  # g joins as the last argument, bound like the target
     contributions: dict[sp.Basic, list[sp.Expr]] = {}
@@ -79,7 +83,7 @@ def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]
             propagate(expr, let(sp.Add(*terms)))
     adjoints: list[Node | None] = []
     for p, arg in enumerate(node.args):
-        if not needed[p] or bindings[p][0] == "index":
+        if not needed[p] or bindings[p][0] in ("index", "guard"):
             adjoints.append(None)
             continue
         columns = [sp.Add(*contributions.get(row_placeholder(p, col), []))
@@ -95,7 +99,7 @@ def _jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     args, extra_bindings = list(node.args), list(bindings)
     tangent_of: dict[sp.Basic, sp.Expr] = {}
     for p, tangent in enumerate(tangents):
-        if tangent is not None and bindings[p][0] != "index":
+        if tangent is not None and bindings[p][0] not in ("index", "guard"):
             for col in range(binding_width(node.args[p], bindings[p])):
                 tangent_of[row_placeholder(p, col)] = row_placeholder(len(args), col)
             args.append(tangent)
@@ -130,17 +134,21 @@ def _rows(binding: tuple, examples: list[np.ndarray], args: list[np.ndarray]) ->
     kind = binding[0]
     if kind == "row":
         return examples[binding[1]]
-    if kind == "gather":
-        return args[binding[1]][examples[binding[2]], 0]
+    if kind == "gather":  # (an index a kernel computed is a real number: extreme_tie's first)
+        return args[binding[1]][examples[binding[2]], 0].astype(np.int64)
     return np.zeros_like(examples[0])  # "whole"
 
 
 def _evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarray:
     bodies, bindings, loops, target, lets = node.attrs
     examples = _examples(loops, context)
+    for p, binding in enumerate(bindings):
+        if binding[0] == "guard":  # the examples whose guard entry is 0 are skipped
+            kept = args[p][examples[binding[1]], 0] != 0
+            examples = [e[kept] for e in examples]
     env: dict[sp.Symbol, np.ndarray] = {}
     for p, (arg, binding) in enumerate(zip(node.args, bindings)):
-        if binding[0] == "index":
+        if binding[0] in ("index", "guard"):
             continue
         if binding[0] == "cell":
             env[row_placeholder(p, 0)] = args[p][examples[0], examples[1]]

@@ -20,6 +20,7 @@ from symbackprop.ops.emap_kernel import (
     ROWS8,
     ColumnCopy,
     EmapKernel,
+    EmapOutput,
     adds_locally,
     contiguous,
     loop_uses,
@@ -137,16 +138,30 @@ def _add_loop(em: FunctionEmitter, run: Sequence[_Add]) -> str:
 LOOP_VARS = ("i", "j")
 
 
-def _position(em: FunctionEmitter, where: tuple) -> tuple[sp.Expr, sp.Expr]:
+def _computed_rows(em: FunctionEmitter, kernel: EmapKernel) -> list[tuple[str, str]]:
+    """The computed indices (real numbers) of a loop over one loop, each
+    read once an example into an integer local (name, C): the compiler
+    would read it again after each store through it, which may alias it."""
+    if len(kernel.loops) != 1:
+        return []
+    return [(f"row{k}", f"(int64_t){em.namer.name(buffer)}[i]") for k, buffer in enumerate(kernel.computed)]
+
+
+def _position(em: FunctionEmitter, where: tuple, kernel: EmapKernel | None = None) -> tuple[sp.Expr, sp.Expr]:
     """A load's or target's (row, column) as index expressions; a gathered
-    row reads its index (named in the index printer's text)."""
+    row reads its index (named in the index printer's text), a computed
+    index (a real number) as an integer: its local (_computed_rows), or cast."""
+    computed = kernel.computed if kernel is not None else ()
     out = []
     for spec in where:
         if spec[0] == "loop":
             out.append((LOOP_I, LOOP_J)[spec[1]])
         elif spec[0] == "gather":
             symbol = sp.Symbol(f"_gather_{spec[1]}_{spec[2]}", integer=True)
-            em.index.text[symbol] = f"{em.namer.name(spec[1])}[{LOOP_VARS[spec[2]]}]"
+            read = f"{em.namer.name(spec[1])}[{LOOP_VARS[spec[2]]}]"
+            if kernel is not None and spec[1] in computed:
+                read = f"row{computed.index(spec[1])}" if len(kernel.loops) == 1 else f"(int64_t){read}"
+            em.index.text[symbol] = read
             out.append(symbol)
         else:
             out.append(sp.Integer(spec[1]))
@@ -178,7 +193,7 @@ def _body(em: FunctionEmitter, kernel: EmapKernel) -> _Body:
     inner = len(kernel.loops) - 1 - kernel.outer
     if kernel.padded:
         em.index.text.update({ROWS8: "rows8", PAST_LAST: "row"})
-    access = {sym: em.access(view, *_position(em, where)) for sym, view, where in kernel.loads}
+    access = {sym: em.access(view, *_position(em, where, kernel)) for sym, view, where in kernel.loads}
     used = set().union(*(e.free_symbols for _, e in kernel.temps), *(e.free_symbols for *_, e in kernel.stores))
     loaded = [sym for sym, _, _ in kernel.loads if inner not in uses[sym] and sym in used]
     hoisted = [(sym, e) for sym, e in kernel.temps if inner not in uses[sym]]
@@ -226,7 +241,7 @@ def _stores(em: FunctionEmitter, kernel: EmapKernel, body: _Body) -> _Stores:
         output = kernel.outputs[number]
         rows, cols = output.shape
         view = View(output.buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
-        row, first = _position(em, output.target)
+        row, first = _position(em, output.target, kernel)
         out.places[k] = (view, row, first + col)
         if k in summed:
             continue
@@ -313,7 +328,13 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     def named(expr: sp.Basic) -> list[str]:
         return sorted(body.names[s] for s in expr.free_symbols if s in body.names)
 
+    guard = None
+    if kernel.guard is not None:  # (two loops: the guard's is the outer one, emap_group)
+        view, loop = kernel.guard
+        guard = f"{em.access(view, (LOOP_I, LOOP_J)[loop], sp.Integer(0))} == 0"
     return {
+        "guard": guard,
+        "rows": _computed_rows(em, kernel),
         "copies": [_copy_fields(em, copy) for copy in kernel.copies],
         "loops": [(LOOP_VARS[a], em.dim(kernel.loops[a])) for a in (outer, inner)[:len(kernel.loops)]],
         "lanes": LANES if size <= LANES_MAX_OPS else 1,
@@ -335,7 +356,7 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "after_buffer": summed_into or None,
         "lanes_whole": LANES - 1,
         "zero": [(em.namer.name(output.buffer), em.dim(sp.sympify(output.shape[0]) * output.shape[1]))
-                 for output in kernel.outputs if output.accumulate],
+                 for output in kernel.outputs if _zeroed(kernel, output)],
         "parallel": parallel,
         # the examples in whole eights: one loop, no tail (emap_group._whole_eights)
         "padded": em.dim(kernel.loops[inner]) if kernel.padded else None,
@@ -344,12 +365,18 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "stores": out.stores,
         # what each piece writes and reads, for a call that needs only some
         # outputs (cfunction.forward_only: forward through the shared function)
-        "zero_buffers": [output.buffer for output in kernel.outputs if output.accumulate],
+        "zero_buffers": [output.buffer for output in kernel.outputs if _zeroed(kernel, output)],
         "store_buffers": out.buffers,
         "temp_uses": [[] for _ in body.loaded] + [named(e) for _, e in body.hoisted + body.moving],
         "store_uses": [named(e) for e in emitted],
     }
 
+
+
+def _zeroed(kernel: EmapKernel, output: EmapOutput) -> bool:
+    """Whether an output is zeroed before the loop: it adds up, or a guard
+    skips examples (which then write 0, as the numpy reference)."""
+    return output.accumulate or kernel.guard is not None
 
 
 def _copy_fields(em: FunctionEmitter, copy: ColumnCopy) -> dict:

@@ -41,6 +41,8 @@ def group_kernel(sched, members: list[Node]) -> EmapKernel:
     views: list[tuple[sp.Symbol, View, tuple]] = []
     readable: dict[sp.Symbol, sp.Symbol] = {}
     checks: dict[tuple, None] = {}  # (index buffer, its rows, the rows it chooses among), once each
+    computed: dict[str, None] = {}  # the index buffers a kernel computed (extreme_tie's first), not checked
+    guard: tuple[View, int] | None = None
     program: list[tuple[sp.Symbol, sp.Expr]] = []
     outputs, bodies, equations = [], [], []
     for number, node in enumerate(members):
@@ -49,8 +51,9 @@ def group_kernel(sched, members: list[Node]) -> EmapKernel:
         subs: dict[sp.Symbol, sp.Symbol] = {sym: sp.Symbol(f"_m{number}{sym.name}", real=True) for sym, _ in lets}
         for p, arg in enumerate(node.args):
             if bindings[p][0] == "gather":
-                index = node.args[bindings[p][1]]
-                checks[(sched.view(index).buffer, index.shape[0], arg.shape[0])] = None
+                _index_read(sched, node.args[bindings[p][1]], arg.shape[0], checks, computed)
+            elif bindings[p][0] == "guard":  # (the members of a group share it: fusion.ExamplesGroup)
+                guard = (sched.view(arg), bindings[p][1])
             for col in range(binding_width(arg, bindings[p])):
                 if row_placeholder(p, col) not in free:
                     continue
@@ -62,8 +65,7 @@ def group_kernel(sched, members: list[Node]) -> EmapKernel:
                     readable[sym] = sp.Symbol(f"{sched.label(arg)}[{_where_text(where)}]")
                 subs[row_placeholder(p, col)] = loads[key]
         if target[0] == "gather":
-            index = node.args[target[1]]
-            checks[(sched.view(index).buffer, index.shape[0], node.shape[0])] = None
+            _index_read(sched, node.args[target[1]], node.shape[0], checks, computed)
         renamed = substitute([e for _, e in lets] + list(node_bodies), subs)  # shared parts renamed once
         member_program = [(subs[sym], e) for (sym, _), e in zip(lets, renamed)]
         member_bodies = renamed[len(lets):]
@@ -82,21 +84,33 @@ def group_kernel(sched, members: list[Node]) -> EmapKernel:
             stores.append((number, col, reduced[position]))
             position += 1
     kernel = EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
-                        tuple(checks), tuple(equations))
+                        tuple(checks), tuple(equations), computed=tuple(computed), guard=guard)
     uses = loop_uses(kernel)
-    kernel = replace(kernel, outer=outer_loop(kernel, uses))
+    # a guard skips examples of the outer loop (every pair of a skipped row)
+    kernel = replace(kernel, outer=guard[1] if guard else outer_loop(kernel, uses))
     split = _product_split(kernel, uses)
     inner = len(kernel.loops) - 1 - kernel.outer
     summed = set(split[0]) if split else set()
     count = sum(1 for k, (number, _, _) in enumerate(kernel.stores)  # the sums left in the loop
                 if k not in summed and adds_locally(kernel.outputs[number], inner))
-    kernel = _whole_eights(sched, kernel) or _inner_rows_by_column(sched, kernel)
+    # (whole eights read a guard past the last example: a guarded loop keeps its tail)
+    kernel = (None if guard else _whole_eights(sched, kernel)) or _inner_rows_by_column(sched, kernel)
     kernel = _outer_product_sums(sched, kernel, split)
     if not kernel.padded or not count or threaded(kernel):  # (threaded: its sums stay in its tail's locals)
         return kernel
     # two sets of eight lanes a sum, and one more row: room to start them on a 64-byte line
     return replace(kernel, lanes=sched.claim_scratch("example_lanes", (count + 1, 2 * LANES)),
                    term_sums=sched.claim_scratch("term_sums", (count, 1)))
+
+
+def _index_read(sched, index: Node, rows: object, checks: dict, computed: dict) -> None:
+    """An index a gather reads: an Index's range is checked at the
+    function's entry; one a kernel computed is in range by construction."""
+    buffer = sched.view(index).buffer
+    if index.op == "leaf":
+        checks[(buffer, index.shape[0], rows)] = None
+    else:
+        computed[buffer] = None
 
 
 # At least this many sums of products of two per-example values make an

@@ -89,10 +89,13 @@ class EmapKernel:
     lanes: str = ""  # where padded: each sum's eight lanes, and apart the last eight examples' (LANES)
     term_sums: str = ""  # and each sum, its lanes added up after the loop
     kind: str = "emap"
+    computed: tuple[str, ...] = ()  # index buffers that kernels computed (real numbers, read as integers)
+    guard: tuple[View, int] | None = None  # a column, and the loop (outer) whose examples it skips where 0
 
     def reads(self) -> list[str]:
         return ([copy.source.buffer for copy in self.copies] + [view.buffer for _, view, _ in self.loads]
-                + [check[0] for check in self.index_checks])
+                + [check[0] for check in self.index_checks] + list(self.computed)
+                + ([self.guard[0].buffer] if self.guard else []))
 
     def writes(self) -> list[str]:
         # (in this order in the workspace: the buffers of whole rows of examples

@@ -23,6 +23,7 @@ from symbackprop.errors import ModelError
 from symbackprop.ir.construct import broadcast, const, is_const, log_softmax, logsumexp, map_, reduce_extreme, reduce_sum, softmax
 from symbackprop.ir.node import Node, Shape, op_node, placeholder
 from symbackprop.ops.cumulative import axis_op, axis_walk, contiguous
+from symbackprop.ops.extreme import extreme_mean, extreme_spread
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
 A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
@@ -311,24 +312,15 @@ def _lower_logsumexp(arg: Node, axis: int) -> Node:
 # --- max, min ---------------------------------------------------------------------
 
 
-def _extreme_mask(node: Node) -> Node:
-    """1 where an entry is its row's (column's) extreme, divided by the
-    number of such entries: ties split the gradient evenly (as JAX)."""
-    (z,) = node.args
-    hit = map_(sp.Piecewise((1, sp.Eq(A0, A1)), (0, True)), [z, node], z.shape)
-    count = reduce_sum(hit, node.attrs[0])
-    return map_(A0 / A1, [hit, count], z.shape)
-
-
 def _extreme_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    return (map_(A0 * A1, [_extreme_mask(node), g], node.args[0].shape),)
+    # the adjoint shared evenly among the entries equal to the extreme (ties split, as JAX)
+    return (extreme_spread(g, node.args[0], node, node.attrs[0]),)
 
 
 def _extreme_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     if tangents[0] is None:
         return None
-    weighted = map_(A0 * A1, [_extreme_mask(node), tangents[0]], node.args[0].shape)
-    return reduce_sum(weighted, node.attrs[0])
+    return extreme_mean(tangents[0], node.args[0], node, node.attrs[0])
 
 
 # --- prod ---------------------------------------------------------------------------

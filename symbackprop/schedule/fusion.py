@@ -19,7 +19,7 @@ from functools import lru_cache
 import sympy as sp
 
 from symbackprop.base.registry import is_view, record
-from symbackprop.ir.construct import is_broadcast, is_const
+from symbackprop.ir.construct import guard_of, is_broadcast, is_const
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder, topological_order
 from symbackprop.schedule.shifted import foldable, signed_k
 
@@ -41,6 +41,7 @@ class ExamplesGroup:
     loops: tuple
     members: list[Node] = field(default_factory=list)
     late: bool = False
+    guard: tuple[Node, int] | None = None  # (ir.construct.guard_of) its members' own, one for all
 
 
 @dataclass
@@ -197,15 +198,15 @@ class Placement:
     def _place_emap(self, node: Node) -> None:
         """Join the latest loop over the same examples that can run it (its
         arguments are ready before that loop), else open a new one."""
-        loops, late = node.attrs[2], node in self.late
+        loops, late, guard = node.attrs[2], node in self.late, guard_of(node)
         chosen: ExamplesGroup | None = None
         for step in reversed(self.plan):
-            if isinstance(step, ExamplesGroup) and step.loops == loops and step.late == late:
+            if isinstance(step, ExamplesGroup) and step.loops == loops and step.late == late and step.guard == guard:
                 if all(self._ready_before(arg, step.index) for arg in node.args):
                     chosen = step
                 break
         if chosen is None:
-            chosen = ExamplesGroup(len(self.plan), loops, late=late)
+            chosen = ExamplesGroup(len(self.plan), loops, late=late, guard=guard)
             self.plan.append(chosen)
         chosen.members.append(node)
         self.index_of[node] = chosen.index

@@ -164,6 +164,11 @@ CASES = [
          lambda d: np.sum(np.sqrt(((d["X"] - d["C"][d["idx"][:, 0]]) ** 2).sum(axis=1) + 1))),
     Case("emap_pairs", lambda: _model(_sum(_pair_map()), params=(C,), inputs=(X,)),
          lambda d: np.sum(np.exp(-((d["X"][:, None, :] - d["C"][None, :, :]) ** 2).sum(axis=2)))),
+    # an extreme of a map over pairs: its derivative at each row's extreme pair, read through an index
+    Case("min_pairs_axis1", lambda: _model(_sum(sbp.reduce("min", _pair_map(), 1).applyfunc(sp.sin)), params=(C,), inputs=(X,)),
+         lambda d: np.sin(np.exp(-((d["X"][:, None, :] - d["C"][None, :, :]) ** 2).sum(axis=2)).min(axis=1)).sum()),
+    Case("max_pairs_axis0", lambda: _model(_sum(sbp.reduce("max", _pair_map(), 0).applyfunc(sp.exp)), params=(C,), inputs=(X,)),
+         lambda d: np.exp(np.exp(-((d["X"][:, None, :] - d["C"][None, :, :]) ** 2).sum(axis=2)).max(axis=0)).sum()),
     Case("emap_shared_row", lambda: _model(_sum(_shared_map()), params=(B,), inputs=(X,)),
          lambda d: np.sum(np.tanh(d["X"][:, 0] * d["B"][0, 0] + d["B"][0, 1]) ** 2)),
     Case("conv2d_stride2_pad1", lambda: _model(_sum(nn.conv2d(IMG, KER, KB, stride=2, padding=1).matrix.applyfunc(sp.sin)),
@@ -208,6 +213,9 @@ CASES += [
                                  params=(Z,), inputs=(X, idx)),
          lambda d: np.sin(d["X"].T @ _np_place(np.cos((d["X"] @ d["Z"])[np.arange(len(d["X"])), d["idx"][:, 0]]),
                                                d["idx"][:, 0], 4)).sum()),
+    # the JVP of an extreme: the mean of the tangent over its ties
+    Case("extreme_mean", lambda: _model(_sum(sbp.jvp(sbp.reduce("min", X * W, 0), W, V.T).applyfunc(sp.sin)), params=(W, V)),
+         lambda d: np.sin((d["X"] @ d["V"].T)[(d["X"] @ d["W"]).argmin(axis=0), [0, 1]]).sum()),
     Case("jvp_tanh", lambda: _model(_sum(sbp.jvp((X * W).applyfunc(sp.tanh), W, V.T).applyfunc(sp.sin)), params=(W, V)),
          lambda d: np.sin((1 - np.tanh(d["X"] @ d["W"]) ** 2) * (d["X"] @ d["V"].T)).sum()),
     Case("reshape", None, lambda d: np.sin(np.sin(d["R"]).reshape(2, 6) @ d["Q"]).sum(), graph=lambda: _reshape_graph()),
@@ -280,6 +288,9 @@ CASES += [
     _second_order("normalize_rows_vjp", "layer_norm", ["X"]),
     _second_order("slice_scatter", "slice", ["W", "S4"]),
     _second_order("slice_scatter_merged", "slices_disjoint", ["T5"]),
+    _second_order("extreme_spread", "max_axis1", ["W"]),
+    _second_order("extreme_ties_pairs", "min_pairs_axis1", ["C", "X"]),
+    _second_order("extreme_ties_pairs_axis0", "max_pairs_axis0", ["C"]),
 ]
 
 
@@ -437,7 +448,8 @@ def test_jvp_matches_directional_difference(case):
 
 
 @pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "softmax_axis1", "log_softmax_axis0",
-                                  "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
+                                  "emap_gather", "emap_pairs", "min_pairs_axis1", "max_pairs_axis0",
+                                  "extreme_ties_pairs", "prod_axis0", "cumsum_axis1",
                                   "shift_down_fill", "shift_left_axis1",
                                   "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm",
                                   "conv2d_rect", "max_pool2d_padded", "avg_pool2d_padded",
