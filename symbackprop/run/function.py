@@ -214,7 +214,16 @@ class Function:
         return loss, grads, {key: i for i, key in self.groups["hvp"]}
 
     def returned(self, results: Sequence[Any], layout: Any = None) -> Any:
-        """`layout` (the function's by default) filled in with `call`'s results."""
+        """A layout filled in with `call`'s results.
+
+        Args:
+            results: the call's results, in C order.
+            layout: an index, a dict of them or a tuple of layouts; the
+                function's own by default.
+
+        Returns:
+            The result, a dict or a tuple shaped as `layout`.
+        """
         layout = self.layout if layout is None else layout
         if type(layout) is int:
             return results[layout]
