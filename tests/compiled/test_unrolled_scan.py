@@ -1,0 +1,170 @@
+"""An unrolled recurrence compiles as one scan (loops/unrolled.py): a GRU,
+an LSTM or a hand-written tanh RNN written out step by step in a Python
+loop lowers to one "scan" node whose size does not grow with the steps,
+and its loss and every gradient (params and, as grad inputs, each step's
+input) are PyTorch's (float64 autograd of the same equations). Steps that
+differ (a weight per step) stay unrolled, and a step that reads the state
+of two steps before still gets exact gradients."""
+
+import numpy as np
+import pytest
+import sympy as sp
+
+import symbackprop as sbp
+from symbackprop import nn
+from symbackprop.ir.node import topological_order
+from symbackprop.pipeline import generate, plan
+
+torch = pytest.importorskip("torch")
+
+ROWS, FEATURES, HIDDEN = 3, 4, 5
+GATES = {"gru": "rzh", "lstm": "ifgo"}
+
+
+def gate_params(kind: str) -> tuple[list, list, list]:
+    return tuple([sp.MatrixSymbol(f"{k}{g}", *shape) for g in GATES[kind]]  # type: ignore[return-value]
+                 for k, shape in (("W", (FEATURES, HIDDEN)), ("U", (HIDDEN, HIDDEN)), ("b", (1, HIDDEN))))
+
+
+def step_inputs(steps: int, rows=ROWS) -> list[sp.MatrixSymbol]:
+    return [sp.MatrixSymbol(f"x{t}", rows, FEATURES) for t in range(steps)]
+
+
+def gated(kind: str, steps: int, rows=ROWS, sliced: bool = False) -> sbp.Model:
+    """nn.gru_cell or nn.lstm_cell over `steps` inputs (each x_t, or row
+    block t of one input X), then the MSE of the last state."""
+    W, U, b = gate_params(kind)
+    target = sp.MatrixSymbol("target", rows, HIDDEN)
+    if sliced:
+        X = sp.MatrixSymbol("X", steps * rows, FEATURES)
+        xs, inputs = [X[t * rows:(t + 1) * rows, :] for t in range(steps)], [X]
+    else:
+        xs = inputs = step_inputs(steps, rows)
+    h = c = None
+    for x in xs:
+        h, c = nn.lstm_cell(x, h, c, W, U, b) if kind == "lstm" else (nn.gru_cell(x, h, W, U, b), None)
+    return sbp.Model(f"unrolled_{kind}{steps}{'_sliced' if sliced else ''}", inputs=[*inputs, target],
+                     params=[*W, *U, *b], loss=nn.mse(h, target), grad_inputs=inputs)
+
+
+def tanh_rnn(steps: int, skip: bool = False, per_step_weights: bool = False) -> sbp.Model:
+    """H = tanh(X_t W + H U + B) from H0, by hand (with `skip`, + H_{t-2} V)."""
+    H0, B = sp.MatrixSymbol("H0", ROWS, HIDDEN), sp.MatrixSymbol("B", ROWS, HIDDEN)
+    W, V = sp.MatrixSymbol("W", FEATURES, HIDDEN), sp.MatrixSymbol("V", HIDDEN, HIDDEN)
+    Us = [sp.MatrixSymbol(f"U{t}" if per_step_weights else "U", HIDDEN, HIDDEN) for t in range(steps)]
+    xs = step_inputs(steps)
+    states = [H0, H0]
+    for x, U in zip(xs, Us):
+        pre = x * W + states[-1] * U + B
+        states.append(nn.tanh(pre + states[-2] * V if skip else pre))
+    params = [W, *dict.fromkeys(Us), B] + ([V] if skip else [])
+    target = sp.MatrixSymbol("target", ROWS, HIDDEN)
+    name = f"unrolled_rnn{steps}{'_skip' if skip else ''}{'_weights' if per_step_weights else ''}"
+    return sbp.Model(name, inputs=[*xs, H0, target], params=params, loss=nn.mse(states[-1], target),
+                     grad_inputs=[*xs, H0])
+
+
+def torch_loss(model: sbp.Model, t: dict):
+    """The model's loss in PyTorch, from its own declaration's equations."""
+    sig, tanh = torch.sigmoid, torch.tanh
+    name, target = model.name, t["target"]
+    xs = [t[k] for k in sorted((k for k in t if k[0] == "x" and k[1:].isdigit()), key=lambda k: int(k[1:]))]
+    if "_sliced" in name:
+        xs = list(torch.split(t["X"], target.shape[0]))
+    if name.startswith("unrolled_rnn"):
+        h2 = h = t["H0"]
+        for k, x in enumerate(xs):
+            U = t[f"U{k}"] if "_weights" in name else t["U"]
+            new = tanh(x @ t["W"] + h @ U + t["B"] + (h2 @ t["V"] if "_skip" in name else 0))
+            h2, h = h, new
+        return ((h - target) ** 2).mean()
+    h = c = None
+    for x in xs:
+        z = {g: x @ t[f"W{g}"] + t[f"b{g}"] + (0 if h is None else h @ t[f"U{g}"]) for g in "rzhifgo" if f"W{g}" in t}
+        if "lstm" in name:
+            c_new = sig(z["i"]) * tanh(z["g"]) + (0 if c is None else sig(z["f"]) * c)
+            h, c = sig(z["o"]) * tanh(c_new), c_new
+        elif h is None:
+            h = (1 - sig(z["z"])) * tanh(z["h"])
+        else:
+            m = tanh(x @ t["Wh"] + t["bh"] + sig(z["r"]) * (h @ t["Uh"]))
+            h = (1 - sig(z["z"])) * m + sig(z["z"]) * h
+    return ((h - target) ** 2).mean()
+
+
+def arrays_for(model: sbp.Model, seed: int = 0, rows: int = ROWS) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {str(s): 0.5 * rng.standard_normal(tuple(rows if isinstance(d, sp.Symbol) else int(d) for d in s.shape))
+            for s in [*model.inputs, *model.params]}
+
+
+def check_against_torch(model: sbp.Model, rows: int = ROWS) -> None:
+    arrays = arrays_for(model, rows=rows)
+    loss, grads = sbp.compile(model).value_and_grad(**arrays)
+    tensors = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in arrays.items()}
+    expected = torch_loss(model, tensors)
+    expected.backward()
+    np.testing.assert_allclose(loss, expected.item(), rtol=1e-10, atol=1e-12)
+    assert set(grads) == {str(s) for s in [*model.params, *model.grad_inputs]}
+    for name, grad in grads.items():
+        np.testing.assert_allclose(grad, tensors[name].grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=name)
+
+
+def loop_ops(model: sbp.Model) -> tuple[int, dict[str, int]]:
+    """The scans of the lowered model, and its other nodes by op (leaves and
+    the copies of the step inputs into the sequence aside)."""
+    lowered = plan(model, ("forward",)).lowered
+    ops = [n.op for n in topological_order([lowered.loss])]
+    counted = {op: ops.count(op) for op in set(ops) if op not in ("leaf", "reshape", "slice_scatter", "slice")}
+    return counted.pop("scan", 0), counted
+
+
+@pytest.mark.parametrize("build", [lambda s: gated("gru", s), lambda s: gated("lstm", s), tanh_rnn,
+                                   lambda s: gated("gru", s, sliced=True)], ids=["gru", "lstm", "rnn", "gru_sliced"])
+def test_an_unrolled_recurrence_lowers_to_one_scan_of_the_same_size(build):
+    short, long = loop_ops(build(6)), loop_ops(build(12))
+    assert short[0] == 1 and long[0] == 1
+    assert short[1] == long[1]  # 12 steps: no more nodes than 6
+
+
+@pytest.mark.parametrize("model", [gated("gru", 8), gated("lstm", 7), tanh_rnn(9), gated("gru", 6, sliced=True),
+                                   gated("lstm", 5, sliced=True)], ids=lambda m: m.name)
+def test_the_scan_computes_the_loss_and_every_gradient_of_the_unrolled_steps(model):
+    assert loop_ops(model)[0] == 1
+    check_against_torch(model)
+
+
+def test_a_weight_per_step_is_no_scan_and_computes_the_same():
+    model = tanh_rnn(8, per_step_weights=True)
+    assert loop_ops(model)[0] == 0
+    check_against_torch(model)
+
+
+def test_a_step_that_reads_the_state_two_steps_back_has_exact_gradients():
+    model = tanh_rnn(10, skip=True)
+    check_against_torch(model)
+
+
+def test_a_batch_bound_at_call_time():
+    n = sp.Symbol("n", integer=True, positive=True)
+    model = gated("gru", 7, rows=n)
+    assert loop_ops(model)[0] == 1
+    for rows in (1, 4):
+        check_against_torch(model, rows=rows)
+
+
+def test_the_generated_c_hardly_grows_with_the_steps(monkeypatch):
+    """The step's C is written once: each further step adds its input's
+    argument and copy, a small part of what an unrolled step adds."""
+    def source_size(steps: int) -> int:
+        return len(generate(gated("gru", steps))[0].source)
+
+    scanned = source_size(16) - source_size(8)
+    monkeypatch.setenv("SYMBACKPROP_UNROLLED_SCANS", "0")
+    unrolled = source_size(16) - source_size(8)
+    assert 0 < scanned < 0.2 * unrolled, (scanned, unrolled)
+
+
+def test_the_opt_out_leaves_the_steps_unrolled(monkeypatch):
+    monkeypatch.setenv("SYMBACKPROP_UNROLLED_SCANS", "0")
+    assert loop_ops(gated("gru", 6))[0] == 0
