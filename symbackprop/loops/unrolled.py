@@ -44,6 +44,7 @@ from symbackprop.loops.declare import entries
 from symbackprop.loops.graph import ScanStep, scan_node, scan_part, substitute
 from symbackprop.loops.hoist import hoist_loops
 from symbackprop.loops.reshape import reshape
+from symbackprop.ops.slices import slice_view
 
 MIN_STEPS = 4  # fewer repeated steps stay unrolled: a loop's setup would cost more than it saves
 MAX_PERIOD = 256  # the longest step (nodes on the path from one state to the one before) looked for
@@ -75,22 +76,21 @@ def recognize_scans(lowered: Lowered) -> Lowered:
         found = _first_run(roots, taken)
         if found is None:
             return lowered
-        old, new = found
-        lowered = _replaced(lowered, old, new)
+        lowered = _replaced(lowered, found)
     return lowered
 
 
-def _replaced(lowered: Lowered, old: Node, new: Node) -> Lowered:
+def _replaced(lowered: Lowered, mapping: dict[Node, Node]) -> Lowered:
     names = list(lowered.outputs)
     named = [node for _, node in lowered.named]
-    done = substitute([lowered.loss, *lowered.outputs.values(), *named], {old: new})
+    done = substitute([lowered.loss, *lowered.outputs.values(), *named], mapping)
     loss, outputs, named_nodes = done[0], done[1:1 + len(names)], done[1 + len(names):]
     return replace(lowered, loss=loss, outputs=dict(zip(names, outputs)),
                    named=tuple((name, node) for (name, _), node in zip(lowered.named, named_nodes)))
 
 
-def _first_run(roots: Sequence[Node], taken: set[str]) -> tuple[Node, Node] | None:
-    """(the last state of a run, the scan's final state that replaces it)."""
+def _first_run(roots: Sequence[Node], taken: set[str]) -> dict[Node, Node] | None:
+    """The states of a run -> what the scan reads them as."""
     order = topological_order(roots)
     height: dict[Node, int] = {}
     for node in order:
@@ -107,8 +107,13 @@ def _first_run(roots: Sequence[Node], taken: set[str]) -> tuple[Node, Node] | No
 def _ranked(phases: list[list[Node]], order: list[Node], position: dict[Node, int],
             taken: set[str]) -> list[list[Node]]:
     """The phases whose newest steps walk as one step, fewest states first
-    (a GRU's h, not h and a gate), then nearest the root: each probed on
-    its newest MIN_STEPS steps, which costs little."""
+    (a GRU's h, not h and a gate), then the most read (the state, which
+    every gate reads, not a product inside the step), then nearest the
+    root: each probed on its newest MIN_STEPS steps, which costs little."""
+    readers: dict[Node, int] = {}
+    for node in order:
+        for a in set(node.args):
+            readers[a] = readers.get(a, 0) + 1
     scored = []
     for k, anchors in enumerate(phases):
         probe = anchors[-MIN_STEPS - 1:]
@@ -117,8 +122,8 @@ def _ranked(phases: list[list[Node]], order: list[Node], position: dict[Node, in
             walk.scan()
         except _NoRun:
             continue
-        scored.append((len(walk.states), k, anchors))
-    return [anchors for _, _, anchors in sorted(scored, key=lambda s: s[:2])]
+        scored.append((len(walk.states), -readers.get(anchors[-2], 0), k, anchors))
+    return [anchors for *_, anchors in sorted(scored, key=lambda s: s[:3])]
 
 
 def _spine(root: Node, height: dict[Node, int]) -> list[Node]:
@@ -173,25 +178,55 @@ def _candidates(spine: list[Node]) -> list[list[Node]]:
 
 
 def _best_run(anchors: list[Node], order: list[Node], position: dict[Node, int], roots: Sequence[Node],
-              taken: set[str]) -> tuple[Node, Node] | None:
+              taken: set[str]) -> dict[Node, Node] | None:
     """The longest run ending at the newest of `anchors` that walks as one
-    step, then the scan that replaces it (None where there is none or
-    where the steps it replaces are still read elsewhere)."""
+    step, as the nodes of its steps -> the scan's values of them (None
+    where there is none)."""
     for _ in range(MAX_TRIES):
         if len(anchors) - 1 < MIN_STEPS:
             return None
         init, steps = anchors[0], tuple(anchors[1:])
         try:
             walk = _Walk(init, steps, _dependents(init, order, position), taken)
-            step, args = walk.scan()
+            mapping = _read_as(walk, *walk.scan())
         except _NoRun as failed:
             anchors = anchors[min(failed.drop, len(anchors)):]
             continue
-        final = scan_part(scan_node(step, args), "final", walk.root_state or 0, steps[-1].shape)
-        if _still_read(roots, steps, final):
-            return None
-        return steps[-1], final
+        read = _read_outside(roots, walk, mapping)
+        if read:  # a loss over every state: what it reads of the steps, the step's outputs
+            mapping = _read_as(walk, *walk.scan(read), read)
+            if _read_outside(roots, walk, mapping):
+                return None
+        return mapping
     return None
+
+
+def _read_as(walk: _Walk, step: ScanStep, args: list[Node],
+             read: Sequence[tuple[Node, ...]] = ()) -> dict[Node, Node]:
+    """The last state -> the scan's final state; the nodes of each tuple
+    of `read` (the step's outputs, in order) -> their rows of the output."""
+    carrier = scan_node(step, args)
+    last = walk.steps[-1]
+    mapping = {last: scan_part(carrier, "final", walk.root_state or 0, last.shape)}
+    for k, nodes in enumerate(read):
+        width = entries(nodes[0].shape)
+        rows = scan_part(carrier, "output", k, (step.length, width))
+        for t, node in enumerate(nodes):
+            row = slice_view(rows, (t, 1, 0, 1), (1, width))
+            mapping.setdefault(node, row if node.shape == row.shape else op_node("reshape", (row,), node.shape))
+    return mapping
+
+
+def _read_outside(roots: Sequence[Node], walk: _Walk, mapping: dict[Node, Node]) -> list[tuple[Node, ...]]:
+    """The tuples of the step some of whose nodes something outside the
+    steps still reads (besides the loop), in the walk's order: each would
+    keep the steps below it unrolled."""
+    rewritten = topological_order(substitute(list(roots), mapping))
+    outer = set(topological_order(next(iter(mapping.values())).args[0].args))  # what the loop reads
+    steps = walk.computed
+    found = {steps[a] for n in rewritten if n not in steps for a in n.args if a in steps and a not in outer}
+    found.update(steps[n] for n in roots if n in steps)
+    return [t for t in dict.fromkeys(walk.computed.values()) if t in found]
 
 
 def _dependents(init: Node, order: list[Node], position: dict[Node, int]) -> set[Node]:
@@ -201,14 +236,6 @@ def _dependents(init: Node, order: list[Node], position: dict[Node, int]) -> set
         if any(a is init or a in found for a in node.args):
             found.add(node)
     return found
-
-
-def _still_read(roots: Sequence[Node], steps: tuple[Node, ...], final: Node) -> bool:
-    """Whether a state before the last is read by something the scan does
-    not replace (a loss over every state): the unrolled steps would stay."""
-    rewritten = substitute(list(roots), {steps[-1]: final})
-    earlier = set(steps[:-1])
-    return any(node in earlier for node in topological_order(rewritten))
 
 
 def _same_op(nodes: tuple[Node, ...]) -> bool:
@@ -240,15 +267,16 @@ class _Walk:
         self.expand: set[tuple[Node, ...]] = set()  # mixed tuples computed by the step, not states
         self.root_state: int | None = None
 
-    def scan(self) -> tuple[ScanStep, list[Node]]:
+    def scan(self, outputs: Sequence[tuple[Node, ...]] = ()) -> tuple[ScanStep, list[Node]]:
         for _ in range(MAX_TRIES):
             self.memo, self.prefixes, self.states, self.slots, self.captures = {}, {}, [], [], {}
+            self.computed: dict[Node, tuple[Node, ...]] = {}  # a node of a step -> its tuple
             self.taken, self.by_value, self.root_state = set(self.outer_names), {}, None
             self.budget = WALK_BUDGET
-            top = self.visit(self.steps)
+            self.visit(self.steps)
             unresolved = [t for t in self.states if t[1:] not in self.prefixes]
             if not unresolved:
-                return self._build(top)
+                return self._build(outputs)
             for t in unresolved:
                 if not _same_op(t):
                     raise _NoRun(_last_unlike(t))
@@ -278,6 +306,8 @@ class _Walk:
                 raise _NoRun(_last_unlike(t))
             return self._slot(t)
         self.prefixes[t[:-1]] = t
+        for n in t:
+            self.computed.setdefault(n, t)
         args = [self.visit(tuple(n.args[k] for n in t)) for k in range(len(first.args))]
         return op_node(first.op, args, first.shape, first.attrs)
 
@@ -323,18 +353,19 @@ class _Walk:
         self.prefixes[t[:-1]] = t
         return leaf(self._fresh(f"step_state{len(self.states) - 1}"), t[-1].shape, "scan_state")
 
-    def _build(self, top: Node) -> tuple[ScanStep, list[Node]]:
+    def _build(self, read: Sequence[tuple[Node, ...]]) -> tuple[ScanStep, list[Node]]:
         if self.root_state is None:
             raise _NoRun(NEVER)  # R_0 .. R_{K-1} is no state: the candidates are no recurrence
         state_leaves = tuple(self.memo[t] for t in self.states)
         next_states = tuple(self.memo[self.prefixes[t[1:]]] for t in self.states)
         input_leaves = tuple(self.memo[t] for t in self.slots)
-        varying = state_leaves + input_leaves
-        roots, values = hoist_loops(next_states, varying, dict(self.captures))
+        outputs = tuple(self.memo[t] for t in read)
+        roots, values = hoist_loops(next_states + outputs, state_leaves + input_leaves, dict(self.captures))
         reached = set(topological_order(roots))
         captured = [c for c in values if c in reached]
-        step = ScanStep(states=state_leaves, inputs=input_leaves, captures=tuple(captured), next_states=tuple(roots),
-                        outputs=(), every=1, length=len(self.steps))
+        step = ScanStep(states=state_leaves, inputs=input_leaves, captures=tuple(captured),
+                        next_states=tuple(roots[:len(next_states)]), outputs=tuple(roots[len(next_states):]), every=1,
+                        length=len(self.steps))
         args = [t[0] for t in self.states] + [_sequence(t) for t in self.slots] + [values[c] for c in captured]
         return step, args
 

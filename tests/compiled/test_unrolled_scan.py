@@ -30,9 +30,10 @@ def step_inputs(steps: int, rows=ROWS) -> list[sp.MatrixSymbol]:
     return [sp.MatrixSymbol(f"x{t}", rows, FEATURES) for t in range(steps)]
 
 
-def gated(kind: str, steps: int, rows=ROWS, sliced: bool = False) -> sbp.Model:
+def gated(kind: str, steps: int, rows=ROWS, sliced: bool = False, every: bool = False) -> sbp.Model:
     """nn.gru_cell or nn.lstm_cell over `steps` inputs (each x_t, or row
-    block t of one input X), then the MSE of the last state."""
+    block t of one input X), then the MSE of the last state (with `every`,
+    the sum of every state's)."""
     W, U, b = gate_params(kind)
     target = sp.MatrixSymbol("target", rows, HIDDEN)
     if sliced:
@@ -41,10 +42,13 @@ def gated(kind: str, steps: int, rows=ROWS, sliced: bool = False) -> sbp.Model:
     else:
         xs = inputs = step_inputs(steps, rows)
     h = c = None
+    losses = []
     for x in xs:
         h, c = nn.lstm_cell(x, h, c, W, U, b) if kind == "lstm" else (nn.gru_cell(x, h, W, U, b), None)
-    return sbp.Model(f"unrolled_{kind}{steps}{'_sliced' if sliced else ''}", inputs=[*inputs, target],
-                     params=[*W, *U, *b], loss=nn.mse(h, target), grad_inputs=inputs)
+        losses.append(nn.mse(h, target))
+    name = f"unrolled_{kind}{steps}{'_sliced' if sliced else ''}{'_every' if every else ''}"
+    return sbp.Model(name, inputs=[*inputs, target], params=[*W, *U, *b], loss=sp.Add(*losses) if every else losses[-1],
+                     grad_inputs=inputs)
 
 
 def tanh_rnn(steps: int, skip: bool = False, per_step_weights: bool = False) -> sbp.Model:
@@ -79,6 +83,7 @@ def torch_loss(model: sbp.Model, t: dict):
             h2, h = h, new
         return ((h - target) ** 2).mean()
     h = c = None
+    total = 0
     for x in xs:
         z = {g: x @ t[f"W{g}"] + t[f"b{g}"] + (0 if h is None else h @ t[f"U{g}"]) for g in "rzhifgo" if f"W{g}" in t}
         if "lstm" in name:
@@ -89,7 +94,8 @@ def torch_loss(model: sbp.Model, t: dict):
         else:
             m = tanh(x @ t["Wh"] + t["bh"] + sig(z["r"]) * (h @ t["Uh"]))
             h = (1 - sig(z["z"])) * m + sig(z["z"]) * h
-    return ((h - target) ** 2).mean()
+        total = total + ((h - target) ** 2).mean()
+    return total if "_every" in name else ((h - target) ** 2).mean()
 
 
 def arrays_for(model: sbp.Model, seed: int = 0, rows: int = ROWS) -> dict[str, np.ndarray]:
@@ -134,6 +140,19 @@ def test_the_scan_computes_the_loss_and_every_gradient_of_the_unrolled_steps(mod
     check_against_torch(model)
 
 
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_a_loss_over_every_state_reads_them_from_the_scan(kind):
+    """What the loss reads of each step is a row of a scan's output, not a
+    step computed again unrolled beside it: no more products at 14 steps
+    than at 8 (the loss's own terms, one a step, remain). (The GRU's loss
+    reads its states through a second chain of the same values, nn.mse's
+    fused form of h: a second scan.)"""
+    short, long = loop_ops(gated(kind, 8, every=True)), loop_ops(gated(kind, 14, every=True))
+    assert short[0] == long[0] >= 1
+    assert short[1]["matmul"] == long[1]["matmul"]
+    check_against_torch(gated(kind, 7, every=True))
+
+
 def test_a_weight_per_step_is_no_scan_and_computes_the_same():
     model = tanh_rnn(8, per_step_weights=True)
     assert loop_ops(model)[0] == 0
@@ -168,3 +187,32 @@ def test_the_generated_c_hardly_grows_with_the_steps(monkeypatch):
 def test_the_opt_out_leaves_the_steps_unrolled(monkeypatch):
     monkeypatch.setenv("SYMBACKPROP_UNROLLED_SCANS", "0")
     assert loop_ops(gated("gru", 6))[0] == 0
+
+
+def test_forward_mode_and_hessian_products_through_the_scan():
+    """jvp and hvp (forward over reverse) of the scanned GRU, against
+    PyTorch's directional derivative and Hessian-vector product."""
+    model = gated("gru", 6)
+    assert loop_ops(model)[0] == 1
+    arrays = arrays_for(model, seed=1)
+    rng = np.random.default_rng(2)
+    direction = {k: rng.standard_normal(np.shape(v)) if k != "target" else np.zeros(np.shape(v))
+                 for k, v in arrays.items()}
+    mod = sbp.compile(model, functions=("jvp", "hvp"))
+    names = list(arrays)
+
+    def loss_of(*values):
+        return torch_loss(model, dict(zip(names, values)))
+
+    point = tuple(torch.tensor(arrays[k], dtype=torch.float64) for k in names)
+    toward = tuple(torch.tensor(direction[k], dtype=torch.float64) for k in names)
+    _, tangent = torch.autograd.functional.jvp(loss_of, point, toward)
+    differentiated = {k: v for k, v in direction.items() if k != "target"}
+    np.testing.assert_allclose(mod.jvp(differentiated, **arrays)["loss"], tangent.item(), rtol=1e-9)
+    _, products = torch.autograd.functional.hvp(loss_of, point, toward)
+    got = mod.hvp(differentiated, **arrays)
+    assert set(got) == set(differentiated)
+    for name, expected in zip(names, products):
+        if name == "target":
+            continue
+        np.testing.assert_allclose(got[name], expected.numpy(), rtol=1e-8, atol=1e-10, err_msg=name)
