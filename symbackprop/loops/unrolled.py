@@ -46,7 +46,11 @@ from symbackprop.loops.hoist import hoist_loops
 from symbackprop.loops.reshape import reshape
 from symbackprop.ops.slices import slice_view
 
-MIN_STEPS = 4  # fewer repeated steps stay unrolled: a loop's setup would cost more than it saves
+# Shorter runs stay unrolled: a loop (forward, backward and the unrolled
+# steps around it) costs GCC more than a few straight-line steps do. An
+# unrolled GRU compiled in 1.9 s of CPU at 10 steps (2.7 s as a scan), the
+# same at 40, 6.5 s at 100 (4.1 s; benchmarks/compile_blocks.py).
+MIN_STEPS = 32
 MAX_PERIOD = 256  # the longest step (nodes on the path from one state to the one before) looked for
 MAX_TRIES = 8  # runs tried per path, each shorter than the last
 MAX_ROUNDS = 16  # recurrences replaced per model (each round finds one)

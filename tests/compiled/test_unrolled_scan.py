@@ -13,9 +13,20 @@ import sympy as sp
 import symbackprop as sbp
 from symbackprop import nn
 from symbackprop.ir.node import topological_order
+from symbackprop.loops import unrolled
 from symbackprop.pipeline import generate, plan
 
 torch = pytest.importorskip("torch")
+
+DEFAULT_MIN_STEPS = unrolled.MIN_STEPS
+
+
+@pytest.fixture(autouse=True)
+def short_runs(monkeypatch):
+    """Runs of 4 steps or more become scans, so that the tests compile
+    small models in seconds (by default only runs long enough that the
+    loop costs less to compile than the steps do)."""
+    monkeypatch.setattr(unrolled, "MIN_STEPS", 4)
 
 ROWS, FEATURES, HIDDEN = 3, 4, 5
 GATES = {"gru": "rzh", "lstm": "ifgo"}
@@ -182,6 +193,12 @@ def test_the_generated_c_hardly_grows_with_the_steps(monkeypatch):
     monkeypatch.setenv("SYMBACKPROP_UNROLLED_SCANS", "0")
     unrolled = source_size(16) - source_size(8)
     assert 0 < scanned < 0.2 * unrolled, (scanned, unrolled)
+
+
+def test_by_default_only_runs_that_cost_more_unrolled_become_scans(monkeypatch):
+    monkeypatch.setattr(unrolled, "MIN_STEPS", DEFAULT_MIN_STEPS)
+    assert loop_ops(gated("gru", DEFAULT_MIN_STEPS - 4))[0] == 0
+    assert loop_ops(gated("gru", DEFAULT_MIN_STEPS + 4))[0] == 1  # (the first and last steps stay outside)
 
 
 def test_the_opt_out_leaves_the_steps_unrolled(monkeypatch):
