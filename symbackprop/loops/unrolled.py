@@ -333,8 +333,9 @@ class _Walk:
         found = self.by_value.get(node)
         if found is not None:
             return found
-        stem = node.attrs[0] if node.op == "leaf" else f"captured{len(self.captures)}"
-        capture = leaf(self._fresh(str(stem)), node.shape, "scan_capture")
+        # an input or param under its own name, as in a declared scan's step (loops/lower.py)
+        name = node.attrs[0] if node.op == "leaf" else self._fresh(f"captured{len(self.captures)}")
+        capture = leaf(name, node.shape, "scan_capture")
         self.captures[capture] = node
         self.by_value[node] = capture
         return capture

@@ -62,8 +62,9 @@ def gated(kind: str, steps: int, rows=ROWS, sliced: bool = False, every: bool = 
                      grad_inputs=inputs)
 
 
-def tanh_rnn(steps: int, skip: bool = False, per_step_weights: bool = False) -> sbp.Model:
-    """H = tanh(X_t W + H U + B) from H0, by hand (with `skip`, + H_{t-2} V)."""
+def tanh_rnn(steps: int, skip: bool = False, per_step_weights: bool = False, odd: int | None = None) -> sbp.Model:
+    """H = tanh(X_t W + H U + B) from H0, by hand (with `skip`, + H_{t-2} V;
+    step `odd` a sigmoid in place of the tanh)."""
     H0, B = sp.MatrixSymbol("H0", ROWS, HIDDEN), sp.MatrixSymbol("B", ROWS, HIDDEN)
     W, V = sp.MatrixSymbol("W", FEATURES, HIDDEN), sp.MatrixSymbol("V", HIDDEN, HIDDEN)
     Us = [sp.MatrixSymbol(f"U{t}" if per_step_weights else "U", HIDDEN, HIDDEN) for t in range(steps)]
@@ -71,10 +72,12 @@ def tanh_rnn(steps: int, skip: bool = False, per_step_weights: bool = False) -> 
     states = [H0, H0]
     for x, U in zip(xs, Us):
         pre = x * W + states[-1] * U + B
-        states.append(nn.tanh(pre + states[-2] * V if skip else pre))
+        pre = pre + states[-2] * V if skip else pre
+        states.append(nn.sigmoid(pre) if len(states) - 2 == odd else nn.tanh(pre))
     params = [W, *dict.fromkeys(Us), B] + ([V] if skip else [])
     target = sp.MatrixSymbol("target", ROWS, HIDDEN)
     name = f"unrolled_rnn{steps}{'_skip' if skip else ''}{'_weights' if per_step_weights else ''}"
+    name += f"_odd{odd}" if odd is not None else ""
     return sbp.Model(name, inputs=[*xs, H0, target], params=params, loss=nn.mse(states[-1], target),
                      grad_inputs=[*xs, H0])
 
@@ -90,7 +93,8 @@ def torch_loss(model: sbp.Model, t: dict):
         h2 = h = t["H0"]
         for k, x in enumerate(xs):
             U = t[f"U{k}"] if "_weights" in name else t["U"]
-            new = tanh(x @ t["W"] + h @ U + t["B"] + (h2 @ t["V"] if "_skip" in name else 0))
+            pre = x @ t["W"] + h @ U + t["B"] + (h2 @ t["V"] if "_skip" in name else 0)
+            new = sig(pre) if name.endswith(f"_odd{k}") else tanh(pre)
             h2, h = h, new
         return ((h - target) ** 2).mean()
     h = c = None
@@ -167,6 +171,14 @@ def test_a_loss_over_every_state_reads_them_from_the_scan(kind):
 def test_a_weight_per_step_is_no_scan_and_computes_the_same():
     model = tanh_rnn(8, per_step_weights=True)
     assert loop_ops(model)[0] == 0
+    check_against_torch(model)
+
+
+def test_a_step_of_another_form_splits_the_run():
+    """Step 6 of 13 is a sigmoid: the 6 tanh steps after it are one scan,
+    the 6 before it another (or unrolled), and the values are exact."""
+    model = tanh_rnn(13, odd=6)
+    assert loop_ops(model)[0] >= 1
     check_against_torch(model)
 
 
