@@ -196,6 +196,10 @@ def _best_run(anchors: list[Node], order: list[Node], position: dict[Node, int],
         except _NoRun as failed:
             anchors = anchors[min(failed.drop, len(anchors)):]
             continue
+        inside = [_last_index(walk.computed[r], r) for r in roots if r in walk.computed and r is not steps[-1]]
+        if inside:  # an output of the model inside the run (wrt it, its adjoint needs the later steps)
+            anchors = anchors[max(inside) + 1:]  # start the run after it
+            continue
         read = _read_outside(roots, walk, mapping)
         if read:  # a loss over every state: what it reads of the steps, the step's outputs
             mapping = _read_as(walk, *walk.scan(read), read)
@@ -225,11 +229,12 @@ def _read_outside(roots: Sequence[Node], walk: _Walk, mapping: dict[Node, Node])
     """The tuples of the step some of whose nodes something outside the
     steps still reads (besides the loop), in the walk's order: each would
     keep the steps below it unrolled."""
-    rewritten = topological_order(substitute(list(roots), mapping))
+    new_roots = substitute(list(roots), mapping)
     outer = set(topological_order(next(iter(mapping.values())).args[0].args))  # what the loop reads
     steps = walk.computed
-    found = {steps[a] for n in rewritten if n not in steps for a in n.args if a in steps and a not in outer}
-    found.update(steps[n] for n in roots if n in steps)
+    found = {steps[a] for n in topological_order(new_roots) if n not in steps for a in n.args
+             if a in steps and a not in outer}
+    found.update(steps[n] for n in new_roots if n in steps)
     return [t for t in dict.fromkeys(walk.computed.values()) if t in found]
 
 
@@ -240,6 +245,10 @@ def _dependents(init: Node, order: list[Node], position: dict[Node, int]) -> set
         if any(a is init or a in found for a in node.args):
             found.add(node)
     return found
+
+
+def _last_index(nodes: tuple[Node, ...], node: Node) -> int:
+    return len(nodes) - 1 - nodes[::-1].index(node)
 
 
 def _same_op(nodes: tuple[Node, ...]) -> bool:

@@ -245,3 +245,40 @@ def test_forward_mode_and_hessian_products_through_the_scan():
         if name == "target":
             continue
         np.testing.assert_allclose(got[name], expected.numpy(), rtol=1e-8, atol=1e-10, err_msg=name)
+
+
+def test_an_output_inside_the_run_keeps_its_adjoint():
+    """d loss / d h_4, an output inside the steps differentiated with wrt,
+    is PyTorch's: a run may end at it (it is that scan's final state) and
+    the next one starts after it, never reads it as a row of an output
+    (whose adjoint would miss the steps after it)."""
+    W, U, b = gate_params("gru")
+    target = sp.MatrixSymbol("target", ROWS, HIDDEN)
+    xs = step_inputs(10)
+    states, h = [], None
+    for x in xs:
+        h = nn.gru_cell(x, h, W, U, b)
+        states.append(h)
+    model = sbp.Model("unrolled_gru_output", inputs=[*xs, target], params=[*W, *U, *b], loss=nn.mse(h, target),
+                      outputs={"h_mid": states[4], "h_last": h})
+    assert loop_ops(model)[0] == 2  # steps 2-5, ending at h_4, then 6-10
+    arrays = arrays_for(model, seed=3)
+    loss, grads = sbp.compile(model, wrt=["Uz", "h_mid", "h_last"]).value_and_grad(**arrays)
+    t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in arrays.items()}
+    sig, tanh, h = torch.sigmoid, torch.tanh, None
+    for k in range(10):
+        x = t[f"x{k}"]
+        z = {g: x @ t[f"W{g}"] + t[f"b{g}"] + (0 if h is None else h @ t[f"U{g}"]) for g in "rzh"}
+        if h is None:
+            h = (1 - sig(z["z"])) * tanh(z["h"])
+        else:
+            h = (1 - sig(z["z"])) * tanh(x @ t["Wh"] + t["bh"] + sig(z["r"]) * (h @ t["Uh"])) + sig(z["z"]) * h
+        if k == 4:
+            h.retain_grad()
+            middle = h
+    expected = ((h - t["target"]) ** 2).mean()
+    expected.backward()
+    np.testing.assert_allclose(loss, expected.item(), rtol=1e-10)
+    np.testing.assert_allclose(grads["h_mid"], middle.grad.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grads["h_last"], 2 * (h - t["target"]).detach().numpy() / h.numel(), rtol=1e-10)
+    np.testing.assert_allclose(grads["Uz"], t["Uz"].grad.numpy(), rtol=1e-9, atol=1e-12)
