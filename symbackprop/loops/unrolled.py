@@ -53,6 +53,7 @@ from symbackprop.ops.slices import slice_view
 MIN_STEPS = 32
 MAX_PERIOD = 256  # the longest step (nodes on the path from one state to the one before) looked for
 MAX_TRIES = 8  # runs tried per path, each shorter than the last
+NEWEST_TRIED = 3  # a phase's newest candidates left out in turn where its probe fails
 MAX_ROUNDS = 16  # recurrences replaced per model (each round finds one)
 WALK_BUDGET = 5_000_000  # nodes a walk may visit (a step's nodes times K): past it, no run
 OPT_OUT_ENV = "SYMBACKPROP_UNROLLED_SCANS"
@@ -110,7 +111,9 @@ def _first_run(roots: Sequence[Node], taken: set[str]) -> dict[Node, Node] | Non
 
 def _ranked(phases: list[list[Node]], order: list[Node], position: dict[Node, int],
             taken: set[str]) -> list[list[Node]]:
-    """The phases whose newest steps walk as one step, fewest states first
+    """The phases whose newest steps walk as one step (leaving out the
+    newest candidate or two where they do not: the spine's top may be a
+    layer above, as a stacked RNN's h2_T above h1's chain), fewest states first
     (a GRU's h, not h and a gate), then the most read (the state, which
     every gate reads, not a product inside the step), then nearest the
     root: each probed on its newest MIN_STEPS steps, which costs little."""
@@ -119,14 +122,19 @@ def _ranked(phases: list[list[Node]], order: list[Node], position: dict[Node, in
         for a in set(node.args):
             readers[a] = readers.get(a, 0) + 1
     scored = []
-    for k, anchors in enumerate(phases):
-        probe = anchors[-MIN_STEPS - 1:]
-        try:
-            walk = _Walk(probe[0], tuple(probe[1:]), _dependents(probe[0], order, position), taken)
-            walk.scan()
-        except _NoRun:
-            continue
-        scored.append((len(walk.states), -readers.get(anchors[-2], 0), k, anchors))
+    for k, phase in enumerate(phases):
+        for newest in range(len(phase), len(phase) - NEWEST_TRIED, -1):  # the top may be another chain's
+            anchors = phase[:newest]
+            probe = anchors[-MIN_STEPS - 1:]
+            if len(probe) <= MIN_STEPS:
+                break
+            try:
+                walk = _Walk(probe[0], tuple(probe[1:]), _dependents(probe[0], order, position), taken)
+                walk.scan()
+            except _NoRun:
+                continue
+            scored.append((len(walk.states), -readers.get(anchors[-2], 0), k, anchors))
+            break
     return [anchors for *_, anchors in sorted(scored, key=lambda s: s[:3])]
 
 

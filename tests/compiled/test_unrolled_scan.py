@@ -282,3 +282,31 @@ def test_an_output_inside_the_run_keeps_its_adjoint():
     np.testing.assert_allclose(grads["h_mid"], middle.grad.numpy(), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(grads["h_last"], 2 * (h - t["target"]).detach().numpy() / h.numel(), rtol=1e-10)
     np.testing.assert_allclose(grads["Uz"], t["Uz"].grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_two_stacked_layers():
+    """Layer 2 reads layer 1's state of the same step: both recurrences
+    become loops (or one loop of both states), with PyTorch's gradients."""
+    W1, U1, W2, U2 = (sp.MatrixSymbol(k, *shape) for k, shape in (("W1", (FEATURES, HIDDEN)), ("U1", (HIDDEN, HIDDEN)),
+                                                                   ("W2", (HIDDEN, HIDDEN)), ("U2", (HIDDEN, HIDDEN))))
+    H0, target = sp.MatrixSymbol("H0", ROWS, HIDDEN), sp.MatrixSymbol("target", ROWS, HIDDEN)
+    xs = step_inputs(10)
+    h1 = h2 = H0
+    for x in xs:
+        h1 = nn.tanh(x * W1 + h1 * U1)
+        h2 = nn.tanh(h1 * W2 + h2 * U2)
+    model = sbp.Model("unrolled_stacked", inputs=[*xs, H0, target], params=[W1, U1, W2, U2],
+                      loss=nn.mse(h2, target), grad_inputs=[H0])
+    assert loop_ops(model)[0] >= 1
+    arrays = arrays_for(model, seed=4)
+    loss, grads = sbp.compile(model).value_and_grad(**arrays)
+    t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in arrays.items()}
+    a = b = t["H0"]
+    for k in range(10):
+        a = torch.tanh(t[f"x{k}"] @ t["W1"] + a @ t["U1"])
+        b = torch.tanh(a @ t["W2"] + b @ t["U2"])
+    expected = ((b - t["target"]) ** 2).mean()
+    expected.backward()
+    np.testing.assert_allclose(loss, expected.item(), rtol=1e-10)
+    for name in ("W1", "U1", "W2", "U2", "H0"):
+        np.testing.assert_allclose(grads[name], t[name].grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
