@@ -49,6 +49,7 @@ from symbackprop.ir.construct import const, leaf
 from symbackprop.ir.lower import Lowered, lower
 from symbackprop.ir.node import SCALAR, Node, topological_order
 from symbackprop.log import op_counts, stage
+from symbackprop.loops.unrolled import recognize_scans
 from symbackprop.plan import DEFAULT_FUNCTIONS, FunctionPlan, Plan
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.scheduler import FunctionSchedule, schedule
@@ -105,7 +106,7 @@ class _Planner:
     def __init__(self, model: Model, wrt: Sequence[str] | None):
         self.model = model
         with stage("lower", model.name):
-            self.lowered = lower(model)
+            self.lowered = recognize_scans(lower(model))  # an unrolled recurrence as one loop
         self.targets = _targets(self.lowered, model, wrt)
         self.forward_results = [("loss", self.lowered.loss)] + list(self.lowered.outputs.items())
         named = [(sanitize(name), node) for name, node in self.lowered.named]  # as the C will read it

@@ -10,6 +10,7 @@ the 1,000-level models are built in `run_deep`.
 """
 
 import gc
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -230,8 +231,13 @@ def test_determinant_by_minors():
 
 def plan_deep(mlp_depth: int, gru_steps: int) -> None:
     """Lower, differentiate and schedule without the C compile (GCC's time
-    on one long straight-line function, not ours, dominates deep builds)."""
-    for model in (run_deep("test", mlp_model, mlp_depth), run_deep("test", gru_model, gru_steps)):
+    on one long straight-line function, not ours, dominates deep builds).
+    The GRU as it is written, unrolled (loops/unrolled.py, which would make
+    it a scan, turned off), then as the scan it becomes."""
+    gru = run_deep("test", gru_model, gru_steps)
+    assert any(n.op == "scan" for n in ir_node.topological_order([plan(gru, ("forward",)).lowered.loss]))
+    os.environ["SYMBACKPROP_UNROLLED_SCANS"] = "0"  # (a child process of its own)
+    for model in (run_deep("test", mlp_model, mlp_depth), gru):
         the_plan = plan(model)
         assert len(the_plan.function("value_and_grad").schedule.kernels) > mlp_depth
         text = graph_text(the_plan)  # the backward graph, as deep, printed without recursion
