@@ -23,6 +23,14 @@ are functions of the arguments), so nothing else changes. `install()`
 applies this to every matrix expression's sort key and to the shape of
 SymPy's composite classes; symbackprop's own ops whose shape is read from
 an argument's are decorated with `remember_shape`.
+
+A Lambda's sort key (an elementwise function's, by which a sum orders
+terms that differ in their activations) is taken with its bound variables
+renamed in order. SymPy's holds the variables' Dummy indices, which count
+every Dummy the process has made: a term's place in a sum, and so the
+generated C's names and order, followed which activation the process had
+made first (symbackprop.nn keeps one Lambda an activation), maybe for an
+earlier model, and not the model alone.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ SYMPY_COMPOSITES = (sp.MatAdd, sp.MatMul, sp.HadamardProduct, sp.HadamardPower, 
 # a matrix expression's (MatrixExpr is an Expr), before install(); without its cache, which compares
 # a new node with equal ones it holds, as deep as they are equal
 SYMPY_SORT_KEY = getattr(sp.Expr.sort_key, "__wrapped__", sp.Expr.sort_key)
+SYMPY_LAMBDA_SORT_KEY = getattr(sp.Lambda.sort_key, "rule", sp.Lambda.sort_key)
 
 C = TypeVar("C", bound=type)
 
@@ -121,6 +130,23 @@ def remembered_sort_key(self: Any, order: Any = None) -> Any:
     return self.__dict__[SORT_KEY]
 
 
+def lambda_sort_key(self: sp.Lambda, order: Any = None) -> Any:
+    """SymPy's sort key of the Lambda with its variables renamed _0, _1, ...
+    (SymPy's canonical names, which no free symbol of it has; with their
+    assumptions): the same for the same function, whichever Dummies it was
+    written with. The default order's is kept on it."""
+    if order is None and SORT_KEY in self.__dict__:
+        return self.__dict__[SORT_KEY]
+    renamed = {v: sp.Symbol(c.name, **v.assumptions0) for v, c in self.canonical_variables.items()}
+    key = SYMPY_LAMBDA_SORT_KEY(self.xreplace(renamed), order)
+    if order is None:
+        self.__dict__[SORT_KEY] = key
+    return key
+
+
+lambda_sort_key.rule = SYMPY_LAMBDA_SORT_KEY  # type: ignore[attr-defined]
+
+
 def _method_rule(node: Any, name: str) -> Callable[..., Any] | None:
     """SymPy's method `name` of node's class, where the class remembers it."""
     return getattr(getattr(type(node), name, None), "rule", None)
@@ -156,7 +182,8 @@ def remember_method(cls: type, name: str) -> None:
 
 def install() -> None:
     """Matrix expressions remember their sort keys, and SymPy's composites
-    their shapes, deep doits and transposes (idempotent)."""
+    their shapes, deep doits and transposes; a Lambda's sort key does not
+    depend on its variables' Dummy indices (idempotent)."""
     for cls in SYMPY_COMPOSITES:
         if getattr(cls.__dict__["shape"].fget, "rule", None) is None:
             remember_shape(cls)
@@ -164,6 +191,7 @@ def install() -> None:
             if hasattr(cls, name) and getattr(cls.__dict__.get(name), "rule", None) is None:
                 remember_method(cls, name)
     sp.MatrixExpr.sort_key = remembered_sort_key
+    sp.Lambda.sort_key = lambda_sort_key
 
 
 install()
