@@ -49,6 +49,9 @@ SYMPY_COMPOSITES = (sp.MatAdd, sp.MatMul, sp.HadamardProduct, sp.HadamardPower, 
 # a new node with equal ones it holds, as deep as they are equal
 SYMPY_SORT_KEY = getattr(sp.Expr.sort_key, "__wrapped__", sp.Expr.sort_key)
 
+# a class's own sort key over its arguments', where not SymPy's (declare/sums.py's sums of sums)
+SORT_KEY_RULES: dict[type, Callable[[Any], Any]] = {}
+
 C = TypeVar("C", bound=type)
 
 
@@ -109,7 +112,7 @@ def _sort_key_pending(node: Any) -> bool:
 
 
 def _keep_sort_key(node: Any) -> None:
-    node.__dict__[SORT_KEY] = SYMPY_SORT_KEY(node)
+    node.__dict__[SORT_KEY] = SORT_KEY_RULES.get(type(node), SYMPY_SORT_KEY)(node)
 
 
 def remembered_sort_key(self: Any, order: Any = None) -> Any:
