@@ -1,5 +1,6 @@
 """How long declaring and compiling take as models grow deep: a tanh MLP of
-10, 100 and 1,000 layers and a GRU unrolled 10 to 1,000 steps, on two
+10, 100 and 1,000 layers, a residual chain of as many steps and a GRU
+unrolled 10 to 1,000 steps, on two
 versions of symbackprop's code (before and after a change), interleaved.
 
     taskset -c 1 python benchmarks/depth_scale.py --before /work/main --save depth-scale-2026-12-07
@@ -11,6 +12,8 @@ The cases (each size N):
 
 - `mlp`: X (16 x 8) -> N times H <- nn.tanh(nn.linear(H, W_k, b_k)), W_k
   8 x 8, b_k 1 x 8 -> nn.mse against T.
+- `residual`: the same, each layer added to its input: H <- H +
+  nn.tanh(nn.linear(H, W_k, b_k)).
 - `gru`: nn.gru_cell of hidden 8 on X (16 x 8) unrolled N steps from the
   zero state (the same weights each step) -> nn.mse against T.
 
@@ -40,10 +43,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CASES = ("mlp", "gru")
-SIZES = {"mlp": (10, 100, 1_000), "gru": (10, 40, 100, 300, 1_000)}
+CASES = ("mlp", "residual", "gru")
+SIZES = {"mlp": (10, 100, 1_000), "residual": (10, 100, 300, 1_000), "gru": (10, 40, 100, 300, 1_000)}
 BATCH, WIDTH = 16, 8
-LABELS = {"mlp": "tanh MLP, width 8, {n:,} layers", "gru": "GRU, hidden 8, {n:,} steps"}
+LABELS = {"mlp": "tanh MLP, width 8, {n:,} layers", "residual": "residual tanh chain, width 8, {n:,} steps",
+          "gru": "GRU, hidden 8, {n:,} steps"}
 
 
 def declare(case: str, size: int):
@@ -54,12 +58,13 @@ def declare(case: str, size: int):
     from symbackprop import nn
 
     X, T = sp.MatrixSymbol("X", BATCH, WIDTH), sp.MatrixSymbol("T", BATCH, WIDTH)
-    if case == "mlp":
+    if case in ("mlp", "residual"):
         h, params = X, []
         for k in range(size):
             W, b = sp.MatrixSymbol(f"W{k}", WIDTH, WIDTH), sp.MatrixSymbol(f"b{k}", 1, WIDTH)
             params += [W, b]
-            h = nn.tanh(nn.linear(h, W, b))
+            layer = nn.tanh(nn.linear(h, W, b))
+            h = h + layer if case == "residual" else layer
     elif case == "gru":
         weights = [[sp.MatrixSymbol(f"{kind}{gate}", *shape) for gate in "rzh"]
                    for kind, shape in (("W", (WIDTH, WIDTH)), ("U", (WIDTH, WIDTH)), ("b", (1, WIDTH)))]

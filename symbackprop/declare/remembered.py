@@ -58,6 +58,9 @@ SYMPY_COMPOSITES = (sp.MatAdd, sp.MatMul, sp.HadamardProduct, sp.HadamardPower, 
 SYMPY_SORT_KEY = getattr(sp.Expr.sort_key, "__wrapped__", sp.Expr.sort_key)
 SYMPY_LAMBDA_SORT_KEY = getattr(sp.Lambda.sort_key, "rule", sp.Lambda.sort_key)
 
+# a class's own sort key over its arguments', where not SymPy's (declare/sums.py's sums of sums)
+SORT_KEY_RULES: dict[type, Callable[[Any], Any]] = {}
+
 C = TypeVar("C", bound=type)
 
 
@@ -118,7 +121,7 @@ def _sort_key_pending(node: Any) -> bool:
 
 
 def _keep_sort_key(node: Any) -> None:
-    node.__dict__[SORT_KEY] = SYMPY_SORT_KEY(node)
+    node.__dict__[SORT_KEY] = SORT_KEY_RULES.get(type(node), SYMPY_SORT_KEY)(node)
 
 
 def remembered_sort_key(self: Any, order: Any = None) -> Any:

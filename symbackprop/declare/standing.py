@@ -12,6 +12,7 @@ from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from symbackprop.declare import (  # noqa: F401  (installed on import)
     explicit,  # an explicit matrix's doit over its entries' DAG
     remembered,  # matrix expressions remember their shape, sort key, doit and transpose
+    sums,  # a sum another term is computed from stays a node of its own (a residual chain's step)
 )
 
 

@@ -54,8 +54,8 @@ from symbackprop.interop import torch_encoder as enc
 from symbackprop.interop.torch_graph import Writes, out_of_place, refuse_hooks, trace, writes_in_place, written
 from symbackprop.interop.torch_images import running_updates
 from symbackprop.interop.torch_ops import functions, layers, method, op_name
-from symbackprop.interop.torch_rnn import Sequence
-from symbackprop.interop.torch_values import Kernel, Positions
+from symbackprop.interop.torch_rnn import Sequence, declared, states_examples, without_states
+from symbackprop.interop.torch_values import Kernel, Positions, example_inputs
 
 BATCH = sp.Symbol("n", integer=True, positive=True)
 ROWS = sp.Symbol("N", integer=True, positive=True)  # a sequence's rows, L*n time-major (the steps L = N / n)
@@ -184,6 +184,7 @@ class _Builder:
         self.attention = False  # sequences for attention: buffers are values, calls on constants run by torch
         self.positions: Index | None = None  # each row's position, where a positional table is added
         self.starts: Index | None = None  # each sequence's first row, where the sequences are pooled
+        self.states: list[sp.MatrixSymbol] = []  # initial states of LSTMs and GRUs given as the forward's inputs
 
     def position_ids(self) -> Index:
         """The model's Index input `positions` (sbp.position_ids(n, L)), made where first used."""
@@ -239,13 +240,10 @@ class _Builder:
                      else f"the layers {', '.join(sorted(t.__name__ for t in layers()))}")
             raise ModelError(f"{kind.__name__} is not supported yet; from_torch converts {known} and the functions "
                              "of torch_ops.functions()" + built_in_hint(kind.__name__))
-        if _is_recurrent(module):  # hx=None: the zero states, as without it
-            args, kwargs = tuple(a for a in args if a is not None), {k: v for k, v in kwargs.items() if v is not None}
-        if (len(args) != 1 or kwargs) and _is_recurrent(module):
-            raise ModelError(f"{kind.__name__} called with initial states: from_torch translates {kind.__name__}(x), "
-                             "which starts from zero states; call it on the sequences alone")
+        args, kwargs, hx = without_states(args, kwargs) if _is_recurrent(module) else (args, kwargs, None)
         if len(args) != 1 or kwargs:
-            raise ModelError(f"{kind.__name__} called with {len(args) + len(kwargs)} arguments; it takes one")
+            takes = "the sequences and its initial states hx" if _is_recurrent(module) else "one"
+            raise ModelError(f"{kind.__name__} called with {len(args) + len(kwargs)} arguments; it takes {takes}")
 
         def param(key: str) -> sp.MatrixSymbol | None:
             tensor = getattr(module, key, None)
@@ -253,7 +251,8 @@ class _Builder:
 
         if isinstance(args[0], Positions) or (isinstance(args[0], Sequence) and per_step):
             return att.per_position(lambda x: convert(module, x, param), args, {}, kind.__name__)
-        out = convert(module, args[0], param)
+        takes_hx: Any = convert  # (LSTM's and GRU's, which also take their initial states)
+        out = convert(module, args[0], param) if hx is None else takes_hx(module, args[0], param, hx)
         for name, value in running_updates(module, args[0], param):
             if name in self.updates:
                 raise ModelError(f"{kind.__name__} called twice in training mode: torch updates its running "
@@ -441,11 +440,15 @@ def _network(module: Any, x: sp.MatrixExpr | Images, builder: _Builder, extra: l
         return out
     graph = trace(module)
     inputs = [node for node in graph.nodes if node.op == "placeholder"]
-    if len(inputs) != 1 + len(extra):
+    defaults = {node: node.args[0] for node in inputs[1 + len(extra):] if node.args}  # forward(x, h0, c0=None)
+    if len(inputs) != 1 + len(extra) + len(defaults):
         raise ModelError(f"{type(module).__name__}.forward takes {[node.target for node in inputs]}; from_torch "
                          f"converts a forward of one input, the batch, and of a key padding mask after it where "
-                         f"given one (from_torch(net, (x, mask))); it was given {1 + len(extra)}")
-    given = dict(zip(inputs[1:], extra))
+                         f"given one (from_torch(net, (x, mask))), or of an LSTM's or GRU's initial states "
+                         f"(from_torch(net, (x, h0)) or (x, (h0, c0))); it was given {1 + len(extra)}")
+    taken = {*builder.arrays, "X", "T", "batch"}
+    given = {node: declared(item, node.target, BATCH, taken, builder.states) for node, item in zip(inputs[1:], extra)}
+    given |= defaults
     writes = Writes(graph, module, lambda node: _where(node, module))
     values: dict[Any, Any] = {}
     node = None
@@ -496,16 +499,20 @@ def _loss(loss: Any, Y: sp.MatrixExpr, X: Any, reduction: str) -> tuple[Any, lis
     return loss(Y, T), [X, T]
 
 
-def _example_inputs(example: Any) -> list:
-    """The forward's example inputs: one, or a tuple of tensors or arrays (x, mask)."""
-    if isinstance(example, tuple) and len(example) > 1 and all(hasattr(e, "shape") for e in example):
-        return list(example)
-    return [example]
+def _batch(shape: tuple, integer: bool, attention: Any, sequences: bool) -> tuple[Any, Any]:
+    """The model's input X of an example's shape, and the network's: X or the Images, Sequence, Positions of X."""
+    rows = POSITIONS if attention else ROWS if sequences else BATCH
+    ids = len(shape) == 1 and integer
+    X = Index("X", rows) if ids or (integer and (attention or sequences) and len(shape) == 2) else sp.MatrixSymbol(
+        "X", rows, int(shape[-1] if sequences or attention else np.prod(shape[1:])))
+    x = (Images(X, *(int(s) for s in shape[1:])) if len(shape) == 4 else Sequence(X, BATCH) if sequences
+         else Positions(X, attention[1], BATCH, attention[0]) if attention else X)
+    return X, x
 
 
 def _no_padding(more: list) -> list:
-    raise ModelError(f"from_torch was given {1 + len(more)} example inputs; a second one, a key padding mask, is "
-                     "taken by a network with MultiheadAttention only")
+    raise ModelError(f"from_torch was given {1 + len(more)} example inputs; the ones after the first are a key padding "
+                     "mask (taken by a network with MultiheadAttention only) or an LSTM's or GRU's initial states")
 
 
 def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixExpr, sp.MatrixSymbol], Any] | None = "mse",
@@ -531,7 +538,10 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             rows; (L, batch, ...) where it is not batch_first), with a
             key padding mask: a tuple (x, mask), mask (batch, L) bool or
             float, the forward's second input (the model's input
-            padding, sbp.key_padding(mask)).
+            padding, sbp.key_padding(mask)); of an LSTM or GRU, with its
+            initial states, the forward's inputs after x: (x, h0, c0),
+            (x, (h0, c0)), (x, h0), each (layers * directions, batch, H)
+            (the model's (n, H) inputs h0 or h0_0, h0_1, ...: torch_rnn).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
             (torch.nn.CrossEntropyLoss() with class probabilities as
             targets, T (batch, classes)), "cross_entropy_labels" (the same
@@ -555,7 +565,7 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
             an unknown loss, or a
             reduction with a loss that is not named.
     """
-    example_input, *more = _example_inputs(example_input)
+    example_input, *more = example_inputs(example_input)
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
     integer = np.issubdtype(_dtype(example_input), np.integer)
     ids = len(shape) == 1 and integer
@@ -569,21 +579,18 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
         raise ModelError(f"from_torch's reduction {reduction!r} applies to a named loss; the callable or None "
                          "loss reduces as it computes")
     refuse_hooks(module)
-    rows = POSITIONS if attention else ROWS if sequences else BATCH
-    X = Index("X", rows) if ids or (integer and (attention or sequences) and len(shape) == 2) else sp.MatrixSymbol(
-        "X", rows, int(shape[-1] if sequences or attention else np.prod(shape[1:])))
+    X, x = _batch(shape, integer, attention, sequences)
     builder = _Builder()
     builder.attention = attention is not None
-    x = (Images(X, *(int(s) for s in shape[1:])) if len(shape) == 4 else Sequence(X, BATCH) if sequences
-         else Positions(X, attention[1], BATCH, attention[0]) if attention else X)
-    extra = att.padding_inputs(more, attention[1], POSITIONS) if attention else _no_padding(more) if more else []
+    paddings = att.padding_inputs(more, attention[1], POSITIONS) if attention else []
+    extra = paddings if attention else states_examples(more) if sequences else _no_padding(more) if more else []
     Y = _network(module, x, builder, extra)
     loss_expr, inputs = _loss(loss, Y, X, reduction)
+    inputs += builder.states
     if sequences and not any(BATCH in getattr(v, "shape", ()) for v in inputs):
         inputs.append(_batch_input(builder))
     running = {f"{key}_new": key for key in builder.updates}  # output -> the running statistic it updates
-    inputs += [index for index in (builder.positions, builder.starts) if index is not None]
-    inputs += [padding.column for padding in extra]
+    inputs += [index for index in (builder.positions, builder.starts) if index is not None] + [p.column for p in paddings]
     model = Model(name, inputs=(*inputs, *builder.frozen), params=tuple(builder.symbols), loss=loss_expr,
                   outputs={"Y": Y, **{out: builder.updates[key] for out, key in running.items()}})
     return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes,

@@ -133,36 +133,62 @@ def _parts(seq: sp.MatrixExpr) -> list[sp.MatrixExpr]:
     return [block for block, _ in blocks]
 
 
-def _direction(step: Callable, seq: sp.MatrixExpr, weights: tuple, states: int, hidden: int, n: sp.Symbol,
+def _direction(step: Callable, seq: sp.MatrixExpr, weights: tuple, initial: tuple, hidden: int, n: sp.Symbol,
                reverse: bool) -> tuple[sp.MatrixExpr, tuple]:
-    """One layer's scan in one direction: (its outputs, (N x H), its final states). A
-    layer below's directions are read as two sequences: the step multiplies each
-    by its columns of the weights (nn.linear of blocks side by side), never
+    """One layer's scan in one direction from the `initial` states (h, or
+    h and c): (its outputs, (N x H), its final states). A layer below's
+    directions are read as two sequences: the step multiplies each by its
+    columns of the weights (nn.linear of blocks side by side), never
     computing them side by side."""
+    states = len(initial)
     base = str(weights[0])  # weight_ih_l{k}[_reverse]'s name: the scan's symbols, apart from every other's
     state = tuple(sp.MatrixSymbol(f"{base}_{s}", n, hidden) for s in "hc"[:states])
     parts = _parts(seq)
     inputs = [sp.MatrixSymbol(f"{base}_x{k if len(parts) > 1 else ''}", n, p.shape[1]) for k, p in enumerate(parts)]
     new = step(concat_columns(inputs), state, weights, hidden)
-    zero = sp.ZeroMatrix(n, hidden)
     out = scan(new if states > 1 else new[0], new[0], state if states > 1 else state[0], tuple(inputs),
-               (zero,) * states if states > 1 else zero, tuple(parts), batch=n, reverse=reverse)
+               initial if states > 1 else initial[0], tuple(parts), batch=n, reverse=reverse)
     last = final_state(out)
     return out, tuple(last) if states > 1 else (last,)
 
 
-def recurrent_layer(module: Any, x: Any, param: Callable[[str], Any], kind: str) -> tuple:
-    """torch.nn.LSTM / GRU called on a Sequence: (outputs, final states) as torch returns them."""
+def initial_states(module: Any, kind: str, hx: Any, n: sp.Symbol) -> list[tuple]:
+    """The initial states of each layer and direction (torch's h_0 order):
+    (h,) for a GRU, (h, c) for an LSTM, each (n, H); zeros where hx is
+    None. Given, hx is as torch's: h_0, or (h_0, c_0) for an LSTM, each a
+    sequence of one (n, H) matrix a layer and direction (a model's input
+    from an initial state tensor, or a recurrent layer's final states)."""
+    count, hidden = module.num_layers * (2 if module.bidirectional else 1), module.hidden_size
+    states = 2 if kind == "LSTM" else 1
+    if hx is None:
+        return [(sp.ZeroMatrix(n, hidden),) * states] * count
+    given = tuple(hx) if kind == "LSTM" and isinstance(hx, (tuple, list)) and len(hx) == 2 else (hx,)
+    wanted = "(h_0, c_0)" if kind == "LSTM" else "h_0"
+    if len(given) != states or not all(isinstance(h, (tuple, list)) and len(h) == count for h in given):
+        raise ModelError(f"{kind}'s initial states must be {wanted}, each of {count} layers and directions "
+                         f"(num_layers * directions, batch, {hidden}) as torch's; got {hx!r}")
+    for h in (h for group in given for h in group):
+        if not isinstance(h, sp.MatrixExpr) or tuple(h.shape) != (n, hidden):
+            raise ModelError(f"{kind}'s initial state {h!r} has shape {getattr(h, 'shape', None)}; one layer and "
+                             f"direction's is (batch, {hidden})")
+    return [tuple(group[k] for group in given) for k in range(count)]
+
+
+def recurrent_layer(module: Any, x: Any, param: Callable[[str], Any], kind: str, hx: Any = None) -> tuple:
+    """torch.nn.LSTM / GRU called on a Sequence, from the initial states hx
+    (see initial_states): (outputs, final states) as torch returns them."""
     _refuse(module, kind, x)
     step, states = (_lstm_step, 2) if kind == "LSTM" else (_gru_step, 1)
     hidden, n, seq = module.hidden_size, x.batch, x.matrix
     suffixes = ("", "_reverse") if module.bidirectional else ("",)
+    initial = initial_states(module, kind, hx, n)
     finals: list[list[sp.MatrixExpr]] = [[] for _ in range(states)]  # h_n (c_n): layer-major, then direction
     for layer in range(module.num_layers):
         outs = []
         for reverse, suffix in enumerate(suffixes):
             weights = tuple(param(f"{key}_l{layer}{suffix}") for key in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
-            out, last = _direction(step, seq, weights, states, hidden, n, bool(reverse))
+            start = initial[layer * len(suffixes) + reverse]
+            out, last = _direction(step, seq, weights, start, hidden, n, bool(reverse))
             outs.append(out)
             for k, value in enumerate(last):
                 finals[k].append(value)
@@ -174,12 +200,102 @@ def recurrent_layer(module: Any, x: Any, param: Callable[[str], Any], kind: str)
     return out, tuple(finals[0])
 
 
-def lstm_layer(module: Any, x: Any, param: Callable[[str], Any]) -> tuple:
-    return recurrent_layer(module, x, param, "LSTM")
+def lstm_layer(module: Any, x: Any, param: Callable[[str], Any], hx: Any = None) -> tuple:
+    return recurrent_layer(module, x, param, "LSTM", hx)
 
 
-def gru_layer(module: Any, x: Any, param: Callable[[str], Any]) -> tuple:
-    return recurrent_layer(module, x, param, "GRU")
+def gru_layer(module: Any, x: Any, param: Callable[[str], Any], hx: Any = None) -> tuple:
+    return recurrent_layer(module, x, param, "GRU", hx)
 
 
-__all__ = ["Sequence", "end_rows", "gru_layer", "lstm_layer", "recurrent_layer"]
+class GivenStates(tuple):
+    """The model's inputs a forward argument `name` (an initial state
+    tensor) is made of, one (n, H) matrix a layer and direction: the hx of
+    an LSTM or GRU as they are, and nothing else (named so in refusals)."""
+
+    name: str
+
+    def __new__(cls, symbols: list[sp.MatrixSymbol], name: str) -> GivenStates:
+        made = super().__new__(cls, symbols)
+        made.name = name
+        return made
+
+    def __repr__(self) -> str:
+        return (f"the initial states {self.name} (the model's inputs {', '.join(map(str, self))}), which from_torch "
+                "translates only as an LSTM's or GRU's hx as given")
+
+
+@dataclass(frozen=True)
+class StatesExample:
+    """An example initial state given to from_torch after the sequences:
+    `shape` (num_layers * directions, batch, H) of a tensor, or a tuple of
+    them ((h_0, c_0) as one forward argument)."""
+
+    shape: Any
+
+    def declare(self, name: str, n: sp.Symbol) -> tuple[Any, list[sp.MatrixSymbol]]:
+        """The forward argument `name`'s value, and the model's inputs it
+        is made of: one (n, H) matrix a layer and direction, named `name`
+        (one) or name_0, name_1, ... (torch's h_0[k]); a tuple's k-th
+        tensor's named name_k first."""
+        if isinstance(self.shape, tuple) and all(isinstance(s, tuple) for s in self.shape):
+            parts = [StatesExample(s).declare(f"{name}_{k}", n) for k, s in enumerate(self.shape)]
+            return tuple(value for value, _ in parts), [symbol for _, symbols in parts for symbol in symbols]
+        count, _, hidden = self.shape
+        symbols = [sp.MatrixSymbol(name if count == 1 else f"{name}_{k}", n, hidden) for k in range(count)]
+        return GivenStates(symbols, name), symbols
+
+
+def states_examples(more: list) -> list[StatesExample]:
+    """The examples after the sequences, for a network with an LSTM or GRU:
+    initial states, each a (num_layers * directions, batch, H) tensor or a
+    tuple of them."""
+    def shape_of(example: Any) -> Any:
+        if isinstance(example, (tuple, list)):
+            return tuple(shape_of(e) for e in example)
+        shape = tuple(int(d) for d in getattr(example, "shape", ()))
+        if len(shape) != 3:
+            raise ModelError(f"from_torch's example inputs after the sequences are initial states of an LSTM or GRU, "
+                             f"each (num_layers * directions, batch, hidden) (or a tuple (h_0, c_0) of them); "
+                             f"got one of shape {shape}")
+        return shape
+
+    return [StatesExample(shape_of(example)) for example in more]
+
+
+def without_states(args: tuple, kwargs: dict) -> tuple[tuple, dict, Any]:
+    """An LSTM's or GRU's call's (args, kwargs) less its initial states hx
+    (second, or by name; None where not given: the zero states), and hx."""
+    kwargs = dict(kwargs)
+    hx = kwargs.pop("hx", None) if len(args) == 1 else args[1] if len(args) == 2 else None
+    return args[:1] if len(args) == 2 else args, kwargs, hx
+
+
+def declared(item: Any, name: str, n: sp.Symbol, taken: set[str], inputs: list[sp.MatrixSymbol]) -> Any:
+    """A forward input's value: of an initial state, the model's inputs
+    named after the forward's argument `name` (see StatesExample.declare),
+    appended to `inputs`; item itself otherwise (a key padding mask)."""
+    if not isinstance(item, StatesExample):
+        return item
+    value, symbols = item.declare(name, n)
+    for symbol in symbols:
+        if str(symbol) in taken:
+            raise ModelError(f"the forward's input {name!r} would be the model's input {symbol}, a name taken by a "
+                             "parameter or another input; rename it")
+    inputs += symbols
+    return value
+
+
+__all__ = [
+    "GivenStates",
+    "Sequence",
+    "StatesExample",
+    "declared",
+    "end_rows",
+    "gru_layer",
+    "initial_states",
+    "lstm_layer",
+    "recurrent_layer",
+    "states_examples",
+    "without_states",
+]

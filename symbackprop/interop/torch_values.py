@@ -99,4 +99,15 @@ def shape_of(x: Any, what: str) -> tuple:
     return tuple(as_matrix(x, what).shape)
 
 
-__all__ = ["Kernel", "Positions", "as_matrix", "expand", "is_number", "shape_of", "torch_module"]
+def example_inputs(example: Any) -> list:
+    """The forward's example inputs: one, or a tuple of tensors or arrays
+    (x, mask), (x, h0), or of tuples of them after the first (x, (h0, c0))."""
+    def tensors(e: Any) -> bool:
+        return hasattr(e, "shape") or (isinstance(e, tuple) and len(e) > 0 and all(map(tensors, e)))
+
+    if isinstance(example, tuple) and len(example) > 1 and hasattr(example[0], "shape") and all(map(tensors, example)):
+        return list(example)
+    return [example]
+
+
+__all__ = ["Kernel", "Positions", "as_matrix", "example_inputs", "expand", "is_number", "shape_of", "torch_module"]

@@ -443,7 +443,10 @@ def _mat_add(lowerer, expr: sp.MatAdd) -> Node:
     if not sums:
         sums["index"] = _SumIndex(lowerer.named_sums)
     index = sums["index"]
-    parts = index.regroup(list(expr.args), expr)
+    # a sum among the terms (one the others are computed from, kept whole:
+    # declare/sums.py) first, as regroup puts an earlier sum it finds
+    inner = [t for t in expr.args if isinstance(t, sp.MatAdd)]
+    parts = inner + index.regroup([t for t in expr.args if not isinstance(t, sp.MatAdd)], expr)
     index.add(expr)
     terms = [lowerer.lower(t) for t in parts]
     shape = lowerer.shape(expr)

@@ -12,6 +12,7 @@ gradients checked against central differences of numpy's loss."""
 
 import contextlib
 import inspect
+import math
 import sys
 
 import numpy as np
@@ -166,3 +167,108 @@ def test_a_deep_chains_gradient_is_numpys(kind):
 @pytest.mark.parametrize("kind", ["gru", "lstm", "recurrence"])
 def test_a_300_step_chains_gradient_is_numpys(kind):
     check_gradient(kind, 300)
+
+
+# --- residual chains: h <- h + f_k(h), a step's weights its own ----------------------------------------------
+
+V = sp.Symbol("v")
+RESIDUAL_FORMS = {  # a step's term in SymPy, and in numpy (of h, W_k, b_k, x)
+    "tanh_linear": (lambda h, w, b: nn.tanh(nn.linear(h, w, b)), lambda h, w, b, x: np.tanh(h @ w + b)),
+    "gelu": (lambda h, w, b: nn.gelu(h * w),
+             lambda h, w, b, x: h @ w / 2 * (1 + np.vectorize(math.erf)(h @ w / math.sqrt(2)))),
+    "applyfunc": (lambda h, w, b: (h * w).applyfunc(sp.Lambda(V, sp.sin(V) / 2)), lambda h, w, b, x: np.sin(h @ w) / 2),
+    "and_input": (lambda h, w, b: nn.tanh(h * w) + nn.linear(X, w, b),  # a term not computed from h too
+                  lambda h, w, b, x: np.tanh(h @ w) + x @ w + b),
+}
+
+
+def residual_weights(steps: int) -> list[sp.MatrixSymbol]:
+    return [sp.MatrixSymbol(f"{name}{k}", *shape) for k in range(steps)
+            for name, shape in (("W", (HIDDEN, HIDDEN)), ("b", (1, HIDDEN)))]
+
+
+def residual_chain(form: str, steps: int) -> sp.MatrixExpr:
+    term, _ = RESIDUAL_FORMS[form]
+    h, weights = X, residual_weights(steps)
+    for k in range(steps):
+        h = h + term(h, weights[2 * k], weights[2 * k + 1])
+    return h
+
+
+def residual_numpy(form: str, steps: int, a: dict) -> np.ndarray:
+    _, term = RESIDUAL_FORMS[form]
+    h = a["X"]
+    for k in range(steps):
+        h = h + term(h, a[f"W{k}"], a[f"b{k}"], a["X"])
+    return h
+
+
+def check_residual_gradient(form: str, steps: int) -> None:
+    """value_and_grad of mse(the chain's last state, T) against numpy's
+    loss and its central differences along random directions, one per
+    step's weights (each W_k and b_k gets its own)."""
+    with shallow_stack():
+        h = residual_chain(form, steps)
+        params = residual_weights(steps)
+        model = sbp.Model(f"residual_{form}_{steps}", inputs=[X, T], params=params, loss=nn.mse(h, T))
+    mod = sbp.compile(model)
+    arrays = {name: value / 4 if name.startswith("W") else value for name, value in values(params).items()}
+
+    def numpy_loss(a: dict) -> float:  # (small weights: 50 steps of h + gelu(h W) grow h less)
+        return float(np.mean((residual_numpy(form, steps, a) - a["T"]) ** 2))
+
+    loss, grads = mod.value_and_grad(**arrays)
+    assert loss == pytest.approx(numpy_loss(arrays), rel=1e-10)
+    rng = np.random.default_rng(2)
+    directions = {str(p): rng.standard_normal(arrays[str(p)].shape) for p in params}
+    rounding = 1e-9 * max(1.0, loss)  # central differences' rounding error: eps_machine * loss / 1e-6, and then some
+    for name in (f"W{k}" for k in (0, steps // 2, steps - 1)):  # a few steps' weights one by one
+        expected = finite_difference(numpy_loss, arrays, name, directions[name])
+        assert np.sum(grads[name] * directions[name]) == pytest.approx(expected, rel=1e-6, abs=rounding), name
+    eps, plus, minus = 1e-6, dict(arrays), dict(arrays)  # and every weight at once
+    for name, d in directions.items():
+        plus[name], minus[name] = arrays[name] + eps * d, arrays[name] - eps * d
+    expected = (numpy_loss(plus) - numpy_loss(minus)) / (2 * eps)
+    assert sum(np.sum(grads[n] * d) for n, d in directions.items()) == pytest.approx(expected, rel=1e-6, abs=rounding)
+
+
+@pytest.mark.parametrize("form", list(RESIDUAL_FORMS))
+def test_a_residual_chains_step_is_a_sum_of_two_terms(form):
+    """Each step's sum stays a node (the sum before and the new term),
+    not one sum of every earlier term that each step re-sorted: 1,000
+    steps declare on a shallow stack, and the last state's shape is known."""
+    steps = 1_000
+    with shallow_stack():
+        h = residual_chain(form, steps)
+        assert h.shape == (ROWS, HIDDEN)
+        assert nn.mse(h, T).shape == (1, 1)
+    inner = [arg for arg in h.args if isinstance(arg, sp.MatAdd)]
+    assert len(inner) == 1 and len(h.args) == len(residual_chain(form, 2).args)  # as many terms as at 2 steps
+
+
+@pytest.mark.parametrize("form", list(RESIDUAL_FORMS))
+def test_a_residual_chains_gradient_is_numpys(form):
+    check_residual_gradient(form, 50)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [300, 1_000])
+def test_a_long_residual_chains_gradient_is_numpys(steps):
+    check_residual_gradient("tanh_linear", steps)
+
+
+A, C = sp.MatrixSymbol("A", ROWS, HIDDEN), sp.MatrixSymbol("C", ROWS, HIDDEN)
+S = A + C
+STEP = S + nn.tanh(S * W)  # the sum S kept whole: the other term is computed from it
+
+
+@pytest.mark.parametrize("built, expected", [
+    (A + A, 2 * sp.MatMul(A)), (S + A, sp.MatAdd(sp.MatMul(2, A), C)), (S - C, A), (S - S, sp.ZeroMatrix(ROWS, HIDDEN)),
+    (STEP - S, nn.tanh(S * W)), (STEP - A, sp.MatAdd(C, nn.tanh(S * W))),
+    (STEP + A, sp.MatAdd(sp.MatMul(2, A), C, nn.tanh(S * W))), (STEP + STEP - S, sp.MatAdd(A, C, sp.MatMul(2, nn.tanh(S * W)))),
+], ids=["A+A", "S+A", "S-C", "S-S", "step-S", "step-A", "step+A", "2step-S"])
+def test_sums_still_combine_like_terms(built, expected):
+    """A sum is kept whole only where no like terms are lost: SymPy's own
+    sum otherwise (compared in value too, entry by entry)."""
+    assert built == expected.doit()
+    assert sp.simplify(sp.Matrix(built.as_explicit()) - sp.Matrix(expected.as_explicit())) == sp.zeros(ROWS, HIDDEN)

@@ -223,17 +223,10 @@ class PackedByName(Middle):
         return self.fc(out)
 
 
-class InitialState(Middle):
-    """An encoder's final state as the decoder's initial one."""
-
-    def __init__(self):
-        super().__init__()
-        self.encoder = tnn.GRU(FEATURES, 4, batch_first=True)
-
-    def forward(self, x):
-        _, h = self.encoder(x)
-        out, _ = self.rnn(x, h)
-        return self.fc(out)
+class StateComputed(Middle):
+    def forward(self, x, h0):
+        out, _ = self.rnn(x, h0 * 2)
+        return self.fc(out[:, -1])
 
 
 class TokensIntoLSTM(Middle):
@@ -248,11 +241,112 @@ class TokensIntoLSTM(Middle):
     (Projected(), r"rnn: LSTM\(proj_size=2\) is not translated; use proj_size=0"),
     (Packed(), r"packed sequences .* are not translated.*pass it the padded"),
     (PackedByName(), r"packed sequences .* are not translated"),
-    (InitialState(), r"rnn: GRU called with initial states"),
 ])
 def test_what_is_not_translated_is_refused_by_its_module(net, message):
     with pytest.raises(sbp.ModelError, match=message):
         sbp.from_torch(net.double(), torch.zeros(2, 3, FEATURES, dtype=torch.float64), loss="cross_entropy_labels")
+
+
+def test_initial_states_not_as_torch_takes_them_are_refused():
+    """A state computed in the forward, one of another number of layers, an
+    LSTM's h_0 alone, and an example state that is not (layers, batch, H)."""
+    x, h0 = torch.zeros(2, 3, FEATURES, dtype=torch.float64), torch.zeros(1, 2, 4, dtype=torch.float64)
+    with pytest.raises(sbp.ModelError, match=r"got the initial states h0 \(the model's inputs h0\), which from_torch "
+                       r"translates only as an LSTM's or GRU's hx"):
+        sbp.from_torch(StateComputed().double(), (x, h0), loss="cross_entropy_labels")
+    with pytest.raises(sbp.ModelError, match=r"rnn: LSTM's initial states must be \(h_0, c_0\), each of 2 layers"):
+        sbp.from_torch(Started("LSTM", layers=2).double(), (x, torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)),
+                       loss="cross_entropy_labels")
+    with pytest.raises(sbp.ModelError, match=r"rnn: LSTM's initial states must be \(h_0, c_0\)"):
+        sbp.from_torch(Started("LSTM", pair=False).double(), (x, h0), loss="cross_entropy_labels")
+    with pytest.raises(sbp.ModelError, match=r"initial states of an LSTM or GRU.*got one of shape \(2, 4\)"):
+        sbp.from_torch(Started("GRU").double(), (x, h0[0]), loss="cross_entropy_labels")
+
+
+class Started(tnn.Module):
+    """x -> LSTM/GRU from the initial states the forward is given -> Linear
+    of the last step: forward(x, h0, c0), forward(x, (h0, c0)) (`pair`), or
+    an LSTM handed h0 alone (pair=False, refused as torch refuses it)."""
+
+    def __init__(self, kind, layers=1, bidirectional=False, pair=None):
+        super().__init__()
+        self.rnn = getattr(tnn, kind)(FEATURES, 4, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+        self.fc = tnn.Linear(4 * (2 if bidirectional else 1), CLASSES)
+        self.kind, self.pair = kind, pair
+
+    def forward(self, x, h0, c0=None):
+        if self.kind == "GRU" or self.pair is False:
+            out, _ = self.rnn(x, h0)
+        else:
+            out, _ = self.rnn(x, h0 if self.pair else (h0, c0))
+        return self.fc(out[:, -1])
+
+
+def _states(name, tensor):
+    """An initial state tensor (layers * directions, n, H) as the model's inputs."""
+    if len(tensor) == 1:
+        return {name: tensor[0].numpy()}
+    return {f"{name}_{k}": tensor[k].numpy() for k in range(len(tensor))}
+
+
+@pytest.mark.parametrize(("kind", "layers", "bidirectional", "pair"), [
+    ("LSTM", 1, False, False), ("LSTM", 2, True, False), ("LSTM", 2, False, True),
+    ("GRU", 1, False, False), ("GRU", 2, True, False)])
+def test_initial_states_are_inputs_and_match_torch(kind, layers, bidirectional, pair):
+    """forward(x, h0[, c0]) or forward(x, (h0, c0)): each layer and
+    direction's initial states are the model's inputs (h0 or h0_0, h0_1,
+    ... in torch's order; of a pair given as `h0`, h0_0_k and h0_1_k), the
+    loss and every parameter's gradient torch autograd's, at two batches."""
+    torch.manual_seed(3)
+    net = Started(kind, layers, bidirectional, pair=pair or None).double()
+    for p in net.parameters():
+        torch.nn.init.uniform_(p, -0.6, 0.6)
+    count = layers * (2 if bidirectional else 1)
+    example = [torch.zeros(2, 3, FEATURES, dtype=torch.float64), torch.zeros(count, 2, 4, dtype=torch.float64)]
+    if kind == "LSTM":
+        example = [example[0], tuple(example[1:]) * 2] if pair else example + [example[1]]
+    model, params = sbp.from_torch(net, tuple(example), loss="cross_entropy_labels")
+    mod = sbp.compile(model)
+    for batch, steps in ((3, 4), (2, 1)):
+        x = torch.randn(batch, steps, FEATURES, dtype=torch.float64)
+        h0, c0 = (torch.randn(count, batch, 4, dtype=torch.float64) for _ in range(2))
+        labels = torch.arange(batch) % CLASSES
+        if kind == "GRU":
+            states, args = _states("h0", h0), (h0,)
+        elif pair:
+            states, args = {**_states("h0_0", h0), **_states("h0_1", c0)}, ((h0, c0),)
+        else:
+            states, args = {**_states("h0", h0), **_states("c0", c0)}, (h0, c0)
+        assert sorted(str(i) for i in model.inputs) == sorted(["X", "T", *states])
+        loss, grads = mod.value_and_grad(X=_time_major(x), T=labels.numpy(), **states, **params)
+        net.zero_grad()
+        expected = torch.nn.functional.cross_entropy(net(x, *args), labels)
+        expected.backward()
+        assert loss == pytest.approx(expected.item(), rel=1e-12)
+        for key, grad in params.state_dict(grads).items():
+            want = net.get_parameter(key).grad
+            np.testing.assert_allclose(grad.numpy(), want.numpy(), rtol=1e-12, atol=1e-12 * float(want.abs().max()),
+                                       err_msg=key)
+
+
+class EncoderDecoder(tnn.Module):
+    """An encoder's final states as the decoder's initial ones (seq2seq)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.encoder = getattr(tnn, kind)(FEATURES, 4, num_layers=2, batch_first=True)
+        self.decoder = getattr(tnn, kind)(FEATURES, 4, num_layers=2, batch_first=True)
+        self.fc = tnn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        _, state = self.encoder(x)
+        out, _ = self.decoder(x, state)
+        return self.fc(out[:, -1])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_an_encoders_final_states_start_the_decoder_as_in_torch(kind):
+    _check(EncoderDecoder(kind).double(), 3, 4)
 
 
 def test_token_ids_into_a_recurrent_layer_say_to_embed_them():
