@@ -44,7 +44,7 @@ _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M
 # Names the templates use for their own locals and parameters (dims and
 # shape: those of the self-describing functions, whose bodies name the
 # dimensions too).
-INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape".split()
+INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape stacked".split()
                      # a wide loop's examples in whole eights (templates/kernel_emap.c.j2)
                      + "rows8 row i0 lanes into picks".split()
                      # the loop variables of the image ops (templates/kernel_conv.c.j2)

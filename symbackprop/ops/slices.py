@@ -220,17 +220,67 @@ def _scatter_kernel(sched, node: Node, out: str) -> ScatterKernel:
                          (Equation(out, text, latex),))
 
 
+STACKED_MIN = 4  # copies of one shape into evenly spaced rows: from this many, one loop over a table of them
+
+
 def _scatter_emit(em: FunctionEmitter, kernel: ScatterKernel) -> dict:
+    """A copy loop per argument, but one loop over a table of pointers for
+    a run of arguments that land at evenly spaced rows (a recurrence's
+    per-step inputs stacked into its sequence): GCC's time grows with loops."""
     rows, cols = (sp.sympify(d) for d in kernel.shape)
-    zero = sp.Integer(0)
-    copies = []
-    for (r0, rs, c0, cs), g, g_shape in zip(kernel.steps, kernel.g, kernel.g_shape):
-        target = View(kernel.out, r0 * cols + c0 if rows != 1 else sp.Integer(c0),
-                      rs * cols if g_shape[0] != 1 else zero, sp.Integer(cs) if g_shape[1] != 1 else zero)
-        copies.append({"rows": em.dim(g_shape[0]), "cols": em.dim(g_shape[1]), "dst": em.access(target, LOOP_I, LOOP_J),
-                       "src": em.access(g, LOOP_I, LOOP_J) if isinstance(g, View)
-                       else CheckedPrinter(ScalarPrinter({}, em.real), kernel).doprint(g)})
+    pieces = list(zip(kernel.steps, kernel.g, kernel.g_shape))
+    copies, k = [], 0
+    while k < len(pieces):
+        run = _stacked_run(pieces, k) if rows != 1 else 1
+        copies.append(_stacked_copy(em, kernel, pieces[k:k + run], cols) if run >= STACKED_MIN
+                      else _copy(em, kernel, *pieces[k], rows, cols))
+        k += run if run >= STACKED_MIN else 1
     return {"out": em.namer.name(kernel.out), "size": em.dim(rows * cols), "fill": kernel.fill, "copies": copies}
+
+
+def _copy(em: FunctionEmitter, kernel: ScatterKernel, steps: Steps, g: View | sp.Expr, g_shape: Shape,
+          rows: sp.Expr, cols: sp.Expr) -> dict:
+    r0, rs, c0, cs = steps
+    zero = sp.Integer(0)
+    target = View(kernel.out, r0 * cols + c0 if rows != 1 else sp.Integer(c0),
+                  rs * cols if g_shape[0] != 1 else zero, sp.Integer(cs) if g_shape[1] != 1 else zero)
+    return {"rows": em.dim(g_shape[0]), "cols": em.dim(g_shape[1]), "dst": em.access(target, LOOP_I, LOOP_J),
+            "src": em.access(g, LOOP_I, LOOP_J) if isinstance(g, View)
+            else CheckedPrinter(ScalarPrinter({}, em.real), kernel).doprint(g), "table": ()}
+
+
+Piece = tuple[Steps, View | sp.Expr, Shape]  # an argument's steps, where it is (or its value), its shape
+
+
+def _stacked_run(pieces: list[Piece], k: int) -> int:
+    """How many pieces from the k-th are one shape, read alike from their
+    own buffers and written at rows r0, r0 + d, r0 + 2d, ... (d != 0)."""
+    (steps, g, shape), count = pieces[k], 1
+    if not isinstance(g, View) or k + 1 == len(pieces):
+        return 1
+    delta = pieces[k + 1][0][0] - steps[0]
+    for later_steps, later, later_shape in pieces[k + 1:]:
+        if (not isinstance(later, View) or later_shape != shape or later_steps[1:] != steps[1:]
+                or later_steps[0] != steps[0] + count * delta or delta == 0
+                or (later.offset, later.row_stride, later.col_stride) != (g.offset, g.row_stride, g.col_stride)):
+            break
+        count += 1
+    return count
+
+
+def _stacked_copy(em: FunctionEmitter, kernel: ScatterKernel, run: list[Piece], cols: sp.Expr) -> dict:
+    """The fields of one copy loop over `run`'s sources (a table, `stacked`,
+    indexed by `at`): the first piece's copy shifted by `at` steps."""
+    (steps, g, shape), sources = run[0], [g.buffer for _, g, _ in run if isinstance(g, View)]
+    first = _copy(em, kernel, steps, g, shape, sp.Integer(2), cols)  # (rows != 1: the run moves by rows)
+    out, source = em.namer.name(kernel.out), em.namer.name(sources[0])
+    shift = em.dim((run[1][0][0] - run[0][0][0]) * cols)
+    moved = "at" if shift == "1" else (f"({shift})*at" if any(c in shift for c in " +-") else f"{shift}*at")
+    at = first["dst"][len(out) + 1:-1]
+    names = [em.namer.name(buffer) for buffer in sources]
+    return {**first, "dst": f"{out}[{moved if at == '0' else f'{at} + {moved}'}]",
+            "src": "stacked[at]" + first["src"][len(source):], "count": len(run),
+            "table": [", ".join(names[i:i + 8]) for i in range(0, len(names), 8)]}
 
 
 def _scatter_vjp(node: Node, g: Node, needed) -> tuple[Node, ...]:

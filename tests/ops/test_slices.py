@@ -14,6 +14,7 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import nn
+from symbackprop.pipeline import generate
 
 torch = pytest.importorskip("torch")
 
@@ -130,3 +131,24 @@ def test_an_lstms_stacked_gates_sliced_inside_a_scan_match_torch_lstm():
                       ("v", tv.grad)):
         want = want.numpy().reshape(grads[key].shape)
         np.testing.assert_allclose(grads[key], want, rtol=1e-12, atol=1e-12 * np.abs(want).max(), err_msg=key)
+
+
+@pytest.mark.parametrize("blocks", [4, 7])
+def test_the_adjoint_of_evenly_spaced_row_blocks_is_one_loop_and_matches_pytorch(blocks):
+    """The gradients of `blocks` row pairs of a weight two rows apart (rows
+    0 and 1 no block's: zero) land through one copy loop over a table of
+    their pointers (ops/slices.py, STACKED_MIN), each in its own rows."""
+    d, batch = 3, 4
+    x, w = sp.MatrixSymbol("X", n, d), sp.MatrixSymbol("W", 2 + 2 * blocks, d)
+    loss = sp.Add(*[(t + 1) * nn.sum_all((x * w[2 + 2 * t:4 + 2 * t, :].T).applyfunc(sp.sin)) for t in range(blocks)])
+    model = sbp.Model(f"slices_blocks_{blocks}", inputs=[x], params=[w], loss=loss)
+    assert "stacked[at]" in generate(model)[0].source
+    rng = np.random.default_rng(blocks)
+    arrays = {"X": rng.normal(size=(batch, d)), "W": rng.normal(size=(2 + 2 * blocks, d))}
+    value, grads = sbp.compile(model).value_and_grad(**arrays)
+    tx, tw = (torch.tensor(arrays[k], requires_grad=True) for k in ("X", "W"))
+    expected = sum((t + 1) * torch.sin(tx @ tw[2 + 2 * t:4 + 2 * t].T).sum() for t in range(blocks))
+    expected.backward()
+    assert value == pytest.approx(expected.item(), rel=1e-12)
+    np.testing.assert_allclose(grads["W"], tw.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert not grads["W"][:2].any()
