@@ -48,8 +48,9 @@ from symbackprop.ops.slices import slice_view
 
 # Shorter runs stay unrolled: a loop (forward, backward and the unrolled
 # steps around it) costs GCC more than a few straight-line steps do. An
-# unrolled GRU compiled in 1.9 s of CPU at 10 steps (2.7 s as a scan), the
-# same at 40, 6.5 s at 100 (4.1 s; benchmarks/compile_blocks.py).
+# unrolled GRU compiled in 1.9 s of CPU at 10 steps (2.6 s as a scan), 2.3 s
+# at 20 (2.7 s), 2.6 s at 28 (2.6-2.8 s), 6.5 s at 100 (3.3 s;
+# benchmarks/compile_blocks.py).
 MIN_STEPS = 32
 MAX_PERIOD = 256  # the longest step (nodes on the path from one state to the one before) looked for
 MAX_TRIES = 8  # runs tried per path, each shorter than the last
