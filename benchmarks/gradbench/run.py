@@ -356,10 +356,23 @@ def chosen_sizes(E, args) -> list:
     if not args.sizes:
         return [E.SMALL if args.small else E.DEFAULT]
     by_label = {E.label(size): size for size in E.SIZES}
-    unknown = [name for name in args.sizes if name not in by_label]
+    names = size_labels(args.sizes, by_label)
+    unknown = [name for name in names if name not in by_label]
     if unknown:
         raise SystemExit(f"{E.NAME} has no size {unknown}; its sizes: {sorted(by_label)}")
-    return [by_label[name] for name in args.sizes]
+    return [by_label[name] for name in names]
+
+
+def size_labels(parts: list, known) -> list:
+    """The labels in --sizes' comma list, whose labels hold commas of their
+    own ("k=10,n=1000,d=8"): its parts joined until they make a known label."""
+    names, pending = [], []
+    for part in parts:
+        pending.append(part)
+        if ",".join(pending) in known:
+            names.append(",".join(pending))
+            pending = []
+    return names + ([",".join(pending)] if pending else [])
 
 
 def results_file(records: list, args, argv=None) -> dict:

@@ -50,15 +50,15 @@ void bundle_adjustment_sq_Nx2_loop_7e3b(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBA
         const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a1, BUNDLE_ADJUSTMENT_REAL
         *SYMBACKPROP_RESTRICT a2);
 BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
-void bundle_adjustment_emap_6648(
+void bundle_adjustment_emap_e09b(
     int64_t N,
-    const BUNDLE_ADJUSTMENT_REAL *a0,
-    const int64_t *a1,
-    const BUNDLE_ADJUSTMENT_REAL *a2,
-    const int64_t *a3,
-    BUNDLE_ADJUSTMENT_REAL *a4,
-    const BUNDLE_ADJUSTMENT_REAL *a5,
-    const BUNDLE_ADJUSTMENT_REAL *a6
+    const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
+    const int64_t *SYMBACKPROP_RESTRICT a1,
+    const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a2,
+    const int64_t *SYMBACKPROP_RESTRICT a3,
+    BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a4,
+    const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a5,
+    const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a6
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
@@ -86,15 +86,15 @@ void bundle_adjustment_sq_Nx2_loop_7e3b(int64_t N, BUNDLE_ADJUSTMENT_REAL *SYMBA
     }
 }
 BUNDLE_ADJUSTMENT_SHARED SYMBACKPROP_CALLED
-void bundle_adjustment_emap_6648(
+void bundle_adjustment_emap_e09b(
     int64_t N,
-    const BUNDLE_ADJUSTMENT_REAL *a0,
-    const int64_t *a1,
-    const BUNDLE_ADJUSTMENT_REAL *a2,
-    const int64_t *a3,
-    BUNDLE_ADJUSTMENT_REAL *a4,
-    const BUNDLE_ADJUSTMENT_REAL *a5,
-    const BUNDLE_ADJUSTMENT_REAL *a6
+    const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a0,
+    const int64_t *SYMBACKPROP_RESTRICT a1,
+    const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a2,
+    const int64_t *SYMBACKPROP_RESTRICT a3,
+    BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a4,
+    const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a5,
+    const BUNDLE_ADJUSTMENT_REAL *SYMBACKPROP_RESTRICT a6
 )
 {
     SYMBACKPROP_PARALLEL_FOR
@@ -641,7 +641,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
 {
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * feats[i, :]: see the temporaries */
-    bundle_adjustment_emap_6648(N, cams, cam, pts, pt, residual, weights, feats);
+    bundle_adjustment_emap_e09b(N, cams, cam, pts, pt, residual, weights, feats);
 
     /* sq_residual = residual**2 */
     /* grad_residual = 2*residual */

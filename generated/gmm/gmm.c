@@ -85,16 +85,16 @@ void gmm_grad_Kx3_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_R
     }
 }
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void gmm_emap_ed64(
+void gmm_emap_c6cf(
     int64_t N,
     int64_t K,
-    GMM_REAL *a0,
-    const GMM_REAL *a1,
-    const GMM_REAL *a2,
-    const GMM_REAL *a3,
-    const GMM_REAL *a4,
-    const GMM_REAL *a5,
-    GMM_REAL *a6
+    GMM_REAL *SYMBACKPROP_RESTRICT a0,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a1,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a2,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a3,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a4,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a5,
+    GMM_REAL *SYMBACKPROP_RESTRICT a6
 )
 {
     /* a0: the rows of a1 the inner loop reads, by column */
@@ -131,19 +131,19 @@ void gmm_emap_ed64(
     }
 }
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void gmm_emap_b1b8(
+void gmm_emap_44a7(
     int64_t N,
     int64_t K,
-    GMM_REAL *a0,
-    const GMM_REAL *a1,
-    GMM_REAL *a2,
-    GMM_REAL *a3,
-    GMM_REAL *a4,
-    GMM_REAL *a5,
-    const GMM_REAL *a6,
-    const GMM_REAL *a7,
-    const GMM_REAL *a8,
-    GMM_REAL *a9
+    GMM_REAL *SYMBACKPROP_RESTRICT a0,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a1,
+    GMM_REAL *SYMBACKPROP_RESTRICT a2,
+    GMM_REAL *SYMBACKPROP_RESTRICT a3,
+    GMM_REAL *SYMBACKPROP_RESTRICT a4,
+    GMM_REAL *SYMBACKPROP_RESTRICT a5,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a6,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a7,
+    const GMM_REAL *SYMBACKPROP_RESTRICT a8,
+    GMM_REAL *SYMBACKPROP_RESTRICT a9
 )
 {
     /* a0: the rows of a1 the inner loop reads, by column */
@@ -326,7 +326,7 @@ static int gmm_run(
      * means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
      * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
-    gmm_emap_ed64(N, K, X_by_column, X, means, qd, ql, alpha, log_density);
+    gmm_emap_c6cf(N, K, X_by_column, X, means, qd, ql, alpha, log_density);
 
     /* softmax_axis_log_density = softmax of log_density along each row, its max subtracted first */
     for (int64_t i = 0; i < N; ++i) {
@@ -400,7 +400,7 @@ static int gmm_run(
      * means[j, 0])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
      * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), grad_log_density[i, j]*(X[i, 1] -
      * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
-    gmm_emap_b1b8(
+    gmm_emap_44a7(
         N,
         K,
         X_by_column_2,

@@ -215,14 +215,14 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_grad_add_E_mx64_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
         const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_emap_9452(
+void transformer_lm_emap_1c75(
     int64_t m,
-    TRANSFORMER_LM_REAL *a0,
-    const TRANSFORMER_LM_REAL *a1,
-    const int64_t *a2,
-    TRANSFORMER_LM_REAL *a3,
-    const TRANSFORMER_LM_REAL *a4,
-    const int64_t *a5
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const int64_t *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4,
+    const int64_t *SYMBACKPROP_RESTRICT a5
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_normalize_rows_ddc6(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
@@ -251,13 +251,13 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_softmax_vjp_3472(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
         TRANSFORMER_LM_REAL *a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_emap_aaaa(
+void transformer_lm_emap_6ed9(
     int64_t m,
-    TRANSFORMER_LM_REAL *a0,
-    TRANSFORMER_LM_REAL *a1,
-    const int64_t *a2,
-    TRANSFORMER_LM_REAL *a3,
-    const int64_t *a4
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const int64_t *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const int64_t *SYMBACKPROP_RESTRICT a4
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -377,14 +377,14 @@ void transformer_lm_grad_add_E_mx64_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACK
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_emap_9452(
+void transformer_lm_emap_1c75(
     int64_t m,
-    TRANSFORMER_LM_REAL *a0,
-    const TRANSFORMER_LM_REAL *a1,
-    const int64_t *a2,
-    TRANSFORMER_LM_REAL *a3,
-    const TRANSFORMER_LM_REAL *a4,
-    const int64_t *a5
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const int64_t *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4,
+    const int64_t *SYMBACKPROP_RESTRICT a5
 )
 {
     SYMBACKPROP_PARALLEL_FOR
@@ -805,13 +805,13 @@ void transformer_lm_softmax_vjp_3472(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFO
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_emap_aaaa(
+void transformer_lm_emap_6ed9(
     int64_t m,
-    TRANSFORMER_LM_REAL *a0,
-    TRANSFORMER_LM_REAL *a1,
-    const int64_t *a2,
-    TRANSFORMER_LM_REAL *a3,
-    const int64_t *a4
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const int64_t *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const int64_t *SYMBACKPROP_RESTRICT a4
 )
 {
     for (int64_t i = 0; i < 3968; ++i) {
@@ -1195,7 +1195,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    transformer_lm_emap_9452(m, emap_E, E, ids, emap_P, P, positions);
+    transformer_lm_emap_1c75(m, emap_E, E, ids, emap_P, P, positions);
 
     /* add_E = emap_E + emap_P */
     transformer_lm_add_mx64_loop_d712(m, add_E, emap_E, emap_P);
@@ -1829,7 +1829,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
      * grad_add_E_part[i, 8], grad_add_E_part[i, 9], grad_add_E_part[i, 10],
      * grad_add_E_part[i, 11], grad_add_E_part[i, 12], grad_add_E_part[i, 13],
      * grad_add_E_part[i, 14], grad_add_E_part[i, 15], grad_add_E_part[i, 16], ... */
-    transformer_lm_emap_aaaa(m, grad_E, grad_P, ids, grad_add_E_part, positions);
+    transformer_lm_emap_6ed9(m, grad_E, grad_P, ids, grad_add_E_part, positions);
 }
 #endif
 

@@ -122,3 +122,20 @@ def test_a_kind_is_named_by_its_own_text(monkeypatch):
     assert first.key == second.key != third.key
     assert first.params == ("int64_t m", "double *a0", "const double *a1") and second.args == ("m", "v", "u")
     assert "a0[i] = 2*a1[i]; /* a0 from a1 */" in first.body
+
+
+def test_a_map_over_examples_takes_restrict_arrays_and_other_kinds_do_not(monkeypatch):
+    """The workspace gives no two buffers of one kernel the same memory, so
+    an emap's arrays are restrict (GCC keeps a scatter's values in
+    registers); the other kinds keep the caller's plain pointer types."""
+    monkeypatch.setattr(kernelkinds, "MIN_CHARS", 10)
+    restricted = kernelkinds._canonical(_loop("y[i] = 2*x[i];"), _SCOPE, restrict=True)
+    assert restricted is not None
+    assert restricted.params == ("int64_t m", "double *SYMBACKPROP_RESTRICT a0",
+                                 "const double *SYMBACKPROP_RESTRICT a1")
+    source = pipeline.generate(transformer(1), derivation=False)[0].source
+    emaps = re.findall(r"^void blocks1_emap_[0-9a-f]{4}\(\n((?:    .*\n)+?)\)", source, re.M)
+    pointers = [p for params in emaps for p in params.split(",") if "*" in p]
+    assert pointers and all("*SYMBACKPROP_RESTRICT a" in p for p in pointers)
+    norm = re.search(r"^void blocks1_normalize_rows_[0-9a-f]{4}\(([^)]*)\)", source, re.M)
+    assert norm is not None and "*" in norm.group(1) and "RESTRICT" not in norm.group(1)
