@@ -392,7 +392,7 @@ def results_file(records: list, args, argv=None) -> dict:
     return {"title": "GradBench's evals, time per call", **tables.provenance(),
             "command": " ".join(["python benchmarks/gradbench/run.py", *(sys.argv[1:] if argv is None else argv)]),
             "conditions": f"every peer's results checked first; calls timed interleaved, {args.plan} plan, "
-                          f"{'CPU time' if args.clock == 'cpu' else 'wall clock'}, "
+                          f"{'CPU time' if getattr(args, 'clock', 'wall') == 'cpu' else 'wall clock'}, "
                           f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians",
             "source": _source(peers), "meta": meta(args), "row_header": "eval",
             "baseline": "symbackprop" if "symbackprop" in peers else None, "columns": columns, "rows": rows}
@@ -424,7 +424,7 @@ def meta(args) -> dict:
             versions[mod] = None
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": platform.python_version(),
             "platform": platform.platform(), "cpu_count": os.cpu_count(), "pinned": not args.no_pin,
-            "plan": args.plan, "clock": args.clock, "small": args.small, "versions": versions}
+            "plan": args.plan, "clock": getattr(args, "clock", "wall"), "small": args.small, "versions": versions}
 
 
 def parse(argv):
