@@ -44,7 +44,8 @@ from symbackprop.emit.codegen import CFunction, CKernel, CModule
 _C_WORDS = frozenset({"int64_t", "int", "double", "float", "const", "INFINITY", "NAN"})
 _TOKEN = re.compile(r"\d[\w.]*|([A-Za-z_]\w*)(\s*[\[(])?")
 # the fields of a map kernel a shared loop may have (others: a table, parts, flags kept inline)
-_PLAIN_FIELDS = frozenset({"loops", "hoisted", "parallel", "straight", "temps", "stores", "statements", "independent"})
+_PLAIN_FIELDS = frozenset({"loops", "hoisted", "parallel", "straight", "temps", "stores", "statements", "independent",
+                           "whole"})
 
 
 @dataclass(frozen=True)

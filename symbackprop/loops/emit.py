@@ -12,7 +12,7 @@ from typing import Any
 import sympy as sp
 
 from symbackprop.base.cnames import CNamer, comment_text
-from symbackprop.emit.codegen import CKernel, FunctionEmitter, ScalarPrinter
+from symbackprop.emit.codegen import LIBMVEC, CKernel, FunctionEmitter, ScalarPrinter
 from symbackprop.loops.bind import STEP, Fill, Loop, PartKernel, Pointer, ScanKernel, U, natural_layout
 from symbackprop.loops.declare import ceildiv, entries
 from symbackprop.ops.matmul import MatMulKernel
@@ -46,8 +46,19 @@ def _inner_kernel(em: FunctionEmitter, kernel: Any) -> CKernel:
     independent = (ck.kind == "map" and f.get("loops")) or (
         ck.kind == "matmul" and not f.get("args") and f.get("order") == "ikj")
     if independent and not ck.declares:
-        ck = replace(ck, fields={**f, "independent": True})
+        ck = replace(ck, fields={**f, "independent": True, "whole": _calls_vector_math(kernel)})
     return ck
+
+
+def _calls_vector_math(kernel: Any) -> bool:
+    """Whether a map kernel's loop calls a function with a SIMD variant
+    (tanh, log, ...). GCC unrolls a short loop (a gate of 16) into scalar
+    code before it vectorizes, and then calls the scalar function once an
+    entry: such a loop is kept whole (see the `independent` macro)."""
+    if not isinstance(kernel, MapKernel):
+        return False
+    exprs = [expr for _, expr in (*kernel.temps, *kernel.stores)]
+    return any(type(call).__name__ in LIBMVEC for expr in exprs for call in expr.atoms(sp.Function))
 
 
 @dataclass(frozen=True)
