@@ -226,6 +226,7 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
             /* h_next = tanh(b + mm_h + mm_x) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
+    #pragma GCC unroll 1
     #endif
             for (int64_t j = 0; j < 3; ++j) {
                 scan_h0_h_next[j] = tanh(scan_h0_mm_h[j] + scan_h0_mm_x[j] + b[j]);
@@ -524,6 +525,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
             /* h_next = tanh(b + mm_h + mm_x) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
+    #pragma GCC unroll 1
     #endif
             for (int64_t j = 0; j < 3; ++j) {
                 scan_h0_h_next[j] = tanh(scan_h0_mm_h[j] + scan_h0_mm_x[j] + b[j]);
@@ -753,6 +755,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
                 /* h_next = tanh(b + mm_h_kept + mm_x_kept) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
+    #pragma GCC unroll 1
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
                     scan_vjp_W_h_next[j] = tanh(scan_vjp_W_mm_h_kept[j] + scan_vjp_W_mm_x_kept[j] +
@@ -829,6 +832,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
                  * mm_x_kept_2)**2)*(grad_h_next + grad_tanh_b_part) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
+    #pragma GCC unroll 1
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
                     const SCAN_RNN_REAL x0 = tanh(scan_vjp_W_mm_h_kept_2[j] +
