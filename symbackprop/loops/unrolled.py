@@ -47,11 +47,11 @@ from symbackprop.loops.reshape import reshape
 from symbackprop.loops.zero_start import zero_like, zero_start
 from symbackprop.ops.slices import slice_view
 
-# Shorter runs stay unrolled: a loop (forward, backward and the unrolled
-# steps around it) costs GCC more than a few straight-line steps do. An
-# unrolled GRU compiled in 1.9 s of CPU at 10 steps (2.6 s as a scan), 2.3 s
-# at 20 (2.7 s), 2.6 s at 28 (2.6-2.8 s), 6.5 s at 100 (3.3 s;
-# benchmarks/compile_blocks.py).
+# Shorter runs stay unrolled: a loop (forward and backward) costs GCC more
+# than a few straight-line steps do. An unrolled GRU compiled in 1.9 s of
+# CPU at 10 steps (2.5 s as a scan from zeros), 2.1 s at 16 (2.5 s), 2.3 s
+# at 20 (2.4-2.5 s), 2.4-2.5 s at 24 (2.5-2.6 s), 4.3 s at 100 (2.9 s;
+# benchmarks/compile_blocks.py, pinned, 2026-12-07).
 MIN_STEPS = 32
 MAX_PERIOD = 256  # the longest step (nodes on the path from one state to the one before) looked for
 MAX_TRIES = 8  # runs tried per path, each shorter than the last
