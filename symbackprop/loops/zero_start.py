@@ -8,10 +8,10 @@ of one step earlier: where the two are the same function of the same
 values, the loop starts from zeros and covers the first step too.
 
 The check compares values, not graphs: each node as a SymPy expression of
-an entry (elementwise maps inlined, a product with a zero factor zero,
-any other op an opaque function of its arguments' expressions), so the
-fused forms that lowering gives the shorter first step compare equal to
-the step's. The step-0 inputs are guessed from the shape of the steps'
+an entry (elementwise maps, broadcasts among them, inlined; a product
+with a zero factor zero; any other op an opaque function of its
+arguments' expressions), so the fused forms that lowering gives the
+shorter first step compare equal to the step's. The step-0 inputs are guessed from the shape of the steps'
 own inputs (matmul(x_t, W) -> the matmul(?, W) below the first step); a
 wrong guess fails the comparison, so a match is exact."""
 
@@ -105,8 +105,6 @@ class _Keys:
         if node.op == "map" and len(node.attrs) == 1:
             body = node.attrs[0]
             return body.xreplace({placeholder(k): v for k, v in enumerate(args)}) if args else body
-        if node.op == "broadcast":
-            return args[0]  # each entry is the argument's
         if node.op in LINEAR and any(a == 0 for a in args):
             return sp.Integer(0)
         if node.op == "leaf":
