@@ -24,7 +24,9 @@ import sympy as sp
 from symbackprop.ir.construct import const
 from symbackprop.ir.node import Node, placeholder, topological_order
 
-MAX_FIRST_STEP = 4096  # nodes below the step before the run: more is a history, not one step
+# Nodes below the step before the run, at most, per node of the step: more
+# is a history of steps (a probe's), whose values as SymPy grow exponentially.
+FIRST_STEP_RATIO = 2
 LINEAR = frozenset({"matmul", "transpose", "reshape", "slice", "sum"})  # zero in, zero out
 _ANY = object()
 
@@ -37,7 +39,7 @@ def zero_start(before: Sequence[Node], template: Sequence[Node], states: Sequenc
     the leaves `states`, `slot_leaves` and `captures`) with every state
     zero; None where not."""
     below = topological_order(list(before))
-    if len(below) > MAX_FIRST_STEP:
+    if len(below) > FIRST_STEP_RATIO * len(topological_order(list(template))):
         return None
     inside = {n for t in slots for n in t}
     bound: list[Node] = []
