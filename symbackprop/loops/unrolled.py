@@ -44,13 +44,14 @@ from symbackprop.loops.declare import entries
 from symbackprop.loops.graph import ScanStep, scan_node, scan_part, substitute
 from symbackprop.loops.hoist import hoist_loops
 from symbackprop.loops.reshape import reshape
+from symbackprop.loops.zero_start import zero_like, zero_start
 from symbackprop.ops.slices import slice_view
 
-# Shorter runs stay unrolled: a loop (forward, backward and the unrolled
-# steps around it) costs GCC more than a few straight-line steps do. An
-# unrolled GRU compiled in 1.9 s of CPU at 10 steps (2.6 s as a scan), 2.3 s
-# at 20 (2.7 s), 2.6 s at 28 (2.6-2.8 s), 6.5 s at 100 (3.3 s;
-# benchmarks/compile_blocks.py).
+# Shorter runs stay unrolled: a loop (forward and backward) costs GCC more
+# than a few straight-line steps do. An unrolled GRU compiled in 1.9 s of
+# CPU at 10 steps (2.5 s as a scan from zeros), 2.1 s at 16 (2.5 s), 2.3 s
+# at 20 (2.4-2.5 s), 2.4-2.5 s at 24 (2.5-2.6 s), 4.3 s at 100 (2.9 s;
+# benchmarks/compile_blocks.py, pinned, 2026-12-07).
 MIN_STEPS = 32
 MAX_PERIOD = 256  # the longest step (nodes on the path from one state to the one before) looked for
 MAX_TRIES = 8  # runs tried per path, each shorter than the last
@@ -228,7 +229,7 @@ def _read_as(walk: _Walk, step: ScanStep, args: list[Node],
     for k, nodes in enumerate(read):
         width = entries(nodes[0].shape)
         rows = scan_part(carrier, "output", k, (step.length, width))
-        for t, node in enumerate(nodes):
+        for t, node in enumerate(nodes, start=walk.offset):
             row = slice_view(rows, (t, 1, 0, 1), (1, width))
             mapping.setdefault(node, row if node.shape == row.shape else op_node("reshape", (row,), node.shape))
     return mapping
@@ -288,6 +289,7 @@ class _Walk:
         self.captures: dict[Node, Node] = {}  # capture leaf -> the outer value
         self.expand: set[tuple[Node, ...]] = set()  # mixed tuples computed by the step, not states
         self.root_state: int | None = None
+        self.offset = 0  # 1 where the loop starts from zeros a step before `steps` (loops/zero_start.py)
 
     def scan(self, outputs: Sequence[tuple[Node, ...]] = ()) -> tuple[ScanStep, list[Node]]:
         for _ in range(MAX_TRIES):
@@ -382,14 +384,19 @@ class _Walk:
         state_leaves = tuple(self.memo[t] for t in self.states)
         next_states = tuple(self.memo[self.prefixes[t[1:]]] for t in self.states)
         input_leaves = tuple(self.memo[t] for t in self.slots)
+        inits, slots = [t[0] for t in self.states], list(self.slots)
+        first = zero_start(inits, next_states, state_leaves, slots, input_leaves, self.captures)
+        self.offset = int(first is not None)
+        if first is not None:  # the step before the run is the step from zeros: the loop starts there
+            inits, slots = [zero_like(s) for s in inits], [(v, *t) for v, t in zip(first, slots)]
         outputs = tuple(self.memo[t] for t in read)
         roots, values = hoist_loops(next_states + outputs, state_leaves + input_leaves, dict(self.captures))
         reached = set(topological_order(roots))
         captured = [c for c in values if c in reached]
         step = ScanStep(states=state_leaves, inputs=input_leaves, captures=tuple(captured),
                         next_states=tuple(roots[:len(next_states)]), outputs=tuple(roots[len(next_states):]), every=1,
-                        length=len(self.steps))
-        args = [t[0] for t in self.states] + [_sequence(t) for t in self.slots] + [values[c] for c in captured]
+                        length=len(self.steps) + self.offset)
+        args = inits + [_sequence(t) for t in slots] + [values[c] for c in captured]
         return step, args
 
 

@@ -221,6 +221,62 @@ def test_the_step_inputs_are_stacked_by_one_loop_whatever_the_steps():
     assert (len(long) - len(short)) / 20 < 250, (len(long) - len(short)) / 20
 
 
+def outside_readers(model: sbp.Model, name: str) -> list[str]:
+    """The ops outside a scan's sequence that read the input `name`."""
+    lowered = plan(model, ("forward",)).lowered
+    return [n.op for n in topological_order([lowered.loss]) if n.op not in ("slice_scatter", "reshape", "scan")
+            and any(a.op == "leaf" and a.attrs[0] == name for a in n.args)]
+
+
+@pytest.mark.parametrize("model", [gated("gru", 6), gated("lstm", 6), gated("gru", 6, sliced=True)],
+                         ids=lambda m: m.name)
+def test_the_first_step_from_no_state_is_the_loop_from_zeros(model):
+    """The first step, built with no state (h None: no U h terms), is the
+    step applied to zeros (loops/zero_start.py): the loop starts there, so
+    x_0 is read only as the first row of the scan's sequence."""
+    assert loop_ops(model)[0] == 1
+    first = "X" if "_sliced" in model.name else "x0"
+    readers = outside_readers(model, first)
+    assert "matmul" not in readers and (first == "X" or readers == []), readers
+    check_against_torch(model)
+
+
+@pytest.mark.parametrize("doubled", ["input", "bias"])
+def test_a_first_step_is_in_the_loop_only_where_it_is_the_step_from_zeros(doubled):
+    """With its input doubled the first step is still the step from zeros
+    (of the input 2 x_0): in the loop. With its biases doubled it is
+    another function: it stays unrolled. Either way the loss and gradients
+    are PyTorch's."""
+    W, U, b = gate_params("gru")
+    target = sp.MatrixSymbol("target", ROWS, HIDDEN)
+    xs = step_inputs(6)
+    h = None
+    for k, x in enumerate(xs):
+        first = k == 0
+        h = nn.gru_cell(2 * x if first and doubled == "input" else x, h, W, U,
+                        [2 * v for v in b] if first and doubled == "bias" else b)
+    model = sbp.Model(f"unrolled_gru_doubled_{doubled}", inputs=[*xs, target], params=[*W, *U, *b],
+                      loss=nn.mse(h, target), grad_inputs=xs)
+    assert loop_ops(model)[0] == 1
+    assert ("matmul" in outside_readers(model, "x0")) == (doubled == "bias")
+    arrays = arrays_for(model, seed=4)
+    loss, grads = sbp.compile(model).value_and_grad(**arrays)
+    t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in arrays.items()}
+    sig, tanh = torch.sigmoid, torch.tanh
+    x0 = 2 * t["x0"] if doubled == "input" else t["x0"]
+    scale = 2 if doubled == "bias" else 1
+    h = (1 - sig(x0 @ t["Wz"] + scale * t["bz"])) * tanh(x0 @ t["Wh"] + scale * t["bh"])
+    for k in range(1, 6):
+        x = t[f"x{k}"]
+        r, z = (sig(x @ t[f"W{g}"] + t[f"b{g}"] + h @ t[f"U{g}"]) for g in "rz")
+        h = (1 - z) * tanh(x @ t["Wh"] + t["bh"] + r * (h @ t["Uh"])) + z * h
+    expected = ((h - t["target"]) ** 2).mean()
+    expected.backward()
+    np.testing.assert_allclose(loss, expected.item(), rtol=1e-10)
+    for name, grad in grads.items():
+        np.testing.assert_allclose(grad, t[name].grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=name)
+
+
 def test_by_default_only_runs_that_cost_more_unrolled_become_scans(monkeypatch):
     monkeypatch.setattr(unrolled, "MIN_STEPS", DEFAULT_MIN_STEPS)
     assert loop_ops(gated("gru", DEFAULT_MIN_STEPS - 4))[0] == 0
@@ -275,7 +331,7 @@ def test_an_output_inside_the_run_keeps_its_adjoint():
         states.append(h)
     model = sbp.Model("unrolled_gru_output", inputs=[*xs, target], params=[*W, *U, *b], loss=nn.mse(h, target),
                       outputs={"h_mid": states[4], "h_last": h})
-    assert loop_ops(model)[0] == 2  # steps 2-5, ending at h_4, then 6-10
+    assert loop_ops(model)[0] == 2  # steps 1-5 (from zeros), ending at h_4, then 6-10
     arrays = arrays_for(model, seed=3)
     loss, grads = sbp.compile(model, wrt=["Uz", "h_mid", "h_last"]).value_and_grad(**arrays)
     t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in arrays.items()}
