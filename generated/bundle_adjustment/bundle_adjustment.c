@@ -151,13 +151,6 @@ size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
 }
 #endif
 
-/* bundle_adjustment_forward's buffers of a fixed size lie at fixed places in work, named
- * here; each buffer's name is a macro for its place until the function's end,
- * so that its parts take work, not a pointer to each buffer. */
-enum {
-    bundle_adjustment_forward__colsum_residual, /* 1 x 2 */
-};
-#define colsum_residual (work + bundle_adjustment_forward__colsum_residual)
 /* bundle_adjustment_forward, part 1 of 2 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -510,16 +503,16 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     int64_t N,
     BUNDLE_ADJUSTMENT_REAL *loss,
     BUNDLE_ADJUSTMENT_REAL *residual,
-    BUNDLE_ADJUSTMENT_REAL *work,
-    BUNDLE_ADJUSTMENT_REAL *sq_residual
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     int64_t N,
     BUNDLE_ADJUSTMENT_REAL *loss,
     BUNDLE_ADJUSTMENT_REAL *residual,
-    BUNDLE_ADJUSTMENT_REAL *work,
-    BUNDLE_ADJUSTMENT_REAL *sq_residual
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
 )
 {
     /* sq_residual = residual**2 */
@@ -577,13 +570,13 @@ SYMBACKPROP_DISPATCH int bundle_adjustment_forward(
 
     /* where each buffer lies in work */
     BUNDLE_ADJUSTMENT_REAL *sq_residual = work + 2; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual = work; /* 1 x 2 */
 
     bundle_adjustment_forward_part1(N, feats, cam, pt, cams, pts, weights, residual, jacobian);
-    bundle_adjustment_forward_part2(N, loss, residual, work, sq_residual);
+    bundle_adjustment_forward_part2(N, loss, residual, sq_residual, colsum_residual);
     return 0;
 }
 #endif
-#undef colsum_residual
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P)
@@ -598,13 +591,6 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
 }
 #endif
 
-/* bundle_adjustment_value_and_grad's buffers of a fixed size lie at fixed places in work, named
- * here; each buffer's name is a macro for its place until the function's end,
- * so that its parts take work, not a pointer to each buffer. */
-enum {
-    bundle_adjustment_value_and_grad__colsum_residual, /* 1 x 2 */
-};
-#define colsum_residual (work + bundle_adjustment_value_and_grad__colsum_residual)
 /* bundle_adjustment_value_and_grad, part 1 of 2 (kernels 1 to 4): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -618,10 +604,10 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     const BUNDLE_ADJUSTMENT_REAL *pts,
     const BUNDLE_ADJUSTMENT_REAL *weights,
     BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *work,
     BUNDLE_ADJUSTMENT_REAL *residual,
     BUNDLE_ADJUSTMENT_REAL *sq_residual,
-    BUNDLE_ADJUSTMENT_REAL *grad_residual
+    BUNDLE_ADJUSTMENT_REAL *grad_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
@@ -633,10 +619,10 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     const BUNDLE_ADJUSTMENT_REAL *pts,
     const BUNDLE_ADJUSTMENT_REAL *weights,
     BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *work,
     BUNDLE_ADJUSTMENT_REAL *residual,
     BUNDLE_ADJUSTMENT_REAL *sq_residual,
-    BUNDLE_ADJUSTMENT_REAL *grad_residual
+    BUNDLE_ADJUSTMENT_REAL *grad_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
 )
 {
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
@@ -876,6 +862,7 @@ SYMBACKPROP_DISPATCH int bundle_adjustment_value_and_grad(
     BUNDLE_ADJUSTMENT_REAL *residual = work + 2; /* N x 2 */
     BUNDLE_ADJUSTMENT_REAL *sq_residual = residual + 2*N; /* N x 2 */
     BUNDLE_ADJUSTMENT_REAL *grad_residual = sq_residual + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual = work; /* 1 x 2 */
 
     bundle_adjustment_value_and_grad_part1(
         N,
@@ -886,10 +873,10 @@ SYMBACKPROP_DISPATCH int bundle_adjustment_value_and_grad(
         pts,
         weights,
         loss,
-        work,
         residual,
         sq_residual,
-        grad_residual
+        grad_residual,
+        colsum_residual
     );
     bundle_adjustment_value_and_grad_part2(
         N,
@@ -909,7 +896,6 @@ SYMBACKPROP_DISPATCH int bundle_adjustment_value_and_grad(
     return 0;
 }
 #endif
-#undef colsum_residual
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see

@@ -968,29 +968,9 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    cnn_digits_run__bcast_c2, /* 1 x 512 */
-    cnn_digits_run__bcast_c1 = cnn_digits_run__bcast_c2 + 512, /* 1 x 1024 */
-    cnn_digits_run__conv_K1_cols = cnn_digits_run__bcast_c1 + 1024, /* 8 x 576 */
-    cnn_digits_run__conv_K2_cols = cnn_digits_run__conv_K1_cols + 4608, /* 8 x 2304 */
-    cnn_digits_run__colsum_T = cnn_digits_run__conv_K2_cols + 18432, /* 1 x 10 */
-    cnn_digits_run__rowsum_T = cnn_digits_run__colsum_T + 10, /* 1 x 1 */
-    cnn_digits_run__grad_maxpool_K1_cols = cnn_digits_run__conv_K2_cols, /* 8 x 2304 */
-    cnn_digits_run__grad_K1_cols = cnn_digits_run__rowsum_T + 1, /* 8 x 720 */
-    cnn_digits_run__grad_bcast_c1 = cnn_digits_run__bcast_c1, /* 1 x 1024 */
-    cnn_digits_run__grad_K2_cols = cnn_digits_run__grad_K1_cols + 5760, /* 8 x 6912 */
-    cnn_digits_run__grad_bcast_c2 = cnn_digits_run__bcast_c2, /* 1 x 512 */
+    cnn_digits_run__rowsum_T = 24586, /* 1 x 1 */
 };
-#define bcast_c2 (work + cnn_digits_run__bcast_c2)
-#define bcast_c1 (work + cnn_digits_run__bcast_c1)
-#define conv_K1_cols (work + cnn_digits_run__conv_K1_cols)
-#define conv_K2_cols (work + cnn_digits_run__conv_K2_cols)
-#define colsum_T (work + cnn_digits_run__colsum_T)
 #define rowsum_T (work + cnn_digits_run__rowsum_T)
-#define grad_maxpool_K1_cols (work + cnn_digits_run__grad_maxpool_K1_cols)
-#define grad_K1_cols (work + cnn_digits_run__grad_K1_cols)
-#define grad_bcast_c1 (work + cnn_digits_run__grad_bcast_c1)
-#define grad_K2_cols (work + cnn_digits_run__grad_K2_cols)
-#define grad_bcast_c2 (work + cnn_digits_run__grad_bcast_c2)
 /* cnn_digits_run, part 1 of 3 (kernels 1 to 18): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -1010,11 +990,15 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *work,
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
     CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols,
     CNN_DIGITS_REAL *relu_K1,
     CNN_DIGITS_REAL *step_K1,
     CNN_DIGITS_REAL *maxpool_K1,
     CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols,
     CNN_DIGITS_REAL *relu_K2,
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *maxpool_K2,
@@ -1025,7 +1009,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *softmax_axis_logits,
     CNN_DIGITS_REAL *log_softmax_axis_logits,
     CNN_DIGITS_REAL *mul_T,
-    CNN_DIGITS_REAL *grad_log_softmax_axis_logits
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *colsum_T
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
@@ -1043,11 +1028,15 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *work,
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
     CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols,
     CNN_DIGITS_REAL *relu_K1,
     CNN_DIGITS_REAL *step_K1,
     CNN_DIGITS_REAL *maxpool_K1,
     CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols,
     CNN_DIGITS_REAL *relu_K2,
     CNN_DIGITS_REAL *step_K2,
     CNN_DIGITS_REAL *maxpool_K2,
@@ -1058,7 +1047,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *softmax_axis_logits,
     CNN_DIGITS_REAL *log_softmax_axis_logits,
     CNN_DIGITS_REAL *mul_T,
-    CNN_DIGITS_REAL *grad_log_softmax_axis_logits
+    CNN_DIGITS_REAL *grad_log_softmax_axis_logits,
+    CNN_DIGITS_REAL *colsum_T
 )
 {
     /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
@@ -1165,7 +1155,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *relu_K1,
     CNN_DIGITS_REAL *step_K1,
     CNN_DIGITS_REAL *maxpool_K1,
@@ -1180,7 +1169,11 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_maxpool_K2,
     CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_maxpool_K1,
-    CNN_DIGITS_REAL *grad_relu_K1
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols,
+    CNN_DIGITS_REAL *grad_relu_K1,
+    CNN_DIGITS_REAL *grad_K1_cols,
+    CNN_DIGITS_REAL *grad_bcast_c1,
+    CNN_DIGITS_REAL *grad_K2_cols
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
@@ -1192,7 +1185,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *relu_K1,
     CNN_DIGITS_REAL *step_K1,
     CNN_DIGITS_REAL *maxpool_K1,
@@ -1207,7 +1199,11 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_maxpool_K2,
     CNN_DIGITS_REAL *grad_relu_K2,
     CNN_DIGITS_REAL *grad_maxpool_K1,
-    CNN_DIGITS_REAL *grad_relu_K1
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols,
+    CNN_DIGITS_REAL *grad_relu_K1,
+    CNN_DIGITS_REAL *grad_K1_cols,
+    CNN_DIGITS_REAL *grad_bcast_c1,
+    CNN_DIGITS_REAL *grad_K2_cols
 )
 {
     /* rowsum_T_2 = sum of grad_log_softmax_axis_logits along each row */
@@ -1287,12 +1283,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_b1,
     CNN_DIGITS_REAL *grad_W2,
     CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *maxpool_K2,
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
-    CNN_DIGITS_REAL *grad_relu_K2
+    CNN_DIGITS_REAL *grad_relu_K2,
+    CNN_DIGITS_REAL *grad_bcast_c2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
@@ -1302,12 +1298,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_b1,
     CNN_DIGITS_REAL *grad_W2,
     CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work,
     CNN_DIGITS_REAL *maxpool_K2,
     CNN_DIGITS_REAL *relu_W1,
     CNN_DIGITS_REAL *grad_logits,
     CNN_DIGITS_REAL *grad_relu_W1,
-    CNN_DIGITS_REAL *grad_relu_K2
+    CNN_DIGITS_REAL *grad_relu_K2,
+    CNN_DIGITS_REAL *grad_bcast_c2
 )
 {
     /* grad_bcast_c2 = sum of grad_relu_K2 down each column */
@@ -1375,11 +1371,15 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
     }
 
     /* where each buffer lies in work */
+    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
+    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
     CNN_DIGITS_REAL *conv_K1 = with_grads ? work + 85643 : work + 24587; /* n x 1024 */
+    CNN_DIGITS_REAL *conv_K1_cols = bcast_c1 + 1024; /* 8 x 576 */
     CNN_DIGITS_REAL *relu_K1 = conv_K1 + 1024*n; /* n x 1024 */
     CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
     CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
     CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
+    CNN_DIGITS_REAL *conv_K2_cols = conv_K1_cols + 4608; /* 8 x 2304 */
     CNN_DIGITS_REAL *relu_K2 = conv_K2 + 512*n; /* n x 512 */
     CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
     CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
@@ -1393,6 +1393,7 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
             x 10 */
     CNN_DIGITS_REAL *grad_log_softmax_axis_logits = with_grads ? mul_T + 10*n :
             log_softmax_axis_logits + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *colsum_T = conv_K2_cols + 18432; /* 1 x 10 */
 
     cnn_digits_run_part1(
         n,
@@ -1409,11 +1410,15 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         loss,
         logits,
         work,
+        bcast_c2,
+        bcast_c1,
         conv_K1,
+        conv_K1_cols,
         relu_K1,
         step_K1,
         maxpool_K1,
         conv_K2,
+        conv_K2_cols,
         relu_K2,
         step_K2,
         maxpool_K2,
@@ -1424,7 +1429,8 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         softmax_axis_logits,
         log_softmax_axis_logits,
         mul_T,
-        grad_log_softmax_axis_logits
+        grad_log_softmax_axis_logits,
+        colsum_T
     );
     if (!with_grads) {
         return 0;
@@ -1437,7 +1443,12 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *grad_maxpool_K2 = rowsum_T_2 + n; /* n x 128 */
     CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
     CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols = conv_K2_cols; /* 8 x 2304, in conv_K2_cols's memory */
     CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
+    CNN_DIGITS_REAL *grad_K1_cols = rowsum_T + 1; /* 8 x 720 */
+    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
+    CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
+    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
 
     cnn_digits_run_part2(
         n,
@@ -1448,7 +1459,6 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         grad_K1,
         grad_c1,
         grad_K2,
-        work,
         relu_K1,
         step_K1,
         maxpool_K1,
@@ -1463,7 +1473,11 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         grad_maxpool_K2,
         grad_relu_K2,
         grad_maxpool_K1,
-        grad_relu_K1
+        grad_maxpool_K1_cols,
+        grad_relu_K1,
+        grad_K1_cols,
+        grad_bcast_c1,
+        grad_K2_cols
     );
     cnn_digits_run_part3(
         n,
@@ -1472,27 +1486,17 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
         grad_b1,
         grad_W2,
         grad_b2,
-        work,
         maxpool_K2,
         relu_W1,
         grad_logits,
         grad_relu_W1,
-        grad_relu_K2
+        grad_relu_K2,
+        grad_bcast_c2
     );
     return 0;
 }
 #endif
-#undef bcast_c2
-#undef bcast_c1
-#undef conv_K1_cols
-#undef conv_K2_cols
-#undef colsum_T
 #undef rowsum_T
-#undef grad_maxpool_K1_cols
-#undef grad_K1_cols
-#undef grad_bcast_c1
-#undef grad_K2_cols
-#undef grad_bcast_c2
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t cnn_digits_forward_work_len(int64_t n)

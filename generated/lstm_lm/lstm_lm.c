@@ -124,12 +124,8 @@ size_t lstm_lm_forward_work_len(int64_t T)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    lstm_lm_forward__scan_W_i, /* 444 x 1 */
-    lstm_lm_forward__colsum_Y = lstm_lm_forward__scan_W_i + 444, /* 1 x 30 */
-    lstm_lm_forward__rowsum_Y = lstm_lm_forward__colsum_Y + 30, /* 1 x 1 */
+    lstm_lm_forward__rowsum_Y = 474, /* 1 x 1 */
 };
-#define scan_W_i (work + lstm_lm_forward__scan_W_i)
-#define colsum_Y (work + lstm_lm_forward__colsum_Y)
 #define rowsum_Y (work + lstm_lm_forward__rowsum_Y)
 /* lstm_lm_forward, part 1 of 2 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
@@ -153,7 +149,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_W_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part1(
@@ -174,7 +170,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_W_i
 )
 {
     /* scan_W_i = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of
@@ -406,7 +402,8 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     LSTM_LM_REAL *work,
     LSTM_LM_REAL *softmax_axis_logits,
     LSTM_LM_REAL *log_softmax_axis_logits,
-    LSTM_LM_REAL *mul_Y
+    LSTM_LM_REAL *mul_Y,
+    LSTM_LM_REAL *colsum_Y
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part2(
@@ -417,7 +414,8 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     LSTM_LM_REAL *work,
     LSTM_LM_REAL *softmax_axis_logits,
     LSTM_LM_REAL *log_softmax_axis_logits,
-    LSTM_LM_REAL *mul_Y
+    LSTM_LM_REAL *mul_Y,
+    LSTM_LM_REAL *colsum_Y
 )
 {
     /* logits: the output 0 of the loop of scan_W_i, written by it */
@@ -490,9 +488,11 @@ SYMBACKPROP_DISPATCH int lstm_lm_forward(
     }
 
     /* where each buffer lies in work */
+    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
     LSTM_LM_REAL *softmax_axis_logits = work + 475; /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = softmax_axis_logits; /* T x 30, in softmax_axis_logits's memory */
+    LSTM_LM_REAL *colsum_Y = scan_W_i + 444; /* 1 x 30 */
 
     lstm_lm_forward_part1(
         T,
@@ -512,7 +512,7 @@ SYMBACKPROP_DISPATCH int lstm_lm_forward(
         V,
         c,
         logits,
-        work
+        scan_W_i
     );
     lstm_lm_forward_part2(
         T,
@@ -522,13 +522,12 @@ SYMBACKPROP_DISPATCH int lstm_lm_forward(
         work,
         softmax_axis_logits,
         log_softmax_axis_logits,
-        mul_Y
+        mul_Y,
+        colsum_Y
     );
     return 0;
 }
 #endif
-#undef scan_W_i
-#undef colsum_Y
 #undef rowsum_Y
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -548,12 +547,8 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    lstm_lm_value_and_grad__scan_W_i, /* 444 x 1 */
-    lstm_lm_value_and_grad__colsum_Y = lstm_lm_value_and_grad__scan_W_i + 444, /* 1 x 30 */
-    lstm_lm_value_and_grad__rowsum_Y = lstm_lm_value_and_grad__colsum_Y + 30, /* 1 x 1 */
+    lstm_lm_value_and_grad__rowsum_Y = 474, /* 1 x 1 */
 };
-#define scan_W_i (work + lstm_lm_value_and_grad__scan_W_i)
-#define colsum_Y (work + lstm_lm_value_and_grad__colsum_Y)
 #define rowsum_Y (work + lstm_lm_value_and_grad__rowsum_Y)
 /* lstm_lm_value_and_grad, part 1 of 4 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
@@ -576,7 +571,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *work,
+    LSTM_LM_REAL *scan_W_i,
     LSTM_LM_REAL *logits,
     LSTM_LM_REAL *scan_part_W_i
 );
@@ -598,7 +593,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *work,
+    LSTM_LM_REAL *scan_W_i,
     LSTM_LM_REAL *logits,
     LSTM_LM_REAL *scan_part_W_i
 )
@@ -839,6 +834,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     LSTM_LM_REAL *log_softmax_axis_logits,
     LSTM_LM_REAL *mul_Y,
     LSTM_LM_REAL *grad_log_softmax_axis_logits,
+    LSTM_LM_REAL *colsum_Y,
     LSTM_LM_REAL *rowsum_Y_2,
     LSTM_LM_REAL *grad_logits
 );
@@ -853,6 +849,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     LSTM_LM_REAL *log_softmax_axis_logits,
     LSTM_LM_REAL *mul_Y,
     LSTM_LM_REAL *grad_log_softmax_axis_logits,
+    LSTM_LM_REAL *colsum_Y,
     LSTM_LM_REAL *rowsum_Y_2,
     LSTM_LM_REAL *grad_logits
 )
@@ -1689,12 +1686,14 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
     }
 
     /* where each buffer lies in work */
+    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
     LSTM_LM_REAL *logits = work + 475; /* T x 30 */
     LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T - 1)/32 + 1) x 32 */
     LSTM_LM_REAL *softmax_axis_logits = scan_part_W_i + 32*((T - 1)/32 + 1); /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = logits; /* T x 30, in logits's memory */
     LSTM_LM_REAL *grad_log_softmax_axis_logits = log_softmax_axis_logits + 30*T; /* T x 30 */
+    LSTM_LM_REAL *colsum_Y = scan_W_i + 444; /* 1 x 30 */
     LSTM_LM_REAL *rowsum_Y_2 = grad_log_softmax_axis_logits + 30*T; /* T x 1 */
     LSTM_LM_REAL *grad_logits = mul_Y; /* T x 30, in mul_Y's memory */
     LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* (160*((32) < (T) ? (32) : (T)) + 4254) x 1 */
@@ -1716,7 +1715,7 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
         b_o,
         V,
         c,
-        work,
+        scan_W_i,
         logits,
         scan_part_W_i
     );
@@ -1730,6 +1729,7 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
         log_softmax_axis_logits,
         mul_Y,
         grad_log_softmax_axis_logits,
+        colsum_Y,
         rowsum_Y_2,
         grad_logits
     );
@@ -1772,8 +1772,6 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
     return 0;
 }
 #endif
-#undef scan_W_i
-#undef colsum_Y
 #undef rowsum_Y
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 

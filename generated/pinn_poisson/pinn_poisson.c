@@ -654,66 +654,11 @@ size_t pinn_poisson_value_and_grad_work_len(int64_t n)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    pinn_poisson_value_and_grad__mm_W1, /* 2 x 16 */
-    pinn_poisson_value_and_grad__tanh_W1 = pinn_poisson_value_and_grad__mm_W1 + 32, /* 2 x 16 */
-    pinn_poisson_value_and_grad__mm_W2 = pinn_poisson_value_and_grad__mm_W1, /* 2 x 16 */
-    pinn_poisson_value_and_grad__tanh_W2 = pinn_poisson_value_and_grad__tanh_W1 + 32, /* 2 x 16 */
-    pinn_poisson_value_and_grad__mm_W3 = pinn_poisson_value_and_grad__tanh_W2 + 32, /* 2 x 1 */
-    pinn_poisson_value_and_grad__sq_W3 = pinn_poisson_value_and_grad__mm_W3 + 2, /* 2 x 1 */
-    pinn_poisson_value_and_grad__grad_add_W3 = pinn_poisson_value_and_grad__sq_W3 + 2, /* 2 x 1 */
-    pinn_poisson_value_and_grad__colsum_W3 = pinn_poisson_value_and_grad__grad_add_W3 + 2, /* 1 x 1
-            */
+    pinn_poisson_value_and_grad__colsum_W3 = 102, /* 1 x 1 */
     pinn_poisson_value_and_grad__colsum_d2u, /* 1 x 1 */
-    pinn_poisson_value_and_grad__grad_W1_part, /* 1 x 16 */
-    pinn_poisson_value_and_grad__grad_W1_part_2 = pinn_poisson_value_and_grad__grad_W1_part + 16, /*
-            1 x 16 */
-    pinn_poisson_value_and_grad__grad_tanh_W2 = pinn_poisson_value_and_grad__mm_W2, /* 2 x 16 */
-    pinn_poisson_value_and_grad__grad_add_W2_3 = pinn_poisson_value_and_grad__grad_W1_part_2 + 16,
-            /* 2 x 16 */
-    pinn_poisson_value_and_grad__grad_tanh_W1 = pinn_poisson_value_and_grad__grad_tanh_W2, /* 2 x 16
-            */
-    pinn_poisson_value_and_grad__grad_add_W1_2 = pinn_poisson_value_and_grad__grad_add_W2_3 + 32, /*
-            2 x 16 */
-    pinn_poisson_value_and_grad__grad_b1_part = pinn_poisson_value_and_grad__grad_W1_part_2, /* 1 x
-            16 */
-    pinn_poisson_value_and_grad__grad_b1_part_2 = pinn_poisson_value_and_grad__grad_W1_part, /* 1 x
-            16 */
-    pinn_poisson_value_and_grad__grad_W2_part = pinn_poisson_value_and_grad__grad_add_W1_2 + 32, /*
-            16 x 16 */
-    pinn_poisson_value_and_grad__grad_transpose_W2 = pinn_poisson_value_and_grad__grad_W2_part +
-            256, /* 16 x 16 */
-    pinn_poisson_value_and_grad__grad_b2_part = pinn_poisson_value_and_grad__grad_b1_part_2, /* 1 x
-            16 */
-    pinn_poisson_value_and_grad__grad_b2_part_2 = pinn_poisson_value_and_grad__grad_b1_part, /* 1 x
-            16 */
-    pinn_poisson_value_and_grad__grad_transpose_W3 = pinn_poisson_value_and_grad__grad_b2_part_2, /*
-            1 x 16 */
-    pinn_poisson_value_and_grad__grad_W3_part = pinn_poisson_value_and_grad__grad_b2_part, /* 16 x 1
-            */
 };
-#define mm_W1 (work + pinn_poisson_value_and_grad__mm_W1)
-#define tanh_W1 (work + pinn_poisson_value_and_grad__tanh_W1)
-#define mm_W2 (work + pinn_poisson_value_and_grad__mm_W2)
-#define tanh_W2 (work + pinn_poisson_value_and_grad__tanh_W2)
-#define mm_W3 (work + pinn_poisson_value_and_grad__mm_W3)
-#define sq_W3 (work + pinn_poisson_value_and_grad__sq_W3)
-#define grad_add_W3 (work + pinn_poisson_value_and_grad__grad_add_W3)
 #define colsum_W3 (work + pinn_poisson_value_and_grad__colsum_W3)
 #define colsum_d2u (work + pinn_poisson_value_and_grad__colsum_d2u)
-#define grad_W1_part (work + pinn_poisson_value_and_grad__grad_W1_part)
-#define grad_W1_part_2 (work + pinn_poisson_value_and_grad__grad_W1_part_2)
-#define grad_tanh_W2 (work + pinn_poisson_value_and_grad__grad_tanh_W2)
-#define grad_add_W2_3 (work + pinn_poisson_value_and_grad__grad_add_W2_3)
-#define grad_tanh_W1 (work + pinn_poisson_value_and_grad__grad_tanh_W1)
-#define grad_add_W1_2 (work + pinn_poisson_value_and_grad__grad_add_W1_2)
-#define grad_b1_part (work + pinn_poisson_value_and_grad__grad_b1_part)
-#define grad_b1_part_2 (work + pinn_poisson_value_and_grad__grad_b1_part_2)
-#define grad_W2_part (work + pinn_poisson_value_and_grad__grad_W2_part)
-#define grad_transpose_W2 (work + pinn_poisson_value_and_grad__grad_transpose_W2)
-#define grad_b2_part (work + pinn_poisson_value_and_grad__grad_b2_part)
-#define grad_b2_part_2 (work + pinn_poisson_value_and_grad__grad_b2_part_2)
-#define grad_transpose_W3 (work + pinn_poisson_value_and_grad__grad_transpose_W3)
-#define grad_W3_part (work + pinn_poisson_value_and_grad__grad_W3_part)
 /* pinn_poisson_value_and_grad, part 1 of 2 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -730,6 +675,13 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     const PINN_POISSON_REAL *b3,
     PINN_POISSON_REAL *loss,
     PINN_POISSON_REAL *work,
+    PINN_POISSON_REAL *mm_W1,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *mm_W2,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *mm_W3,
+    PINN_POISSON_REAL *sq_W3,
+    PINN_POISSON_REAL *grad_add_W3,
     PINN_POISSON_REAL *mm_W1_2,
     PINN_POISSON_REAL *tanh_W1_2,
     PINN_POISSON_REAL *mul_W1_2,
@@ -751,6 +703,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *d2u,
     PINN_POISSON_REAL *sq_d2u,
     PINN_POISSON_REAL *grad_add_d2u,
+    PINN_POISSON_REAL *grad_W1_part,
     PINN_POISSON_REAL *grad_mul_W2_2,
     PINN_POISSON_REAL *grad_add_W2_2,
     PINN_POISSON_REAL *grad_mul_W1_3,
@@ -780,6 +733,13 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     const PINN_POISSON_REAL *b3,
     PINN_POISSON_REAL *loss,
     PINN_POISSON_REAL *work,
+    PINN_POISSON_REAL *mm_W1,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *mm_W2,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *mm_W3,
+    PINN_POISSON_REAL *sq_W3,
+    PINN_POISSON_REAL *grad_add_W3,
     PINN_POISSON_REAL *mm_W1_2,
     PINN_POISSON_REAL *tanh_W1_2,
     PINN_POISSON_REAL *mul_W1_2,
@@ -801,6 +761,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *d2u,
     PINN_POISSON_REAL *sq_d2u,
     PINN_POISSON_REAL *grad_add_d2u,
+    PINN_POISSON_REAL *grad_W1_part,
     PINN_POISSON_REAL *grad_mul_W2_2,
     PINN_POISSON_REAL *grad_add_W2_2,
     PINN_POISSON_REAL *grad_mul_W1_3,
@@ -1043,18 +1004,34 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *grad_b2,
     PINN_POISSON_REAL *grad_W3,
     PINN_POISSON_REAL *grad_b3,
-    PINN_POISSON_REAL *work,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *grad_add_W3,
     PINN_POISSON_REAL *tanh_W1_2,
     PINN_POISSON_REAL *mul_W3,
     PINN_POISSON_REAL *mul_W1,
     PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *grad_W1_part,
     PINN_POISSON_REAL *grad_add_W2_2,
     PINN_POISSON_REAL *grad_mm_W2_3,
     PINN_POISSON_REAL *grad_mm_W2_4,
     PINN_POISSON_REAL *grad_add_W2,
     PINN_POISSON_REAL *grad_copy_W3,
     PINN_POISSON_REAL *grad_add_W1,
-    PINN_POISSON_REAL *grad_copy_W1
+    PINN_POISSON_REAL *grad_copy_W1,
+    PINN_POISSON_REAL *grad_W1_part_2,
+    PINN_POISSON_REAL *grad_tanh_W2,
+    PINN_POISSON_REAL *grad_add_W2_3,
+    PINN_POISSON_REAL *grad_tanh_W1,
+    PINN_POISSON_REAL *grad_add_W1_2,
+    PINN_POISSON_REAL *grad_b1_part,
+    PINN_POISSON_REAL *grad_b1_part_2,
+    PINN_POISSON_REAL *grad_W2_part,
+    PINN_POISSON_REAL *grad_transpose_W2,
+    PINN_POISSON_REAL *grad_b2_part,
+    PINN_POISSON_REAL *grad_b2_part_2,
+    PINN_POISSON_REAL *grad_transpose_W3,
+    PINN_POISSON_REAL *grad_W3_part
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
@@ -1068,18 +1045,34 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *grad_b2,
     PINN_POISSON_REAL *grad_W3,
     PINN_POISSON_REAL *grad_b3,
-    PINN_POISSON_REAL *work,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *grad_add_W3,
     PINN_POISSON_REAL *tanh_W1_2,
     PINN_POISSON_REAL *mul_W3,
     PINN_POISSON_REAL *mul_W1,
     PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *grad_W1_part,
     PINN_POISSON_REAL *grad_add_W2_2,
     PINN_POISSON_REAL *grad_mm_W2_3,
     PINN_POISSON_REAL *grad_mm_W2_4,
     PINN_POISSON_REAL *grad_add_W2,
     PINN_POISSON_REAL *grad_copy_W3,
     PINN_POISSON_REAL *grad_add_W1,
-    PINN_POISSON_REAL *grad_copy_W1
+    PINN_POISSON_REAL *grad_copy_W1,
+    PINN_POISSON_REAL *grad_W1_part_2,
+    PINN_POISSON_REAL *grad_tanh_W2,
+    PINN_POISSON_REAL *grad_add_W2_3,
+    PINN_POISSON_REAL *grad_tanh_W1,
+    PINN_POISSON_REAL *grad_add_W1_2,
+    PINN_POISSON_REAL *grad_b1_part,
+    PINN_POISSON_REAL *grad_b1_part_2,
+    PINN_POISSON_REAL *grad_W2_part,
+    PINN_POISSON_REAL *grad_transpose_W2,
+    PINN_POISSON_REAL *grad_b2_part,
+    PINN_POISSON_REAL *grad_b2_part_2,
+    PINN_POISSON_REAL *grad_transpose_W3,
+    PINN_POISSON_REAL *grad_W3_part
 )
 {
     /* grad_W1_part_2 = sum of grad_copy_W1 down each column */
@@ -1248,6 +1241,13 @@ SYMBACKPROP_DISPATCH int pinn_poisson_value_and_grad(
     }
 
     /* where each buffer lies in work */
+    PINN_POISSON_REAL *mm_W1 = work; /* 2 x 16 */
+    PINN_POISSON_REAL *tanh_W1 = mm_W1 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *mm_W2 = mm_W1; /* 2 x 16, in mm_W1's memory */
+    PINN_POISSON_REAL *tanh_W2 = tanh_W1 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *mm_W3 = tanh_W2 + 32; /* 2 x 1 */
+    PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
+    PINN_POISSON_REAL *grad_add_W3 = sq_W3 + 2; /* 2 x 1 */
     PINN_POISSON_REAL *mm_W1_2 = work + 712; /* n x 16 */
     PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *mul_W1_2 = tanh_W1_2 + 16*n; /* n x 16 */
@@ -1269,6 +1269,7 @@ SYMBACKPROP_DISPATCH int pinn_poisson_value_and_grad(
     PINN_POISSON_REAL *d2u = mul_W2_2 + 16*n; /* n x 1 */
     PINN_POISSON_REAL *sq_d2u = d2u + n; /* n x 1 */
     PINN_POISSON_REAL *grad_add_d2u = sq_d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *grad_W1_part = colsum_d2u + 1; /* 1 x 16 */
     PINN_POISSON_REAL *grad_mul_W2_2 = mul_W2_2; /* n x 16, in mul_W2_2's memory */
     PINN_POISSON_REAL *grad_add_W2_2 = mm_W2_5; /* n x 16, in mm_W2_5's memory */
     PINN_POISSON_REAL *grad_mul_W1_3 = grad_add_d2u + n; /* n x 16 */
@@ -1284,6 +1285,19 @@ SYMBACKPROP_DISPATCH int pinn_poisson_value_and_grad(
     PINN_POISSON_REAL *grad_tanh_W1_2_part = grad_mul_W3; /* n x 16, in grad_mul_W3's memory */
     PINN_POISSON_REAL *grad_add_W1 = grad_mul_W2_4; /* n x 16, in grad_mul_W2_4's memory */
     PINN_POISSON_REAL *grad_copy_W1 = grad_mul_W2_5; /* n x 16, in grad_mul_W2_5's memory */
+    PINN_POISSON_REAL *grad_W1_part_2 = grad_W1_part + 16; /* 1 x 16 */
+    PINN_POISSON_REAL *grad_tanh_W2 = mm_W2; /* 2 x 16, in mm_W2's memory */
+    PINN_POISSON_REAL *grad_add_W2_3 = grad_W1_part_2 + 16; /* 2 x 16 */
+    PINN_POISSON_REAL *grad_tanh_W1 = grad_tanh_W2; /* 2 x 16, in grad_tanh_W2's memory */
+    PINN_POISSON_REAL *grad_add_W1_2 = grad_add_W2_3 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *grad_b1_part = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
+    PINN_POISSON_REAL *grad_b1_part_2 = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
+    PINN_POISSON_REAL *grad_W2_part = grad_add_W1_2 + 32; /* 16 x 16 */
+    PINN_POISSON_REAL *grad_transpose_W2 = grad_W2_part + 256; /* 16 x 16 */
+    PINN_POISSON_REAL *grad_b2_part = grad_b1_part_2; /* 1 x 16, in grad_b1_part_2's memory */
+    PINN_POISSON_REAL *grad_b2_part_2 = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
+    PINN_POISSON_REAL *grad_transpose_W3 = grad_b2_part_2; /* 1 x 16, in grad_b2_part_2's memory */
+    PINN_POISSON_REAL *grad_W3_part = grad_b2_part; /* 16 x 1, in grad_b2_part's memory */
 
     pinn_poisson_value_and_grad_part1(
         n,
@@ -1297,6 +1311,13 @@ SYMBACKPROP_DISPATCH int pinn_poisson_value_and_grad(
         b3,
         loss,
         work,
+        mm_W1,
+        tanh_W1,
+        mm_W2,
+        tanh_W2,
+        mm_W3,
+        sq_W3,
+        grad_add_W3,
         mm_W1_2,
         tanh_W1_2,
         mul_W1_2,
@@ -1318,6 +1339,7 @@ SYMBACKPROP_DISPATCH int pinn_poisson_value_and_grad(
         d2u,
         sq_d2u,
         grad_add_d2u,
+        grad_W1_part,
         grad_mul_W2_2,
         grad_add_W2_2,
         grad_mul_W1_3,
@@ -1345,45 +1367,40 @@ SYMBACKPROP_DISPATCH int pinn_poisson_value_and_grad(
         grad_b2,
         grad_W3,
         grad_b3,
-        work,
+        tanh_W1,
+        tanh_W2,
+        grad_add_W3,
         tanh_W1_2,
         mul_W3,
         mul_W1,
         mul_W2,
+        grad_W1_part,
         grad_add_W2_2,
         grad_mm_W2_3,
         grad_mm_W2_4,
         grad_add_W2,
         grad_copy_W3,
         grad_add_W1,
-        grad_copy_W1
+        grad_copy_W1,
+        grad_W1_part_2,
+        grad_tanh_W2,
+        grad_add_W2_3,
+        grad_tanh_W1,
+        grad_add_W1_2,
+        grad_b1_part,
+        grad_b1_part_2,
+        grad_W2_part,
+        grad_transpose_W2,
+        grad_b2_part,
+        grad_b2_part_2,
+        grad_transpose_W3,
+        grad_W3_part
     );
     return 0;
 }
 #endif
-#undef mm_W1
-#undef tanh_W1
-#undef mm_W2
-#undef tanh_W2
-#undef mm_W3
-#undef sq_W3
-#undef grad_add_W3
 #undef colsum_W3
 #undef colsum_d2u
-#undef grad_W1_part
-#undef grad_W1_part_2
-#undef grad_tanh_W2
-#undef grad_add_W2_3
-#undef grad_tanh_W1
-#undef grad_add_W1_2
-#undef grad_b1_part
-#undef grad_b1_part_2
-#undef grad_W2_part
-#undef grad_transpose_W2
-#undef grad_b2_part
-#undef grad_b2_part_2
-#undef grad_transpose_W3
-#undef grad_W3_part
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see

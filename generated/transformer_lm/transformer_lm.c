@@ -1035,26 +1035,6 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
 }
 #endif
 
-/* transformer_lm_run's buffers of a fixed size lie at fixed places in work, named
- * here; each buffer's name is a macro for its place until the function's end,
- * so that its parts take work, not a pointer to each buffer. */
-enum {
-    transformer_lm_run__mul_Wq0, /* 64 x 64 */
-    transformer_lm_run__scores_Wk0_block = transformer_lm_run__mul_Wq0 + 4096, /* 64 x 16 */
-    transformer_lm_run__scores_Wk1_block = transformer_lm_run__scores_Wk0_block, /* 64 x 16 */
-    transformer_lm_run__grad_softmax_Wk1_block = transformer_lm_run__scores_Wk1_block, /* 64 x 16 */
-    transformer_lm_run__grad_softmax_Wk0_block = transformer_lm_run__grad_softmax_Wk1_block, /* 64 x
-            16 */
-    transformer_lm_run__grad_mul_Wq0 = transformer_lm_run__mul_Wq0, /* 64 x 64 */
-    transformer_lm_run__grad_mul_Wq1 = transformer_lm_run__grad_mul_Wq0, /* 64 x 64 */
-};
-#define mul_Wq0 (work + transformer_lm_run__mul_Wq0)
-#define scores_Wk0_block (work + transformer_lm_run__scores_Wk0_block)
-#define scores_Wk1_block (work + transformer_lm_run__scores_Wk1_block)
-#define grad_softmax_Wk1_block (work + transformer_lm_run__grad_softmax_Wk1_block)
-#define grad_softmax_Wk0_block (work + transformer_lm_run__grad_softmax_Wk0_block)
-#define grad_mul_Wq0 (work + transformer_lm_run__grad_mul_Wq0)
-#define grad_mul_Wq1 (work + transformer_lm_run__grad_mul_Wq1)
 /* transformer_lm_run, part 1 of 7 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -1085,15 +1065,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *emap_E,
     TRANSFORMER_LM_REAL *emap_P,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
     TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
     TRANSFORMER_LM_REAL *softmax_Wk0,
     TRANSFORMER_LM_REAL *mm_Wv0,
     TRANSFORMER_LM_REAL *mix_Wv0,
@@ -1112,6 +1093,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
     TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
     TRANSFORMER_LM_REAL *softmax_Wk1,
     TRANSFORMER_LM_REAL *mm_Wv1,
     TRANSFORMER_LM_REAL *mix_Wv1,
@@ -1147,15 +1129,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *emap_E,
     TRANSFORMER_LM_REAL *emap_P,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
     TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
     TRANSFORMER_LM_REAL *softmax_Wk0,
     TRANSFORMER_LM_REAL *mm_Wv0,
     TRANSFORMER_LM_REAL *mix_Wv0,
@@ -1174,6 +1157,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
     TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
     TRANSFORMER_LM_REAL *softmax_Wk1,
     TRANSFORMER_LM_REAL *mm_Wv1,
     TRANSFORMER_LM_REAL *mix_Wv1,
@@ -1449,7 +1433,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
     TRANSFORMER_LM_REAL *softmax_Wk1,
@@ -1473,6 +1456,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *grad_mm_Wv1,
     TRANSFORMER_LM_REAL *grad_add_b1a,
     TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
     TRANSFORMER_LM_REAL *grad_scores_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1
@@ -1489,7 +1473,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
     TRANSFORMER_LM_REAL *softmax_Wk1,
@@ -1513,6 +1496,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *grad_mm_Wv1,
     TRANSFORMER_LM_REAL *grad_add_b1a,
     TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
     TRANSFORMER_LM_REAL *grad_scores_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1
@@ -1628,9 +1612,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
     TRANSFORMER_LM_REAL *softmax_Wk0,
@@ -1654,6 +1638,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
     TRANSFORMER_LM_REAL *grad_scores_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wq0,
@@ -1671,9 +1656,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
     TRANSFORMER_LM_REAL *softmax_Wk0,
@@ -1697,6 +1682,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
     TRANSFORMER_LM_REAL *grad_scores_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wq0,
@@ -1847,7 +1833,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
     TRANSFORMER_LM_REAL *mix_Wv0,
@@ -1857,7 +1842,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
@@ -1870,7 +1856,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
     TRANSFORMER_LM_REAL *mix_Wv0,
@@ -1880,7 +1865,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0
 )
 {
     /* grad_g0a = sum of norm_E down each column */
@@ -1942,7 +1928,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_gf,
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *add_b0m,
     TRANSFORMER_LM_REAL *mul_W0up,
     TRANSFORMER_LM_REAL *norm_W0down,
@@ -1964,7 +1949,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1,
     TRANSFORMER_LM_REAL *grad_add_W0down_part,
-    TRANSFORMER_LM_REAL *grad_mul_W0up
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
@@ -1988,7 +1974,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_gf,
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *work,
     TRANSFORMER_LM_REAL *add_b0m,
     TRANSFORMER_LM_REAL *mul_W0up,
     TRANSFORMER_LM_REAL *norm_W0down,
@@ -2010,7 +1995,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1,
     TRANSFORMER_LM_REAL *grad_add_W0down_part,
-    TRANSFORMER_LM_REAL *grad_mul_W0up
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1
 )
 {
     /* grad_W0up = add_b0m^T @ grad_mul_W0up */
@@ -2179,9 +2165,11 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_E = emap_P; /* m x 64, in emap_P's memory */
     TRANSFORMER_LM_REAL *add_b0a = emap_E; /* m x 64, in emap_E's memory */
+    TRANSFORMER_LM_REAL *mul_Wq0 = work; /* 64 x 64 */
     TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? add_E + 64*m : norm_E; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : add_E + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *scores_Wk0_block = mul_Wq0 + 4096; /* 64 x 16 */
     TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0 + 256*m; /* m x 256 */
     TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wk0; /* m x 64 */
     TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : add_b0a; /* m x 64 */
@@ -2202,6 +2190,8 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? add_b1a + 64*m : norm_W0down; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : mm_Wq0; /* m x 64 */
     TRANSFORMER_LM_REAL *scores_Wk1 = with_grads ? mm_W0up : mul_W0up; /* m x 256, in mm_W0up's
+            memory */
+    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's
             memory */
     TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
     TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wk1; /* m x 64 */
@@ -2251,15 +2241,16 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         Wo1,
         g1m,
         b1m,
-        work,
         emap_E,
         emap_P,
         add_E,
         norm_E,
         add_b0a,
+        mul_Wq0,
         mm_Wq0,
         mm_Wk0,
         scores_Wk0,
+        scores_Wk0_block,
         softmax_Wk0,
         mm_Wv0,
         mix_Wv0,
@@ -2278,6 +2269,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         mm_Wq1,
         mm_Wk1,
         scores_Wk1,
+        scores_Wk1_block,
         softmax_Wk1,
         mm_Wv1,
         mix_Wv1,
@@ -2331,6 +2323,8 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_mm_Wv1 = add_Wo1; /* m x 64, in add_Wo1's memory */
     TRANSFORMER_LM_REAL *grad_add_b1a = grad_add_Wo1_part + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in
+            scores_Wk1_block's memory */
     TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_add_b1a + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *grad_mm_Wk1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wq1 = mm_Wq1; /* m x 64, in mm_Wq1's memory */
@@ -2344,12 +2338,16 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_mm_Wv0 = add_Wo0; /* m x 64, in add_Wo0's memory */
     TRANSFORMER_LM_REAL *grad_add_b0a = grad_add_Wo0_part + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_softmax_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in
+            grad_softmax_Wk1_block's memory */
     TRANSFORMER_LM_REAL *grad_scores_Wk0 = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's
             memory */
     TRANSFORMER_LM_REAL *grad_mm_Wk0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wq0 = mm_Wq0; /* m x 64, in mm_Wq0's memory */
     TRANSFORMER_LM_REAL *grad_norm_E = mm_Wk0; /* m x 64, in mm_Wk0's memory */
     TRANSFORMER_LM_REAL *grad_add_E_part = mm_Wv0; /* m x 64, in mm_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
 
     transformer_lm_run_part3(
         m,
@@ -2362,7 +2360,6 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         W1down,
         gf,
         Wout,
-        work,
         mm_Wq1,
         mm_Wk1,
         softmax_Wk1,
@@ -2386,6 +2383,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wv1,
         grad_add_b1a,
         grad_softmax_Wk1,
+        grad_softmax_Wk1_block,
         grad_scores_Wk1,
         grad_mm_Wk1,
         grad_mm_Wq1
@@ -2400,9 +2398,9 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         W0up,
         W0down,
         g1a,
-        work,
         add_E,
         norm_E,
+        mul_Wq0,
         mm_Wq0,
         mm_Wk0,
         softmax_Wk0,
@@ -2426,6 +2424,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wv0,
         grad_add_b0a,
         grad_softmax_Wk0,
+        grad_softmax_Wk0_block,
         grad_scores_Wk0,
         grad_mm_Wk0,
         grad_mm_Wq0,
@@ -2443,7 +2442,6 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_Wo0,
         grad_g0m,
         grad_b0m,
-        work,
         norm_E,
         add_b0a,
         mix_Wv0,
@@ -2453,7 +2451,8 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wv0,
         grad_add_b0a,
         grad_mm_Wk0,
-        grad_mm_Wq0
+        grad_mm_Wq0,
+        grad_mul_Wq0
     );
     transformer_lm_run_part7(
         m,
@@ -2476,7 +2475,6 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_gf,
         grad_bf,
         grad_Wout,
-        work,
         add_b0m,
         mul_W0up,
         norm_W0down,
@@ -2498,18 +2496,12 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mm_Wk1,
         grad_mm_Wq1,
         grad_add_W0down_part,
-        grad_mul_W0up
+        grad_mul_W0up,
+        grad_mul_Wq1
     );
     return 0;
 }
 #endif
-#undef mul_Wq0
-#undef scores_Wk0_block
-#undef scores_Wk1_block
-#undef grad_softmax_Wk1_block
-#undef grad_softmax_Wk0_block
-#undef grad_mul_Wq0
-#undef grad_mul_Wq1
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t transformer_lm_forward_work_len(int64_t m)
@@ -2818,88 +2810,9 @@ size_t transformer_lm_train_step_work_len(int64_t m)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    transformer_lm_train_step__grad_E_3, /* 62 x 64 */
-    transformer_lm_train_step__grad_P_3 = transformer_lm_train_step__grad_E_3 + 3968, /* 64 x 64 */
-    transformer_lm_train_step__grad_Wq0_3 = transformer_lm_train_step__grad_P_3 + 4096, /* 64 x 64
-            */
-    transformer_lm_train_step__grad_Wk0_3 = transformer_lm_train_step__grad_Wq0_3 + 4096, /* 64 x 64
-            */
-    transformer_lm_train_step__grad_Wv0_3 = transformer_lm_train_step__grad_Wk0_3 + 4096, /* 64 x 64
-            */
-    transformer_lm_train_step__grad_Wo0_3 = transformer_lm_train_step__grad_Wv0_3 + 4096, /* 64 x 64
-            */
-    transformer_lm_train_step__grad_Wq1_3 = transformer_lm_train_step__grad_Wo0_3 + 4096, /* 64 x 64
-            */
-    transformer_lm_train_step__grad_Wk1_3 = transformer_lm_train_step__grad_Wq1_3 + 4096, /* 64 x 64
-            */
-    transformer_lm_train_step__grad_Wv1_3 = transformer_lm_train_step__grad_Wk1_3 + 4096, /* 64 x 64
-            */
-    transformer_lm_train_step__grad_Wo1_3 = transformer_lm_train_step__grad_Wv1_3 + 4096, /* 64 x 64
-            */
-    transformer_lm_train_step__grad_g0a_3 = transformer_lm_train_step__grad_Wo1_3 + 4096, /* 1 x 64
-            */
-    transformer_lm_train_step__grad_b0a_3 = transformer_lm_train_step__grad_g0a_3 + 64, /* 1 x 64 */
-    transformer_lm_train_step__grad_g0m_3 = transformer_lm_train_step__grad_b0a_3 + 64, /* 1 x 64 */
-    transformer_lm_train_step__grad_b0m_3 = transformer_lm_train_step__grad_g0m_3 + 64, /* 1 x 64 */
-    transformer_lm_train_step__grad_c0down_3 = transformer_lm_train_step__grad_b0m_3 + 64, /* 1 x 64
-            */
-    transformer_lm_train_step__grad_g1a_3 = transformer_lm_train_step__grad_c0down_3 + 64, /* 1 x 64
-            */
-    transformer_lm_train_step__grad_b1a_3 = transformer_lm_train_step__grad_g1a_3 + 64, /* 1 x 64 */
-    transformer_lm_train_step__grad_g1m_3 = transformer_lm_train_step__grad_b1a_3 + 64, /* 1 x 64 */
-    transformer_lm_train_step__grad_b1m_3 = transformer_lm_train_step__grad_g1m_3 + 64, /* 1 x 64 */
-    transformer_lm_train_step__grad_c1down_3 = transformer_lm_train_step__grad_b1m_3 + 64, /* 1 x 64
-            */
-    transformer_lm_train_step__grad_gf_3 = transformer_lm_train_step__grad_c1down_3 + 64, /* 1 x 64
-            */
-    transformer_lm_train_step__grad_bf_3 = transformer_lm_train_step__grad_gf_3 + 64, /* 1 x 64 */
-    transformer_lm_train_step__grad_W0up_3 = transformer_lm_train_step__grad_bf_3 + 64, /* 64 x 256
-            */
-    transformer_lm_train_step__grad_W1up_3 = transformer_lm_train_step__grad_W0up_3 + 16384, /* 64 x
-            256 */
-    transformer_lm_train_step__grad_c0up_3 = transformer_lm_train_step__grad_W1up_3 + 16384, /* 1 x
-            256 */
-    transformer_lm_train_step__grad_c1up_3 = transformer_lm_train_step__grad_c0up_3 + 256, /* 1 x
-            256 */
-    transformer_lm_train_step__grad_W0down_3 = transformer_lm_train_step__grad_c1up_3 + 256, /* 256
-            x 64 */
-    transformer_lm_train_step__grad_W1down_3 = transformer_lm_train_step__grad_W0down_3 + 16384, /*
-            256 x 64 */
-    transformer_lm_train_step__grad_Wout_3 = transformer_lm_train_step__grad_W1down_3 + 16384, /* 64
-            x 62 */
-    transformer_lm_train_step__bias_correction1 = transformer_lm_train_step__grad_Wout_3 + 3968, /*
-            1 x 1 */
+    transformer_lm_train_step__bias_correction1 = 111616, /* 1 x 1 */
     transformer_lm_train_step__bias_correction2, /* 1 x 1 */
 };
-#define grad_E_3 (work + transformer_lm_train_step__grad_E_3)
-#define grad_P_3 (work + transformer_lm_train_step__grad_P_3)
-#define grad_Wq0_3 (work + transformer_lm_train_step__grad_Wq0_3)
-#define grad_Wk0_3 (work + transformer_lm_train_step__grad_Wk0_3)
-#define grad_Wv0_3 (work + transformer_lm_train_step__grad_Wv0_3)
-#define grad_Wo0_3 (work + transformer_lm_train_step__grad_Wo0_3)
-#define grad_Wq1_3 (work + transformer_lm_train_step__grad_Wq1_3)
-#define grad_Wk1_3 (work + transformer_lm_train_step__grad_Wk1_3)
-#define grad_Wv1_3 (work + transformer_lm_train_step__grad_Wv1_3)
-#define grad_Wo1_3 (work + transformer_lm_train_step__grad_Wo1_3)
-#define grad_g0a_3 (work + transformer_lm_train_step__grad_g0a_3)
-#define grad_b0a_3 (work + transformer_lm_train_step__grad_b0a_3)
-#define grad_g0m_3 (work + transformer_lm_train_step__grad_g0m_3)
-#define grad_b0m_3 (work + transformer_lm_train_step__grad_b0m_3)
-#define grad_c0down_3 (work + transformer_lm_train_step__grad_c0down_3)
-#define grad_g1a_3 (work + transformer_lm_train_step__grad_g1a_3)
-#define grad_b1a_3 (work + transformer_lm_train_step__grad_b1a_3)
-#define grad_g1m_3 (work + transformer_lm_train_step__grad_g1m_3)
-#define grad_b1m_3 (work + transformer_lm_train_step__grad_b1m_3)
-#define grad_c1down_3 (work + transformer_lm_train_step__grad_c1down_3)
-#define grad_gf_3 (work + transformer_lm_train_step__grad_gf_3)
-#define grad_bf_3 (work + transformer_lm_train_step__grad_bf_3)
-#define grad_W0up_3 (work + transformer_lm_train_step__grad_W0up_3)
-#define grad_W1up_3 (work + transformer_lm_train_step__grad_W1up_3)
-#define grad_c0up_3 (work + transformer_lm_train_step__grad_c0up_3)
-#define grad_c1up_3 (work + transformer_lm_train_step__grad_c1up_3)
-#define grad_W0down_3 (work + transformer_lm_train_step__grad_W0down_3)
-#define grad_W1down_3 (work + transformer_lm_train_step__grad_W1down_3)
-#define grad_Wout_3 (work + transformer_lm_train_step__grad_Wout_3)
 #define bias_correction1 (work + transformer_lm_train_step__bias_correction1)
 #define bias_correction2 (work + transformer_lm_train_step__bias_correction2)
 /* transformer_lm_train_step, part 1 of 4 (kernels 1 to 10): a long
@@ -2945,6 +2858,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *m_E,
     TRANSFORMER_LM_REAL *v_E,
     TRANSFORMER_LM_REAL *work,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -3015,6 +2957,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *m_E,
     TRANSFORMER_LM_REAL *v_E,
     TRANSFORMER_LM_REAL *work,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -3242,7 +3213,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *v_Wv1,
     TRANSFORMER_LM_REAL *m_Wo1,
     TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *work,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
@@ -3277,7 +3257,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *v_Wv1,
     TRANSFORMER_LM_REAL *m_Wo1,
     TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *work,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3
 )
 {
     /* m_P = beta1*m_P + grad_P_3*(1 - beta1) */
@@ -3458,7 +3447,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *v_gf,
     TRANSFORMER_LM_REAL *m_bf,
     TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *work,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
@@ -3502,7 +3503,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *v_gf,
     TRANSFORMER_LM_REAL *m_bf,
     TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *work,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3
 )
 {
     /* m_g0a = beta1*m_g0a + grad_g0a_3*(1 - beta1) */
@@ -3692,7 +3705,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *v_W1down,
     TRANSFORMER_LM_REAL *m_Wout,
     TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *work,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
@@ -3721,7 +3741,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *v_W1down,
     TRANSFORMER_LM_REAL *m_Wout,
     TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *work,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3
 )
 {
     /* m_W0up = beta1*m_W0up + grad_W0up_3*(1 - beta1) */
@@ -4013,6 +4040,37 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         }
     }
 
+    /* where each buffer lies in work */
+    TRANSFORMER_LM_REAL *grad_E_3 = work; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_3 = grad_E_3 + 3968; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq0_3 = grad_P_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk0_3 = grad_Wq0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv0_3 = grad_Wk0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo0_3 = grad_Wv0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq1_3 = grad_Wo0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk1_3 = grad_Wq1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv1_3 = grad_Wk1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo1_3 = grad_Wv1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0a_3 = grad_Wo1_3 + 4096; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0a_3 = grad_g0a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0m_3 = grad_b0a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0m_3 = grad_g0m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_c0down_3 = grad_b0m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1a_3 = grad_c0down_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1a_3 = grad_g1a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1m_3 = grad_b1a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1m_3 = grad_g1m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_c1down_3 = grad_b1m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_gf_3 = grad_c1down_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_bf_3 = grad_gf_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_W0up_3 = grad_bf_3 + 64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_W1up_3 = grad_W0up_3 + 16384; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c0up_3 = grad_W1up_3 + 16384; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_c1up_3 = grad_c0up_3 + 256; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W0down_3 = grad_c1up_3 + 256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_W1down_3 = grad_W0down_3 + 16384; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wout_3 = grad_W1down_3 + 16384; /* 64 x 62 */
+
     /* the gradient, in work after the buffers above */
     TRANSFORMER_LM_REAL *grad_E = work + 111618; /* 62 x 64 */
     TRANSFORMER_LM_REAL *grad_P = grad_E + 62*64; /* 64 x 64 */
@@ -4153,6 +4211,35 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         m_E,
         v_E,
         work,
+        grad_E_3,
+        grad_P_3,
+        grad_Wq0_3,
+        grad_Wk0_3,
+        grad_Wv0_3,
+        grad_Wo0_3,
+        grad_Wq1_3,
+        grad_Wk1_3,
+        grad_Wv1_3,
+        grad_Wo1_3,
+        grad_g0a_3,
+        grad_b0a_3,
+        grad_g0m_3,
+        grad_b0m_3,
+        grad_c0down_3,
+        grad_g1a_3,
+        grad_b1a_3,
+        grad_g1m_3,
+        grad_b1m_3,
+        grad_c1down_3,
+        grad_gf_3,
+        grad_bf_3,
+        grad_W0up_3,
+        grad_W1up_3,
+        grad_c0up_3,
+        grad_c1up_3,
+        grad_W0down_3,
+        grad_W1down_3,
+        grad_Wout_3,
         grad_E,
         grad_P,
         grad_g0a,
@@ -4215,7 +4302,16 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         v_Wv1,
         m_Wo1,
         v_Wo1,
-        work
+        work,
+        grad_P_3,
+        grad_Wq0_3,
+        grad_Wk0_3,
+        grad_Wv0_3,
+        grad_Wo0_3,
+        grad_Wq1_3,
+        grad_Wk1_3,
+        grad_Wv1_3,
+        grad_Wo1_3
     );
     transformer_lm_train_step_part3(
         g0a,
@@ -4258,7 +4354,19 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         v_gf,
         m_bf,
         v_bf,
-        work
+        work,
+        grad_g0a_3,
+        grad_b0a_3,
+        grad_g0m_3,
+        grad_b0m_3,
+        grad_c0down_3,
+        grad_g1a_3,
+        grad_b1a_3,
+        grad_g1m_3,
+        grad_b1m_3,
+        grad_c1down_3,
+        grad_gf_3,
+        grad_bf_3
     );
     transformer_lm_train_step_part4(
         W0up,
@@ -4286,40 +4394,18 @@ SYMBACKPROP_DISPATCH int transformer_lm_train_step(
         v_W1down,
         m_Wout,
         v_Wout,
-        work
+        work,
+        grad_W0up_3,
+        grad_W1up_3,
+        grad_c0up_3,
+        grad_c1up_3,
+        grad_W0down_3,
+        grad_W1down_3,
+        grad_Wout_3
     );
     return 0;
 }
 #endif
-#undef grad_E_3
-#undef grad_P_3
-#undef grad_Wq0_3
-#undef grad_Wk0_3
-#undef grad_Wv0_3
-#undef grad_Wo0_3
-#undef grad_Wq1_3
-#undef grad_Wk1_3
-#undef grad_Wv1_3
-#undef grad_Wo1_3
-#undef grad_g0a_3
-#undef grad_b0a_3
-#undef grad_g0m_3
-#undef grad_b0m_3
-#undef grad_c0down_3
-#undef grad_g1a_3
-#undef grad_b1a_3
-#undef grad_g1m_3
-#undef grad_b1m_3
-#undef grad_c1down_3
-#undef grad_gf_3
-#undef grad_bf_3
-#undef grad_W0up_3
-#undef grad_W1up_3
-#undef grad_c0up_3
-#undef grad_c1up_3
-#undef grad_W0down_3
-#undef grad_W1down_3
-#undef grad_Wout_3
 #undef bias_correction1
 #undef bias_correction2
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0

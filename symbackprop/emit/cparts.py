@@ -9,8 +9,8 @@ model's depth; small models (every golden file) stay one function.
 
 Each part takes those of the function's parameters and workspace pointers
 (declared in one block by the function) that its kernels use: so no part's
-text grows with the length of the function. The buffers at a fixed place
-in `work` (those of a fixed size: schedule/workspace.py) are not passed one
+text grows with the length of the function. The 1 x 1 buffers at a fixed place
+in `work` (schedule/workspace.py, emit/cfunction.py) are not passed one
 pointer each: their places are named once, an enum of the function, and
 each buffer's name is a macro, `(work + place)`, from the function's first
 part to its end, so a part that uses them takes `work`. A hand-like chain's

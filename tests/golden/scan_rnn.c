@@ -96,22 +96,12 @@ size_t scan_rnn_forward_work_len(int64_t T)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    scan_rnn_forward__mul_M, /* 2 x 2 */
-    scan_rnn_forward__scan_h0 = scan_rnn_forward__mul_M + 4, /* 46 x 1 */
-    scan_rnn_forward__scan_part_h0_2 = scan_rnn_forward__scan_h0 + 46, /* 1 x 3 */
-    scan_rnn_forward__scan_part_h0_3 = scan_rnn_forward__scan_part_h0_2 + 3, /* 2 x 2 */
-    scan_rnn_forward__colsum_Z = scan_rnn_forward__scan_part_h0_3 + 4, /* 1 x 1 */
+    scan_rnn_forward__colsum_Z = 57, /* 1 x 1 */
     scan_rnn_forward__rowsum_h0, /* 1 x 1 */
-    scan_rnn_forward__colsum_h0, /* 1 x 2 */
-    scan_rnn_forward__rowsum_h0_2 = scan_rnn_forward__colsum_h0 + 2, /* 1 x 1 */
+    scan_rnn_forward__rowsum_h0_2 = 61, /* 1 x 1 */
 };
-#define mul_M (work + scan_rnn_forward__mul_M)
-#define scan_h0 (work + scan_rnn_forward__scan_h0)
-#define scan_part_h0_2 (work + scan_rnn_forward__scan_part_h0_2)
-#define scan_part_h0_3 (work + scan_rnn_forward__scan_part_h0_3)
 #define colsum_Z (work + scan_rnn_forward__colsum_Z)
 #define rowsum_h0 (work + scan_rnn_forward__rowsum_h0)
-#define colsum_h0 (work + scan_rnn_forward__colsum_h0)
 #define rowsum_h0_2 (work + scan_rnn_forward__rowsum_h0_2)
 /* scan_rnn_forward, part 1 of 3 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
@@ -119,12 +109,12 @@ enum {
 /* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 )
 {
     /* mul_M = 2*M^T */
@@ -149,8 +139,11 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work,
-    SCAN_RNN_REAL *scan_part_h0
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part2(
@@ -162,8 +155,11 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work,
-    SCAN_RNN_REAL *scan_part_h0
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 )
 {
     /* scan_h0 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of scan_part_h0 */
@@ -280,7 +276,10 @@ SCAN_RNN_SHARED void scan_rnn_forward_part3(
     SCAN_RNN_REAL *loss,
     SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *sq_Z
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *colsum_h0
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part3(
@@ -289,7 +288,10 @@ SCAN_RNN_SHARED void scan_rnn_forward_part3(
     SCAN_RNN_REAL *loss,
     SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *sq_Z
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *colsum_h0
 )
 {
     /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
@@ -344,22 +346,46 @@ SYMBACKPROP_DISPATCH int scan_rnn_forward(
     }
 
     /* where each buffer lies in work */
+    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
+    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
     SCAN_RNN_REAL *scan_part_h0 = work + 62; /* T x 1 */
+    SCAN_RNN_REAL *scan_part_h0_2 = scan_h0 + 46; /* 1 x 3 */
+    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
     SCAN_RNN_REAL *sq_Z = scan_part_h0 + T; /* T x 1 */
+    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
 
-    scan_rnn_forward_part1(M, work);
-    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, work, scan_part_h0);
-    scan_rnn_forward_part3(T, Z, loss, work, scan_part_h0, sq_Z);
+    scan_rnn_forward_part1(M, mul_M);
+    scan_rnn_forward_part2(
+        T,
+        XT_,
+        W,
+        Ux,
+        b,
+        V,
+        h0,
+        M,
+        mul_M,
+        scan_h0,
+        scan_part_h0,
+        scan_part_h0_2,
+        scan_part_h0_3
+    );
+    scan_rnn_forward_part3(
+        T,
+        Z,
+        loss,
+        work,
+        scan_part_h0,
+        scan_part_h0_2,
+        scan_part_h0_3,
+        sq_Z,
+        colsum_h0
+    );
     return 0;
 }
 #endif
-#undef mul_M
-#undef scan_h0
-#undef scan_part_h0_2
-#undef scan_part_h0_3
 #undef colsum_Z
 #undef rowsum_h0
-#undef colsum_h0
 #undef rowsum_h0_2
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -379,43 +405,25 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    scan_rnn_value_and_grad__mul_M, /* 2 x 2 */
-    scan_rnn_value_and_grad__scan_h0 = scan_rnn_value_and_grad__mul_M + 4, /* 46 x 1 */
-    scan_rnn_value_and_grad__scan_part_h0_2 = scan_rnn_value_and_grad__scan_h0 + 46, /* 1 x 3 */
-    scan_rnn_value_and_grad__scan_part_h0_3 = scan_rnn_value_and_grad__scan_part_h0_2 + 3, /* 2 x 2
-            */
-    scan_rnn_value_and_grad__colsum_Z = scan_rnn_value_and_grad__scan_part_h0_3 + 4, /* 1 x 1 */
+    scan_rnn_value_and_grad__colsum_Z = 57, /* 1 x 1 */
     scan_rnn_value_and_grad__rowsum_h0, /* 1 x 1 */
-    scan_rnn_value_and_grad__colsum_h0, /* 1 x 2 */
-    scan_rnn_value_and_grad__rowsum_h0_2 = scan_rnn_value_and_grad__colsum_h0 + 2, /* 1 x 1 */
-    scan_rnn_value_and_grad__grad_M_part = scan_rnn_value_and_grad__scan_part_h0_3, /* 2 x 2 */
-    scan_rnn_value_and_grad__grad_mul_M = scan_rnn_value_and_grad__mul_M, /* 2 x 2 */
-    scan_rnn_value_and_grad__grad_transpose_M = scan_rnn_value_and_grad__rowsum_h0_2 + 1, /* 2 x 2
-            */
+    scan_rnn_value_and_grad__rowsum_h0_2 = 61, /* 1 x 1 */
 };
-#define mul_M (work + scan_rnn_value_and_grad__mul_M)
-#define scan_h0 (work + scan_rnn_value_and_grad__scan_h0)
-#define scan_part_h0_2 (work + scan_rnn_value_and_grad__scan_part_h0_2)
-#define scan_part_h0_3 (work + scan_rnn_value_and_grad__scan_part_h0_3)
 #define colsum_Z (work + scan_rnn_value_and_grad__colsum_Z)
 #define rowsum_h0 (work + scan_rnn_value_and_grad__rowsum_h0)
-#define colsum_h0 (work + scan_rnn_value_and_grad__colsum_h0)
 #define rowsum_h0_2 (work + scan_rnn_value_and_grad__rowsum_h0_2)
-#define grad_M_part (work + scan_rnn_value_and_grad__grad_M_part)
-#define grad_mul_M (work + scan_rnn_value_and_grad__grad_mul_M)
-#define grad_transpose_M (work + scan_rnn_value_and_grad__grad_transpose_M)
 /* scan_rnn_value_and_grad, part 1 of 5 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 )
 {
     /* mul_M = 2*M^T */
@@ -440,9 +448,12 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work,
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_4
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
@@ -454,9 +465,12 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work,
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
     SCAN_RNN_REAL *scan_part_h0,
-    SCAN_RNN_REAL *scan_part_h0_4
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 )
 {
     /* scan_h0 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of
@@ -579,8 +593,11 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     SCAN_RNN_REAL *loss,
     SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
     SCAN_RNN_REAL *sq_Z,
-    SCAN_RNN_REAL *grad_add_Z
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *colsum_h0
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
@@ -589,8 +606,11 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     SCAN_RNN_REAL *loss,
     SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
     SCAN_RNN_REAL *sq_Z,
-    SCAN_RNN_REAL *grad_add_Z
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *colsum_h0
 )
 {
     /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
@@ -641,10 +661,11 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_b,
     SCAN_RNN_REAL *grad_V,
     SCAN_RNN_REAL *grad_h0,
-    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0_4,
     SCAN_RNN_REAL *grad_add_Z,
-    SCAN_RNN_REAL *scan_vjp_W
+    SCAN_RNN_REAL *scan_vjp_W,
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
@@ -660,10 +681,11 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_b,
     SCAN_RNN_REAL *grad_V,
     SCAN_RNN_REAL *grad_h0,
-    SCAN_RNN_REAL *work,
     SCAN_RNN_REAL *scan_part_h0_4,
     SCAN_RNN_REAL *grad_add_Z,
-    SCAN_RNN_REAL *scan_vjp_W
+    SCAN_RNN_REAL *scan_vjp_W,
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M
 )
 {
     /* scan_vjp_W = backward scan over t = T-1 .. 0: adjoints of (h, m) and of the step's
@@ -926,12 +948,16 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
 /* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     SCAN_RNN_REAL *grad_M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M,
+    SCAN_RNN_REAL *grad_transpose_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     SCAN_RNN_REAL *grad_M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M,
+    SCAN_RNN_REAL *grad_transpose_M
 )
 {
     /* grad_W: the adjoint of captured value 0 of the loop of scan_vjp_W, written by it */
@@ -995,15 +1021,49 @@ SYMBACKPROP_DISPATCH int scan_rnn_value_and_grad(
     }
 
     /* where each buffer lies in work */
+    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
+    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
     SCAN_RNN_REAL *scan_part_h0 = work + 66; /* T x 1 */
     SCAN_RNN_REAL *scan_part_h0_4 = scan_part_h0 + T; /* ((T - 1)/2 + 1) x 7 */
+    SCAN_RNN_REAL *scan_part_h0_2 = scan_h0 + 46; /* 1 x 3 */
+    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
     SCAN_RNN_REAL *sq_Z = scan_part_h0_4 + 7*((T - 1)/2 + 1); /* T x 1 */
     SCAN_RNN_REAL *grad_add_Z = sq_Z + T; /* T x 1 */
+    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
     SCAN_RNN_REAL *scan_vjp_W = grad_add_Z + T; /* (13*((2) < (T) ? (2) : (T)) + 82) x 1 */
+    SCAN_RNN_REAL *grad_M_part = scan_part_h0_3; /* 2 x 2, in scan_part_h0_3's memory */
+    SCAN_RNN_REAL *grad_mul_M = mul_M; /* 2 x 2, in mul_M's memory */
+    SCAN_RNN_REAL *grad_transpose_M = rowsum_h0_2 + 1; /* 2 x 2 */
 
-    scan_rnn_value_and_grad_part1(M, work);
-    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, work, scan_part_h0, scan_part_h0_4);
-    scan_rnn_value_and_grad_part3(T, Z, loss, work, scan_part_h0, sq_Z, grad_add_Z);
+    scan_rnn_value_and_grad_part1(M, mul_M);
+    scan_rnn_value_and_grad_part2(
+        T,
+        XT_,
+        W,
+        Ux,
+        b,
+        V,
+        h0,
+        M,
+        mul_M,
+        scan_h0,
+        scan_part_h0,
+        scan_part_h0_4,
+        scan_part_h0_2,
+        scan_part_h0_3
+    );
+    scan_rnn_value_and_grad_part3(
+        T,
+        Z,
+        loss,
+        work,
+        scan_part_h0,
+        scan_part_h0_2,
+        scan_part_h0_3,
+        sq_Z,
+        grad_add_Z,
+        colsum_h0
+    );
     scan_rnn_value_and_grad_part4(
         T,
         XT_,
@@ -1017,26 +1077,19 @@ SYMBACKPROP_DISPATCH int scan_rnn_value_and_grad(
         grad_b,
         grad_V,
         grad_h0,
-        work,
         scan_part_h0_4,
         grad_add_Z,
-        scan_vjp_W
+        scan_vjp_W,
+        grad_M_part,
+        grad_mul_M
     );
-    scan_rnn_value_and_grad_part5(grad_M, work);
+    scan_rnn_value_and_grad_part5(grad_M, grad_M_part, grad_mul_M, grad_transpose_M);
     return 0;
 }
 #endif
-#undef mul_M
-#undef scan_h0
-#undef scan_part_h0_2
-#undef scan_part_h0_3
 #undef colsum_Z
 #undef rowsum_h0
-#undef colsum_h0
 #undef rowsum_h0_2
-#undef grad_M_part
-#undef grad_mul_M
-#undef grad_transpose_M
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see scan_rnn.h) --- */
