@@ -29,11 +29,11 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t lstm_lm_forward_size(int64_t T)
 {
-    return symbackprop_size_add(4469, symbackprop_size_mul(210, T));
+    return symbackprop_size_add(4501, symbackprop_size_mul(210, T));
 }
 SYMBACKPROP_HELPER int64_t lstm_lm_value_and_grad_size(int64_t T)
 {
-    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16495,
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
             symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
             T)), symbackprop_size_mul(320, symbackprop_size_min(32, T)));
 }
@@ -116,7 +116,7 @@ size_t lstm_lm_forward_work_len(int64_t T)
     if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(60*T + 475);
+    return (size_t)(60*T + 491);
 }
 #endif
 
@@ -124,7 +124,7 @@ size_t lstm_lm_forward_work_len(int64_t T)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    lstm_lm_forward__rowsum_Y = 474, /* 1 x 1 */
+    lstm_lm_forward__rowsum_Y = 490, /* 1 x 1 */
 };
 #define rowsum_Y (work + lstm_lm_forward__rowsum_Y)
 /* lstm_lm_forward, part 1 of 2 (kernels 1 to 1): a long
@@ -194,15 +194,16 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
             LSTM_LM_REAL *scan_W_i_cell_next = scan_W_i_nxt + 16;
             LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_tanh_cell = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_sigmoid_b_o = scan_W_i_base + 96; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 64; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 112; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 128; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 176; /* 1 x 30 */
-            /* mm_h = h @ U_g */
+            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mul_b_o = scan_W_i_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 192; /* 1 x 30 */
+            /* mm_h = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h[16*i + j] = 0;
@@ -214,11 +215,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h[16*i + j] += acc * U_g[16*k + j];
+                        scan_W_i_mm_h[16*i + j] += acc * U_o[16*k + j];
                     }
                 }
             }
-            /* mm_x = x @ W_g */
+            /* mm_x = x @ W_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x[16*i + j] = 0;
@@ -230,11 +231,20 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x[16*i + j] += acc * W_g[16*k + j];
+                        scan_W_i_mm_x[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
             }
-            /* mm_h_2 = h @ U_i */
+            /* sigmoid_b_o = sigmoid(b_o + mm_h + mm_x) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+            for (int64_t j = 0; j < 16; ++j) {
+                scan_W_i_sigmoid_b_o[j] = (((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0 ?
+                        1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
+            }
+            /* mm_h_2 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_2[16*i + j] = 0;
@@ -246,11 +256,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_2[16*i + j] += acc * U_i[16*k + j];
+                        scan_W_i_mm_h_2[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* mm_x_2 = x @ W_i */
+            /* mm_x_2 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_2[16*i + j] = 0;
@@ -262,11 +272,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_2[16*i + j] += acc * W_i[16*k + j];
+                        scan_W_i_mm_x_2[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* mm_h_3 = h @ U_f */
+            /* mm_h_3 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_3[16*i + j] = 0;
@@ -278,11 +288,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_3[16*i + j] += acc * U_f[16*k + j];
+                        scan_W_i_mm_h_3[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* mm_x_3 = x @ W_f */
+            /* mm_x_3 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_3[16*i + j] = 0;
@@ -294,30 +304,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_3[16*i + j] += acc * W_f[16*k + j];
+                        scan_W_i_mm_x_3[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + mm_h_3 + mm_x_3) + tanh(b_g + mm_h +
-             * mm_x)*sigmoid(b_i + mm_h_2 + mm_x_2) */
-            /* tanh_cell = tanh(cell*sigmoid(b_f + mm_h_3 + mm_x_3) + tanh(b_g + mm_h +
-             * mm_x)*sigmoid(b_i + mm_h_2 + mm_x_2)) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-            for (int64_t j = 0; j < 16; ++j) {
-                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j]
-                        + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
-                        b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
-                        b_f[j])))) + tanh(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] +
-                        b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 :
-                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 +
-                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
-                scan_W_i_cell_next[j] = x0;
-                scan_W_i_tanh_cell[j] = tanh(x0);
-            }
-            /* mm_h_4 = h @ U_o */
+            /* mm_h_4 = h @ U_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_4[16*i + j] = 0;
@@ -329,11 +320,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_4[16*i + j] += acc * U_o[16*k + j];
+                        scan_W_i_mm_h_4[16*i + j] += acc * U_f[16*k + j];
                     }
                 }
             }
-            /* mm_x_4 = x @ W_o */
+            /* mm_x_4 = x @ W_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_4[16*i + j] = 0;
@@ -345,27 +336,40 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_4[16*i + j] += acc * W_o[16*k + j];
+                        scan_W_i_mm_x_4[16*i + j] += acc * W_f[16*k + j];
                     }
                 }
             }
-            /* h_next = tanh_cell*sigmoid(b_o + mm_h_4 + mm_x_4) */
+            /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_2 +
+             * mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3) */
+            /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
+             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
+            /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
+             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
+    #pragma GCC unroll 1
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                scan_W_i_h_next[j] = scan_W_i_tanh_cell[j]*(((scan_W_i_mm_h_4[j] +
-                        scan_W_i_mm_x_4[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] +
-                        scan_W_i_mm_x_4[j] + b_o[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] +
-                        scan_W_i_mm_x_4[j] + b_o[j]))));
+                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j]
+                        + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j])))) + tanh(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] +
+                        b_g[j])*(((scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]) >= 0 ? 1.0 :
+                        exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))));
+                const LSTM_LM_REAL x1 = scan_W_i_sigmoid_b_o[j]*tanh(x0);
+                scan_W_i_cell_next[j] = x0;
+                scan_W_i_h_next[j] = x1;
+                scan_W_i_mul_b_o[j] = x1;
             }
-            /* mm_V = h_next @ V */
+            /* mm_V = mul_b_o @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
                     scan_W_i_mm_V[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = scan_W_i_h_next[k];
+                    const LSTM_LM_REAL acc = scan_W_i_mul_b_o[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -488,11 +492,11 @@ SYMBACKPROP_DISPATCH int lstm_lm_forward(
     }
 
     /* where each buffer lies in work */
-    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
-    LSTM_LM_REAL *softmax_axis_logits = work + 475; /* T x 30 */
+    LSTM_LM_REAL *scan_W_i = work; /* 460 x 1 */
+    LSTM_LM_REAL *softmax_axis_logits = work + 491; /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = softmax_axis_logits; /* T x 30, in softmax_axis_logits's memory */
-    LSTM_LM_REAL *colsum_Y = scan_W_i + 444; /* 1 x 30 */
+    LSTM_LM_REAL *colsum_Y = scan_W_i + 460; /* 1 x 30 */
 
     lstm_lm_forward_part1(
         T,
@@ -539,7 +543,7 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
     if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(121*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4729);
+    return (size_t)(121*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4793);
 }
 #endif
 
@@ -547,7 +551,7 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    lstm_lm_value_and_grad__rowsum_Y = 474, /* 1 x 1 */
+    lstm_lm_value_and_grad__rowsum_Y = 490, /* 1 x 1 */
 };
 #define rowsum_Y (work + lstm_lm_value_and_grad__rowsum_Y)
 /* lstm_lm_value_and_grad, part 1 of 4 (kernels 1 to 1): a long
@@ -624,15 +628,16 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
             LSTM_LM_REAL *scan_W_i_cell_next = scan_W_i_nxt + 16;
             LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_tanh_cell = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_sigmoid_b_o = scan_W_i_base + 96; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 80; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 64; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 112; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 128; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 176; /* 1 x 30 */
-            /* mm_h = h @ U_g */
+            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mul_b_o = scan_W_i_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 192; /* 1 x 30 */
+            /* mm_h = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h[16*i + j] = 0;
@@ -644,11 +649,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h[16*i + j] += acc * U_g[16*k + j];
+                        scan_W_i_mm_h[16*i + j] += acc * U_o[16*k + j];
                     }
                 }
             }
-            /* mm_x = x @ W_g */
+            /* mm_x = x @ W_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x[16*i + j] = 0;
@@ -660,11 +665,20 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x[16*i + j] += acc * W_g[16*k + j];
+                        scan_W_i_mm_x[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
             }
-            /* mm_h_2 = h @ U_i */
+            /* sigmoid_b_o = sigmoid(b_o + mm_h + mm_x) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+            for (int64_t j = 0; j < 16; ++j) {
+                scan_W_i_sigmoid_b_o[j] = (((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0 ?
+                        1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
+            }
+            /* mm_h_2 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_2[16*i + j] = 0;
@@ -676,11 +690,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_2[16*i + j] += acc * U_i[16*k + j];
+                        scan_W_i_mm_h_2[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* mm_x_2 = x @ W_i */
+            /* mm_x_2 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_2[16*i + j] = 0;
@@ -692,11 +706,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_2[16*i + j] += acc * W_i[16*k + j];
+                        scan_W_i_mm_x_2[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* mm_h_3 = h @ U_f */
+            /* mm_h_3 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_3[16*i + j] = 0;
@@ -708,11 +722,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_3[16*i + j] += acc * U_f[16*k + j];
+                        scan_W_i_mm_h_3[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* mm_x_3 = x @ W_f */
+            /* mm_x_3 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_3[16*i + j] = 0;
@@ -724,30 +738,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_3[16*i + j] += acc * W_f[16*k + j];
+                        scan_W_i_mm_x_3[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + mm_h_3 + mm_x_3) + tanh(b_g + mm_h +
-             * mm_x)*sigmoid(b_i + mm_h_2 + mm_x_2) */
-            /* tanh_cell = tanh(cell*sigmoid(b_f + mm_h_3 + mm_x_3) + tanh(b_g + mm_h +
-             * mm_x)*sigmoid(b_i + mm_h_2 + mm_x_2)) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-            for (int64_t j = 0; j < 16; ++j) {
-                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j]
-                        + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
-                        b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
-                        b_f[j])))) + tanh(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] +
-                        b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 :
-                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 +
-                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
-                scan_W_i_cell_next[j] = x0;
-                scan_W_i_tanh_cell[j] = tanh(x0);
-            }
-            /* mm_h_4 = h @ U_o */
+            /* mm_h_4 = h @ U_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_h_4[16*i + j] = 0;
@@ -759,11 +754,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_h_4[16*i + j] += acc * U_o[16*k + j];
+                        scan_W_i_mm_h_4[16*i + j] += acc * U_f[16*k + j];
                     }
                 }
             }
-            /* mm_x_4 = x @ W_o */
+            /* mm_x_4 = x @ W_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     scan_W_i_mm_x_4[16*i + j] = 0;
@@ -775,27 +770,40 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        scan_W_i_mm_x_4[16*i + j] += acc * W_o[16*k + j];
+                        scan_W_i_mm_x_4[16*i + j] += acc * W_f[16*k + j];
                     }
                 }
             }
-            /* h_next = tanh_cell*sigmoid(b_o + mm_h_4 + mm_x_4) */
+            /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_2 +
+             * mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3) */
+            /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
+             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
+            /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
+             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
+    #pragma GCC unroll 1
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                scan_W_i_h_next[j] = scan_W_i_tanh_cell[j]*(((scan_W_i_mm_h_4[j] +
-                        scan_W_i_mm_x_4[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] +
-                        scan_W_i_mm_x_4[j] + b_o[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] +
-                        scan_W_i_mm_x_4[j] + b_o[j]))));
+                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j]
+                        + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j])))) + tanh(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] +
+                        b_g[j])*(((scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]) >= 0 ? 1.0 :
+                        exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))));
+                const LSTM_LM_REAL x1 = scan_W_i_sigmoid_b_o[j]*tanh(x0);
+                scan_W_i_cell_next[j] = x0;
+                scan_W_i_h_next[j] = x1;
+                scan_W_i_mul_b_o[j] = x1;
             }
-            /* mm_V = h_next @ V */
+            /* mm_V = mul_b_o @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
                     scan_W_i_mm_V[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = scan_W_i_h_next[k];
+                    const LSTM_LM_REAL acc = scan_W_i_mul_b_o[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -1057,7 +1065,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *scan_vjp_W_i_h_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u;
                 LSTM_LM_REAL *scan_vjp_W_i_cell_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u + 16;
                 LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 4208;
+                        (T)) + 4256;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
                         32*((32) < (T) ? (32) : (T)) - 32;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
@@ -1074,11 +1082,13 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         32*((32) < (T) ? (32) : (T)) + 64;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
                         32*((32) < (T) ? (32) : (T)) + 80;
-                LSTM_LM_REAL *scan_vjp_W_i_tanh_cell = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32)
+                        : (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 112; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 160*((32) < (T) ? (32) : (T))
-                        + 112; /* 1 x 30 */
-                /* mm_h_kept = h @ U_g */
+                        + 128; /* 1 x 30 */
+                /* mm_h_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_h_kept[16*i + j] = 0;
@@ -1090,11 +1100,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_h_kept[16*i + j] += acc * U_g[16*k + j];
+                            scan_vjp_W_i_mm_h_kept[16*i + j] += acc * U_o[16*k + j];
                         }
                     }
                 }
-                /* mm_x_kept = x @ W_g */
+                /* mm_x_kept = x @ W_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_x_kept[16*i + j] = 0;
@@ -1106,11 +1116,22 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_x_kept[16*i + j] += acc * W_g[16*k + j];
+                            scan_vjp_W_i_mm_x_kept[16*i + j] += acc * W_o[16*k + j];
                         }
                     }
                 }
-                /* mm_h_2_kept = h @ U_i */
+                /* sigmoid_b_o = sigmoid(b_o + mm_h_kept + mm_x_kept) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+                for (int64_t j = 0; j < 16; ++j) {
+                    scan_vjp_W_i_sigmoid_b_o[j] = (((scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] +
+                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]))));
+                }
+                /* mm_h_2_kept = h @ U_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_h_2_kept[16*i + j] = 0;
@@ -1122,11 +1143,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_h_2_kept[16*i + j] += acc * U_i[16*k + j];
+                            scan_vjp_W_i_mm_h_2_kept[16*i + j] += acc * U_g[16*k + j];
                         }
                     }
                 }
-                /* mm_x_2_kept = x @ W_i */
+                /* mm_x_2_kept = x @ W_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_x_2_kept[16*i + j] = 0;
@@ -1138,11 +1159,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_x_2_kept[16*i + j] += acc * W_i[16*k + j];
+                            scan_vjp_W_i_mm_x_2_kept[16*i + j] += acc * W_g[16*k + j];
                         }
                     }
                 }
-                /* mm_h_3_kept = h @ U_f */
+                /* mm_h_3_kept = h @ U_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_h_3_kept[16*i + j] = 0;
@@ -1154,11 +1175,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_h_3_kept[16*i + j] += acc * U_f[16*k + j];
+                            scan_vjp_W_i_mm_h_3_kept[16*i + j] += acc * U_i[16*k + j];
                         }
                     }
                 }
-                /* mm_x_3_kept = x @ W_f */
+                /* mm_x_3_kept = x @ W_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_x_3_kept[16*i + j] = 0;
@@ -1170,34 +1191,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_x_3_kept[16*i + j] += acc * W_f[16*k + j];
+                            scan_vjp_W_i_mm_x_3_kept[16*i + j] += acc * W_i[16*k + j];
                         }
                     }
                 }
-                /* cell_next = cell*sigmoid(b_f + mm_h_3_kept + mm_x_3_kept) + tanh(b_g +
-                 * mm_h_kept + mm_x_kept)*sigmoid(b_i + mm_h_2_kept + mm_x_2_kept) */
-                /* tanh_cell = tanh(cell*sigmoid(b_f + mm_h_3_kept + mm_x_3_kept) + tanh(b_g
-                 * + mm_h_kept + mm_x_kept)*sigmoid(b_i + mm_h_2_kept + mm_x_2_kept)) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                for (int64_t j = 0; j < 16; ++j) {
-                    const LSTM_LM_REAL x0 = scan_vjp_W_i_cell[j]*(((scan_vjp_W_i_mm_h_3_kept[j] +
-                            scan_vjp_W_i_mm_x_3_kept[j] + b_f[j]) >= 0 ? 1.0 :
-                            exp(-fabs(scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
-                            b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_3_kept[j] +
-                            scan_vjp_W_i_mm_x_3_kept[j] + b_f[j])))) +
-                            tanh(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] +
-                            b_g[j])*(((scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
-                            b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] +
-                            scan_vjp_W_i_mm_x_2_kept[j] + b_i[j]))) / (1.0 +
-                            exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
-                            b_i[j]))));
-                    scan_vjp_W_i_cell_next[j] = x0;
-                    scan_vjp_W_i_tanh_cell[j] = tanh(x0);
-                }
-                /* mm_h_4_kept = h @ U_o */
+                /* mm_h_4_kept = h @ U_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_h_4_kept[16*i + j] = 0;
@@ -1209,11 +1207,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_h_4_kept[16*i + j] += acc * U_o[16*k + j];
+                            scan_vjp_W_i_mm_h_4_kept[16*i + j] += acc * U_f[16*k + j];
                         }
                     }
                 }
-                /* mm_x_4_kept = x @ W_o */
+                /* mm_x_4_kept = x @ W_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         scan_vjp_W_i_mm_x_4_kept[16*i + j] = 0;
@@ -1225,29 +1223,46 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            scan_vjp_W_i_mm_x_4_kept[16*i + j] += acc * W_o[16*k + j];
+                            scan_vjp_W_i_mm_x_4_kept[16*i + j] += acc * W_f[16*k + j];
                         }
                     }
                 }
-                /* h_next = tanh_cell*sigmoid(b_o + mm_h_4_kept + mm_x_4_kept) */
+                /* cell_next = cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) + tanh(b_g +
+                 * mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept + mm_x_3_kept) */
+                /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) +
+                 * tanh(b_g + mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept +
+                 * mm_x_3_kept)) */
+                /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) +
+                 * tanh(b_g + mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept +
+                 * mm_x_3_kept)) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
+    #pragma GCC unroll 1
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_h_next[j] =
-                            scan_vjp_W_i_tanh_cell[j]*(((scan_vjp_W_i_mm_h_4_kept[j] +
-                            scan_vjp_W_i_mm_x_4_kept[j] + b_o[j]) >= 0 ? 1.0 :
+                    const LSTM_LM_REAL x0 = scan_vjp_W_i_cell[j]*(((scan_vjp_W_i_mm_h_4_kept[j] +
+                            scan_vjp_W_i_mm_x_4_kept[j] + b_f[j]) >= 0 ? 1.0 :
                             exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] + scan_vjp_W_i_mm_x_4_kept[j] +
-                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] +
-                            scan_vjp_W_i_mm_x_4_kept[j] + b_o[j]))));
+                            b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] +
+                            scan_vjp_W_i_mm_x_4_kept[j] + b_f[j])))) +
+                            tanh(scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
+                            b_g[j])*(((scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
+                            b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_3_kept[j] +
+                            scan_vjp_W_i_mm_x_3_kept[j] + b_i[j]))) / (1.0 +
+                            exp(-fabs(scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
+                            b_i[j]))));
+                    const LSTM_LM_REAL x1 = scan_vjp_W_i_sigmoid_b_o[j]*tanh(x0);
+                    scan_vjp_W_i_cell_next[j] = x0;
+                    scan_vjp_W_i_h_next[j] = x1;
+                    scan_vjp_W_i_mul_b_o[j] = x1;
                 }
-                /* mm_V = h_next @ V */
+                /* mm_V = mul_b_o @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 30; ++j) {
                         scan_vjp_W_i_mm_V[30*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = scan_vjp_W_i_h_next[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_mul_b_o[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -1292,157 +1307,158 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept_2 = scan_vjp_W_i_base +
                         128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 208;
                 const LSTM_LM_REAL *scan_vjp_W_i_grad_out0 = grad_logits + 30*scan_vjp_W_i_t;
-                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 160*((32) < (T) ?
-                        (32) : (T)) + 96; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T) ?
-                        (32) : (T)) + 112; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 160*((32) <
-                        (T) ? (32) : (T)) + 128; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32)
+                        : (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 112; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_2_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 128; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_3_kept_2 = scan_vjp_W_i_base + 160*((32) <
                         (T) ? (32) : (T)) + 144; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_tanh_cell_2 = scan_vjp_W_i_base + 160*((32) < (T) ? (32)
-                        : (T)) + 160; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 160*((32) < (T) ?
-                        (32) : (T)) + 176; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 192; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 160*((32) < (T)
-                        ? (32) : (T)) + 208; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 160*((32) <
-                        (T) ? (32) : (T)) + 224; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_4_kept_2 = scan_vjp_W_i_base + 160*((32) < (T) ?
-                        (32) : (T)) + 240; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
                         (T)) + 160; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 160*((32) < (T)
+                        ? (32) : (T)) + 176; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 160*((32) <
+                        (T) ? (32) : (T)) + 192; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 160*((32) < (T) ?
+                        (32) : (T)) + 208; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T) ?
+                        (32) : (T)) + 224; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
                         (T)) + 144; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mm_U_i = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
                         (T)) + 128; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mm_U_g = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
                         (T)) + 112; /* 1 x 16 */
-                /* grad_mul_b_o_part = grad_out0 @ V^T */
+                LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
+                        (T)) + 96; /* 1 x 16 */
+                /* grad_mul_b_o = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 30; ++k) {
                             acc += scan_vjp_W_i_grad_out0[k] * V[k + 30*j];
                         }
-                        scan_vjp_W_i_grad_mul_b_o_part[16*i + j] = acc;
+                        scan_vjp_W_i_grad_mul_b_o[16*i + j] = acc;
                     }
                 }
-                /* grad_mul_b_o_part = grad_h_next + grad_mul_b_o_part */
+                /* sigmoid_mm_h_kept_2 = sigmoid(b_o + mm_h_kept_2 + mm_x_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_grad_mul_b_o_part[j] = scan_vjp_W_i_grad_h_next[j] +
-                            scan_vjp_W_i_grad_mul_b_o_part[j];
+                    scan_vjp_W_i_sigmoid_mm_h_kept_2[j] = (((scan_vjp_W_i_mm_h_kept_2[j] +
+                            scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] + scan_vjp_W_i_mm_x_kept_2[j] +
+                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] +
+                            scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]))));
                 }
-                /* tanh_mm_h_kept_2 = tanh(b_g + mm_h_kept_2 + mm_x_kept_2) */
+                /* tanh_mm_h_2_kept_2 = tanh(b_g + mm_h_2_kept_2 + mm_x_2_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_tanh_mm_h_kept_2[j] = tanh(scan_vjp_W_i_mm_h_kept_2[j] +
-                            scan_vjp_W_i_mm_x_kept_2[j] + b_g[j]);
+                    scan_vjp_W_i_tanh_mm_h_2_kept_2[j] = tanh(scan_vjp_W_i_mm_h_2_kept_2[j] +
+                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_g[j]);
                 }
-                /* sigmoid_mm_h_2_kept_2 = sigmoid(b_i + mm_h_2_kept_2 + mm_x_2_kept_2) */
+                /* sigmoid_mm_h_3_kept_2 = sigmoid(b_i + mm_h_3_kept_2 + mm_x_3_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j] = (((scan_vjp_W_i_mm_h_2_kept_2[j] +
-                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]) >= 0 ? 1.0 :
-                            exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] + scan_vjp_W_i_mm_x_2_kept_2[j]
-                            + b_i[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] +
-                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]))));
-                }
-                /* sigmoid_mm_h_3_kept_2 = sigmoid(b_f + mm_h_3_kept_2 + mm_x_3_kept_2) */
-                /* tanh_cell_2 = tanh(cell*sigmoid(b_f + mm_h_3_kept_2 + mm_x_3_kept_2) +
-                 * sigmoid_mm_h_2_kept_2*tanh_mm_h_kept_2) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                for (int64_t j = 0; j < 16; ++j) {
-                    const LSTM_LM_REAL x0 = (((scan_vjp_W_i_mm_h_3_kept_2[j] +
-                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_f[j]) >= 0 ? 1.0 :
+                    scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j] = (((scan_vjp_W_i_mm_h_3_kept_2[j] +
+                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_i[j]) >= 0 ? 1.0 :
                             exp(-fabs(scan_vjp_W_i_mm_h_3_kept_2[j] + scan_vjp_W_i_mm_x_3_kept_2[j]
-                            + b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_3_kept_2[j] +
-                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_f[j]))));
-                    scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j] = x0;
-                    scan_vjp_W_i_tanh_cell_2[j] = tanh(scan_vjp_W_i_tanh_mm_h_kept_2[j]*
-                            scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j] + scan_vjp_W_i_cell[j]*x0);
+                            + b_i[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_3_kept_2[j] +
+                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_i[j]))));
                 }
-                /* mul_grad_h_next = grad_mul_b_o_part*tanh_cell_2*(1 - sigmoid(b_o +
-                 * mm_h_4_kept_2 + mm_x_4_kept_2))*sigmoid(b_o + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2) */
-                /* mul_cell = cell*sigmoid_mm_h_3_kept_2*(1 -
-                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next + grad_mul_b_o_part*(1 -
-                 * tanh_cell_2**2)*sigmoid(b_o + mm_h_4_kept_2 + mm_x_4_kept_2)) */
-                /* mul_grad_cell_next = sigmoid_mm_h_2_kept_2*tanh_mm_h_kept_2*(1 -
-                 * sigmoid_mm_h_2_kept_2)*(grad_cell_next + grad_mul_b_o_part*(1 -
-                 * tanh_cell_2**2)*sigmoid(b_o + mm_h_4_kept_2 + mm_x_4_kept_2)) */
-                /* mul_grad_cell_next_2 = sigmoid_mm_h_2_kept_2*(1 -
-                 * tanh_mm_h_kept_2**2)*(grad_cell_next + grad_mul_b_o_part*(1 -
-                 * tanh_cell_2**2)*sigmoid(b_o + mm_h_4_kept_2 + mm_x_4_kept_2)) */
-                /* grad_cell = sigmoid_mm_h_3_kept_2*(grad_cell_next + grad_mul_b_o_part*(1 -
-                 * tanh_cell_2**2)*sigmoid(b_o + mm_h_4_kept_2 + mm_x_4_kept_2)) */
-                /* grad_b_i = grad_b_i + sigmoid_mm_h_2_kept_2*tanh_mm_h_kept_2*(1 -
-                 * sigmoid_mm_h_2_kept_2)*(grad_cell_next + grad_mul_b_o_part*(1 -
-                 * tanh_cell_2**2)*sigmoid(b_o + mm_h_4_kept_2 + mm_x_4_kept_2)) */
-                /* grad_b_f = cell*sigmoid_mm_h_3_kept_2*(1 -
-                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next + grad_mul_b_o_part*(1 -
-                 * tanh_cell_2**2)*sigmoid(b_o + mm_h_4_kept_2 + mm_x_4_kept_2)) + grad_b_f */
-                /* grad_b_g = grad_b_g + sigmoid_mm_h_2_kept_2*(1 -
-                 * tanh_mm_h_kept_2**2)*(grad_cell_next + grad_mul_b_o_part*(1 -
-                 * tanh_cell_2**2)*sigmoid(b_o + mm_h_4_kept_2 + mm_x_4_kept_2)) */
-                /* grad_b_o = grad_b_o + grad_mul_b_o_part*tanh_cell_2*(1 - sigmoid(b_o +
-                 * mm_h_4_kept_2 + mm_x_4_kept_2))*sigmoid(b_o + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2) */
-                /* mul_mm_h_4_kept_2 = tanh_cell_2*sigmoid(b_o + mm_h_4_kept_2 + mm_x_4_kept_2) */
+                /* mul_cell = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2))*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) */
+                /* mul_grad_cell_next = sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2*(1 -
+                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                /* mul_grad_cell_next_2 = sigmoid_mm_h_3_kept_2*(1 -
+                 * tanh_mm_h_2_kept_2**2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                /* mul_grad_h_next = sigmoid_mm_h_kept_2*(1 -
+                 * sigmoid_mm_h_kept_2)*(grad_h_next*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) +
+                 * grad_mul_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)) */
+                /* grad_cell = (grad_cell_next + (1 - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) */
+                /* grad_b_i = grad_b_i + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2*(1 -
+                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                /* grad_b_f = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2))*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) + grad_b_f */
+                /* grad_b_g = grad_b_g + sigmoid_mm_h_3_kept_2*(1 -
+                 * tanh_mm_h_2_kept_2**2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
+                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                /* grad_b_o = grad_b_o + sigmoid_mm_h_kept_2*(1 -
+                 * sigmoid_mm_h_kept_2)*(grad_h_next*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) +
+                 * grad_mul_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)) */
+                /* mul_mm_h_kept_2 = sigmoid_mm_h_kept_2*tanh(cell*sigmoid(b_f +
+                 * mm_h_4_kept_2 + mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
+    #pragma GCC unroll 1
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
                     const LSTM_LM_REAL x0 = (((scan_vjp_W_i_mm_h_4_kept_2[j] +
-                            scan_vjp_W_i_mm_x_4_kept_2[j] + b_o[j]) >= 0 ? 1.0 :
+                            scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]) >= 0 ? 1.0 :
                             exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] + scan_vjp_W_i_mm_x_4_kept_2[j]
-                            + b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] +
-                            scan_vjp_W_i_mm_x_4_kept_2[j] + b_o[j]))));
-                    const LSTM_LM_REAL x1 = scan_vjp_W_i_grad_mul_b_o_part[j]*x0;
-                    const LSTM_LM_REAL x2 = scan_vjp_W_i_tanh_cell_2[j]*x1*(1 - x0);
-                    const LSTM_LM_REAL x3 = scan_vjp_W_i_grad_cell_next[j] + x1*(1 -
-                            (scan_vjp_W_i_tanh_cell_2[j]*scan_vjp_W_i_tanh_cell_2[j]));
-                    const LSTM_LM_REAL x4 = scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]*x3;
-                    const LSTM_LM_REAL x5 = scan_vjp_W_i_cell[j]*x4*(1 -
-                            scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]);
-                    const LSTM_LM_REAL x6 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*x3;
-                    const LSTM_LM_REAL x7 = scan_vjp_W_i_tanh_mm_h_kept_2[j]*x6*(1 -
-                            scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]);
-                    const LSTM_LM_REAL x8 = x6*(1 -
-                            (scan_vjp_W_i_tanh_mm_h_kept_2[j]*scan_vjp_W_i_tanh_mm_h_kept_2[j]));
-                    scan_vjp_W_i_mul_grad_h_next[j] = x2;
+                            + b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] +
+                            scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]))));
+                    const LSTM_LM_REAL x1 = scan_vjp_W_i_tanh_mm_h_2_kept_2[j]*
+                            scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j];
+                    const LSTM_LM_REAL x2 = scan_vjp_W_i_cell[j]*x0;
+                    const LSTM_LM_REAL x3 = tanh(x1 + x2);
+                    const LSTM_LM_REAL x4 = scan_vjp_W_i_grad_cell_next[j] + (1 -
+                            (x3*x3))*(scan_vjp_W_i_grad_mul_b_o[j]*
+                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j] +
+                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*scan_vjp_W_i_grad_h_next[j]);
+                    const LSTM_LM_REAL x5 = x2*x4*(1 - x0);
+                    const LSTM_LM_REAL x6 = x1*x4*(1 - scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]);
+                    const LSTM_LM_REAL x7 = scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]*x4*(1 -
+                            (scan_vjp_W_i_tanh_mm_h_2_kept_2[j]*
+                            scan_vjp_W_i_tanh_mm_h_2_kept_2[j]));
+                    const LSTM_LM_REAL x8 = scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*(1 -
+                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j])*(scan_vjp_W_i_grad_mul_b_o[j]*x3 +
+                            scan_vjp_W_i_grad_h_next[j]*x3);
                     scan_vjp_W_i_mul_cell[j] = x5;
-                    scan_vjp_W_i_mul_grad_cell_next[j] = x7;
-                    scan_vjp_W_i_mul_grad_cell_next_2[j] = x8;
-                    scan_vjp_W_i_grad_cell[j] = x4;
-                    scan_vjp_W_i_mul_mm_h_4_kept_2[j] = scan_vjp_W_i_tanh_cell_2[j]*x0;
-                    grad_b_i[j] = grad_b_i[j] + x7;
+                    scan_vjp_W_i_mul_grad_cell_next[j] = x6;
+                    scan_vjp_W_i_mul_grad_cell_next_2[j] = x7;
+                    scan_vjp_W_i_mul_grad_h_next[j] = x8;
+                    scan_vjp_W_i_grad_cell[j] = x0*x4;
+                    scan_vjp_W_i_mul_mm_h_kept_2[j] = scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*x3;
+                    grad_b_i[j] = grad_b_i[j] + x6;
                     grad_b_f[j] = grad_b_f[j] + x5;
-                    grad_b_g[j] = grad_b_g[j] + x8;
-                    grad_b_o[j] = grad_b_o[j] + x2;
-                }
-                /* mm_U_o = mul_grad_h_next @ U_o^T */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        LSTM_LM_REAL acc = 0;
-                        for (int64_t k = 0; k < 16; ++k) {
-                            acc += scan_vjp_W_i_mul_grad_h_next[k] * U_o[k + 16*j];
-                        }
-                        scan_vjp_W_i_mm_U_o[16*i + j] = acc;
-                    }
+                    grad_b_g[j] = grad_b_g[j] + x7;
+                    grad_b_o[j] = grad_b_o[j] + x8;
                 }
                 /* mm_U_f = mul_cell @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -1474,13 +1490,23 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         scan_vjp_W_i_mm_U_g[16*i + j] = acc;
                     }
                 }
+                /* mm_U_o = mul_grad_h_next @ U_o^T */
+                for (int64_t i = 0; i < 1; ++i) {
+                    for (int64_t j = 0; j < 16; ++j) {
+                        LSTM_LM_REAL acc = 0;
+                        for (int64_t k = 0; k < 16; ++k) {
+                            acc += scan_vjp_W_i_mul_grad_h_next[k] * U_o[k + 16*j];
+                        }
+                        scan_vjp_W_i_mm_U_o[16*i + j] = acc;
+                    }
+                }
                 /* grad_h = mm_U_f + mm_U_g + mm_U_i + mm_U_o */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_grad_h[j] = scan_vjp_W_i_mm_U_o[j] + scan_vjp_W_i_mm_U_f[j] +
-                            scan_vjp_W_i_mm_U_i[j] + scan_vjp_W_i_mm_U_g[j];
+                    scan_vjp_W_i_grad_h[j] = scan_vjp_W_i_mm_U_f[j] + scan_vjp_W_i_mm_U_i[j] +
+                            scan_vjp_W_i_mm_U_g[j] + scan_vjp_W_i_mm_U_o[j];
                 }
                 /* grad_W_i += x^T @ mul_grad_cell_next */
                 for (int64_t i = 0; i < 30; ++i) {
@@ -1570,9 +1596,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         grad_U_o[16*i + j] += acc * scan_vjp_W_i_mul_grad_h_next[j];
                     }
                 }
-                /* grad_V += mul_mm_h_4_kept_2^T @ grad_out0 */
+                /* grad_V += mul_mm_h_kept_2^T @ grad_out0 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = scan_vjp_W_i_mul_mm_h_4_kept_2[i];
+                    const LSTM_LM_REAL acc = scan_vjp_W_i_mul_mm_h_kept_2[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -1686,17 +1712,17 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
     }
 
     /* where each buffer lies in work */
-    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
-    LSTM_LM_REAL *logits = work + 475; /* T x 30 */
+    LSTM_LM_REAL *scan_W_i = work; /* 460 x 1 */
+    LSTM_LM_REAL *logits = work + 491; /* T x 30 */
     LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T - 1)/32 + 1) x 32 */
     LSTM_LM_REAL *softmax_axis_logits = scan_part_W_i + 32*((T - 1)/32 + 1); /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = logits; /* T x 30, in logits's memory */
     LSTM_LM_REAL *grad_log_softmax_axis_logits = log_softmax_axis_logits + 30*T; /* T x 30 */
-    LSTM_LM_REAL *colsum_Y = scan_W_i + 444; /* 1 x 30 */
+    LSTM_LM_REAL *colsum_Y = scan_W_i + 460; /* 1 x 30 */
     LSTM_LM_REAL *rowsum_Y_2 = grad_log_softmax_axis_logits + 30*T; /* T x 1 */
     LSTM_LM_REAL *grad_logits = mul_Y; /* T x 30, in mul_Y's memory */
-    LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* (160*((32) < (T) ? (32) : (T)) + 4254) x 1 */
+    LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* (160*((32) < (T) ? (32) : (T)) + 4302) x 1 */
 
     lstm_lm_value_and_grad_part1(
         T,

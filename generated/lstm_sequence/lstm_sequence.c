@@ -29,7 +29,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t lstm_sequence_run_size(int64_t n)
 {
-    return symbackprop_size_add(661, symbackprop_size_mul(560, n));
+    return symbackprop_size_add(661, symbackprop_size_mul(568, n));
 }
 
 /* Its matrix products, a function for each kind of call (its sizes and
@@ -70,16 +70,16 @@ void lstm_sequence_product_8_n_1_at_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, 
         LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product_n_8_8_bt_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+void lstm_sequence_product_n_8_8_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
         LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
+    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product_8_n_1_at_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+void lstm_sequence_product_8_n_8_at_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
         LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
+    symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
@@ -110,16 +110,16 @@ void lstm_sequence_product_1_n_8_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, co
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product_n_8_8_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+void lstm_sequence_product_n_8_8_bt_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
         LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
+    symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product_8_n_8_at_add(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
+void lstm_sequence_product_8_n_1_at_bt(int64_t s0, const LSTM_SEQUENCE_REAL *a, const
         LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
+    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
@@ -147,34 +147,41 @@ void lstm_sequence_product_8_n_8_at(int64_t s0, const LSTM_SEQUENCE_REAL *a, con
  * loop (the same text on other arrays), called with its arrays: each kind
  * is compiled once, its arrays restrict. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_tanh_nx8_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
-        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
-        a2);
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_nx8_loop_a3c5(
-    int64_t n,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5
-);
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_nx8_loop_0960(
-    int64_t n,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4
-);
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_sigmoid_nx8_loop_fa01(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
         const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL
         *SYMBACKPROP_RESTRICT a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_nx8_loop_c8db(
+void lstm_sequence_tanh_nx8_loop_dcfb(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7
+);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_tanh_nx8_loop_2153(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_sigmoid_nx8_loop_b9dc(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
+);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_sigmoid_nx8_loop_a810(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -183,18 +190,8 @@ void lstm_sequence_sigmoid_nx8_loop_c8db(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7
-);
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_nx8_loop_3dd8(
-    int64_t n,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8
 );
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_logit_n_loop(
@@ -207,7 +204,7 @@ void lstm_sequence_logit_n_loop(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5
 );
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_grad_add_nx8_loop_1d86(
+void lstm_sequence_grad_add_nx8_loop_a0e4(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -217,9 +214,9 @@ void lstm_sequence_grad_add_nx8_loop_1d86(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11
 );
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
@@ -233,25 +230,25 @@ void lstm_sequence_grad_add_U_g_nx8_loop(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13
 );
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_grad_add_nx8_loop_a444(
+void lstm_sequence_grad_add_nx8_loop_d941(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
@@ -305,61 +302,6 @@ void lstm_sequence_grad_add_nx8_loop_168d(
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_tanh_nx8_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
-        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
-        a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
-        }
-    }
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_nx8_loop_a3c5(
-    int64_t n,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((a3[8*i + j] + a4[j]) >= 0 ? 1.0 : exp(-fabs(a3[8*i + j]
-                    + a4[j]))) / (1.0 + exp(-fabs(a3[8*i + j] + a4[j]))));
-            const LSTM_SEQUENCE_REAL x1 = a5[8*i + j]*x0;
-            a0[8*i + j] = x0;
-            a1[8*i + j] = x1;
-            a2[8*i + j] = tanh(x1);
-        }
-    }
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_nx8_loop_0960(
-    int64_t n,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((a3[8*i + j] + a4[j]) >= 0 ? 1.0 : exp(-fabs(a3[8*i + j]
-                    + a4[j]))) / (1.0 + exp(-fabs(a3[8*i + j] + a4[j]))));
-            a0[8*i + j] = x0;
-            a1[8*i + j] = a2[8*i + j]*x0;
-        }
-    }
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_sigmoid_nx8_loop_fa01(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
         const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL
         *SYMBACKPROP_RESTRICT a2)
@@ -373,12 +315,12 @@ void lstm_sequence_sigmoid_nx8_loop_fa01(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKP
     }
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_nx8_loop_c8db(
+void lstm_sequence_tanh_nx8_loop_dcfb(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
@@ -388,25 +330,41 @@ void lstm_sequence_sigmoid_nx8_loop_c8db(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((a3[8*i + j] + a4[j]) >= 0 ? 1.0 : exp(-fabs(a3[8*i + j]
-                    + a4[j]))) / (1.0 + exp(-fabs(a3[8*i + j] + a4[j]))));
-            const LSTM_SEQUENCE_REAL x1 = a5[8*i + j]*a6[8*i + j] + a7[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = tanh(a5[8*i + j] + a6[j]);
+            const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
             a0[8*i + j] = x0;
             a1[8*i + j] = x1;
-            a2[8*i + j] = tanh(x1);
+            a2[8*i + j] = x2;
+            a3[8*i + j] = a4[8*i + j]*x2;
         }
     }
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_sigmoid_nx8_loop_3dd8(
+void lstm_sequence_tanh_nx8_loop_2153(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_sigmoid_nx8_loop_b9dc(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
 )
 {
     SYMBACKPROP_PARALLEL_FOR
@@ -414,8 +372,38 @@ void lstm_sequence_sigmoid_nx8_loop_3dd8(
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = (((a5[8*i + j] + a6[j]) >= 0 ? 1.0 : exp(-fabs(a5[8*i + j]
                     + a6[j]))) / (1.0 + exp(-fabs(a5[8*i + j] + a6[j]))));
+            const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*a8[8*i + j] + a9[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
             a0[8*i + j] = x0;
-            a1[8*i + j] = tanh(a2[8*i + j]*a3[8*i + j] + a4[8*i + j]*x0);
+            a1[8*i + j] = x1;
+            a2[8*i + j] = x2;
+            a3[8*i + j] = a4[8*i + j]*x2;
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_sigmoid_nx8_loop_a810(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const LSTM_SEQUENCE_REAL x0 = (((a4[8*i + j] + a5[j]) >= 0 ? 1.0 : exp(-fabs(a4[8*i + j]
+                    + a5[j]))) / (1.0 + exp(-fabs(a4[8*i + j] + a5[j]))));
+            const LSTM_SEQUENCE_REAL x1 = tanh(a6[8*i + j]*a7[8*i + j] + a8[8*i + j]*x0);
+            a0[8*i + j] = x0;
+            a1[8*i + j] = x1;
+            a2[8*i + j] = a3[8*i + j]*x1;
         }
     }
 }
@@ -443,7 +431,7 @@ void lstm_sequence_logit_n_loop(
     }
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_grad_add_nx8_loop_1d86(
+void lstm_sequence_grad_add_nx8_loop_a0e4(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -453,23 +441,23 @@ void lstm_sequence_grad_add_nx8_loop_1d86(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11
 )
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a6[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (a5[8*i + j]*a5[8*i + j]));
+            const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a10[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (a9[8*i + j]*a9[8*i + j]));
             const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
             a0[8*i + j] = x1;
             a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
-            a4[8*i + j] = a5[8*i + j]*x0*(1 - a6[8*i + j]);
-            a7[8*i + j] = a8[8*i + j]*a9[8*i + j]*x1*(1 - a9[8*i + j]);
-            a10[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a4[8*i + j] = a5[8*i + j]*a6[8*i + j]*x1*(1 - a6[8*i + j]);
+            a7[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a8[8*i + j] = a9[8*i + j]*x0*(1 - a10[8*i + j]);
         }
     }
 }
@@ -484,9 +472,9 @@ void lstm_sequence_grad_add_U_g_nx8_loop(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13
@@ -495,30 +483,30 @@ void lstm_sequence_grad_add_U_g_nx8_loop(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a6[8*i + j];
+            const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a10[8*i + j];
             const LSTM_SEQUENCE_REAL x1 = a12[8*i + j]*a13[8*i + j] + x0*(1 -
-                    (a5[8*i + j]*a5[8*i + j]));
+                    (a9[8*i + j]*a9[8*i + j]));
             const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
             a0[8*i + j] = x1;
             a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
-            a4[8*i + j] = a5[8*i + j]*x0*(1 - a6[8*i + j]);
-            a7[8*i + j] = a8[8*i + j]*a9[8*i + j]*x1*(1 - a9[8*i + j]);
-            a10[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a4[8*i + j] = a5[8*i + j]*a6[8*i + j]*x1*(1 - a6[8*i + j]);
+            a7[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a8[8*i + j] = a9[8*i + j]*x0*(1 - a10[8*i + j]);
         }
     }
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_grad_add_nx8_loop_a444(
+void lstm_sequence_grad_add_nx8_loop_d941(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
@@ -536,16 +524,16 @@ void lstm_sequence_grad_add_nx8_loop_a444(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = a16[8*i + j]*a6[8*i + j];
+            const LSTM_SEQUENCE_REAL x0 = a16[8*i + j]*a8[8*i + j];
             const LSTM_SEQUENCE_REAL x1 = a17[8*i + j]*a18[8*i + j] + x0*(1 -
-                    (a5[8*i + j]*a5[8*i + j]));
+                    (a7[8*i + j]*a7[8*i + j]));
             const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
             const LSTM_SEQUENCE_REAL x3 = a19[8*i + j]*a20[8*i + j]*x1*(1 - a20[8*i + j]);
             a0[8*i + j] = x1;
             a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
-            a4[8*i + j] = a5[8*i + j]*x0*(1 - a6[8*i + j]);
-            a7[8*i + j] = x3;
-            a8[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a4[8*i + j] = x3;
+            a5[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a6[8*i + j] = a7[8*i + j]*x0*(1 - a8[8*i + j]);
             a9[8*i + j] = a10[8*i + j] + a11[8*i + j] + a12[8*i + j] + a13[8*i + j] + a14[8*i + j] +
                     a15[8*i + j] + x3;
         }
@@ -668,7 +656,7 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
     if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 483*n + 1 : 67*n + 1);
+    return (size_t)(with_grads ? 483*n + 1 : 75*n + 1);
 }
 #endif
 
@@ -682,7 +670,7 @@ enum {
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -701,15 +689,17 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *mm_W_g,
-    LSTM_SEQUENCE_REAL *tanh_W_g,
-    LSTM_SEQUENCE_REAL *mm_W_i,
-    LSTM_SEQUENCE_REAL *sigmoid_W_i,
-    LSTM_SEQUENCE_REAL *mul_W_g,
-    LSTM_SEQUENCE_REAL *tanh_W_g_2,
     LSTM_SEQUENCE_REAL *mm_W_o,
     LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *mm_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *mm_W_g,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
     LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mm_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
     LSTM_SEQUENCE_REAL *mm_U_g,
     LSTM_SEQUENCE_REAL *tanh_U_g,
     LSTM_SEQUENCE_REAL *mm_U_i,
@@ -718,9 +708,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *sigmoid_U_f,
     LSTM_SEQUENCE_REAL *add_U_g,
     LSTM_SEQUENCE_REAL *tanh_U_g_2,
-    LSTM_SEQUENCE_REAL *mm_U_o,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o,
     LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
     LSTM_SEQUENCE_REAL *mm_U_g_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_3,
     LSTM_SEQUENCE_REAL *mm_U_i_2,
@@ -729,12 +719,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
     LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_4,
-    LSTM_SEQUENCE_REAL *mm_U_o_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
     LSTM_SEQUENCE_REAL *mul_U_o_2,
-    LSTM_SEQUENCE_REAL *mm_U_g_3
+    LSTM_SEQUENCE_REAL *mm_U_o_3
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -753,15 +741,17 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *mm_W_g,
-    LSTM_SEQUENCE_REAL *tanh_W_g,
-    LSTM_SEQUENCE_REAL *mm_W_i,
-    LSTM_SEQUENCE_REAL *sigmoid_W_i,
-    LSTM_SEQUENCE_REAL *mul_W_g,
-    LSTM_SEQUENCE_REAL *tanh_W_g_2,
     LSTM_SEQUENCE_REAL *mm_W_o,
     LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *mm_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *mm_W_g,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
     LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mm_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
     LSTM_SEQUENCE_REAL *mm_U_g,
     LSTM_SEQUENCE_REAL *tanh_U_g,
     LSTM_SEQUENCE_REAL *mm_U_i,
@@ -770,9 +760,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *sigmoid_U_f,
     LSTM_SEQUENCE_REAL *add_U_g,
     LSTM_SEQUENCE_REAL *tanh_U_g_2,
-    LSTM_SEQUENCE_REAL *mm_U_o,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o,
     LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
     LSTM_SEQUENCE_REAL *mm_U_g_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_3,
     LSTM_SEQUENCE_REAL *mm_U_i_2,
@@ -781,32 +771,49 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
     LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_4,
-    LSTM_SEQUENCE_REAL *mm_U_o_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
     LSTM_SEQUENCE_REAL *mul_U_o_2,
-    LSTM_SEQUENCE_REAL *mm_U_g_3
+    LSTM_SEQUENCE_REAL *mm_U_o_3
 )
 {
-    /* mm_W_g = x1 @ W_g */
-    lstm_sequence_product_n_1_8_at(n, x1_, W_g, mm_W_g);
+    /* mm_W_o = x1 @ W_o */
+    lstm_sequence_product_n_1_8_at(n, x1_, W_o, mm_W_o);
 
-    /* tanh_W_g = tanh(b_g + mm_W_g) */
-    lstm_sequence_tanh_nx8_loop(n, tanh_W_g, mm_W_g, b_g);
+    /* sigmoid_W_o = sigmoid(b_o + mm_W_o) */
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_W_o, mm_W_o, b_o);
 
     /* mm_W_i = x1 @ W_i */
     lstm_sequence_product_n_1_8_at(n, x1_, W_i, mm_W_i);
 
     /* sigmoid_W_i = sigmoid(b_i + mm_W_i) */
-    /* mul_W_g = tanh_W_g*sigmoid(b_i + mm_W_i) */
-    /* tanh_W_g_2 = tanh(tanh_W_g*sigmoid(b_i + mm_W_i)) */
-    lstm_sequence_sigmoid_nx8_loop_a3c5(n, sigmoid_W_i, mul_W_g, tanh_W_g_2, mm_W_i, b_i, tanh_W_g);
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_W_i, mm_W_i, b_i);
 
-    /* mm_W_o = x1 @ W_o */
-    lstm_sequence_product_n_1_8_at(n, x1_, W_o, mm_W_o);
+    /* mm_W_g = x1 @ W_g */
+    lstm_sequence_product_n_1_8_at(n, x1_, W_g, mm_W_g);
 
-    /* sigmoid_W_o = sigmoid(b_o + mm_W_o) */
-    /* mul_W_o = tanh_W_g_2*sigmoid(b_o + mm_W_o) */
-    lstm_sequence_sigmoid_nx8_loop_0960(n, sigmoid_W_o, mul_W_o, tanh_W_g_2, mm_W_o, b_o);
+    /* tanh_W_g = tanh(b_g + mm_W_g) */
+    /* mul_W_i = sigmoid_W_i*tanh(b_g + mm_W_g) */
+    /* tanh_W_i = tanh(sigmoid_W_i*tanh(b_g + mm_W_g)) */
+    /* mul_W_o = sigmoid_W_o*tanh(sigmoid_W_i*tanh(b_g + mm_W_g)) */
+    lstm_sequence_tanh_nx8_loop_dcfb(
+        n,
+        tanh_W_g,
+        mul_W_i,
+        tanh_W_i,
+        mul_W_o,
+        sigmoid_W_o,
+        mm_W_g,
+        b_g,
+        sigmoid_W_i
+    );
+
+    /* mm_U_o = mul_W_o @ U_o, the first of 2 products added up here */
+    lstm_sequence_product_n_8_8(n, mul_W_o, U_o, mm_U_o);
+
+    /* mm_U_o += x2 @ W_o */
+    lstm_sequence_product_n_1_8_at_add(n, x2_, W_o, mm_U_o);
+
+    /* sigmoid_U_o = sigmoid(b_o + mm_U_o) */
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o, mm_U_o, b_o);
 
     /* mm_U_g = mul_W_o @ U_g, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_W_o, U_g, mm_U_g);
@@ -815,7 +822,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product_n_1_8_at_add(n, x2_, W_g, mm_U_g);
 
     /* tanh_U_g = tanh(b_g + mm_U_g) */
-    lstm_sequence_tanh_nx8_loop(n, tanh_U_g, mm_U_g, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g, mm_U_g, b_g);
 
     /* mm_U_i = mul_W_o @ U_i, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_W_o, U_i, mm_U_i);
@@ -833,29 +840,31 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product_n_1_8_at_add(n, x2_, W_f, mm_U_f);
 
     /* sigmoid_U_f = sigmoid(b_f + mm_U_f) */
-    /* add_U_g = mul_W_g*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
-    /* tanh_U_g_2 = tanh(mul_W_g*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
-    lstm_sequence_sigmoid_nx8_loop_c8db(
+    /* add_U_g = mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
+    /* tanh_U_g_2 = tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
+    /* mul_U_o = sigmoid_U_o*tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
         n,
         sigmoid_U_f,
         add_U_g,
         tanh_U_g_2,
+        mul_U_o,
+        sigmoid_U_o,
         mm_U_f,
         b_f,
         tanh_U_g,
         sigmoid_U_i,
-        mul_W_g
+        mul_W_i
     );
 
-    /* mm_U_o = mul_W_o @ U_o, the first of 2 products added up here */
-    lstm_sequence_product_n_8_8(n, mul_W_o, U_o, mm_U_o);
+    /* mm_U_o_2 = mul_U_o @ U_o, the first of 2 products added up here */
+    lstm_sequence_product_n_8_8(n, mul_U_o, U_o, mm_U_o_2);
 
-    /* mm_U_o += x2 @ W_o */
-    lstm_sequence_product_n_1_8_at_add(n, x2_, W_o, mm_U_o);
+    /* mm_U_o_2 += x3 @ W_o */
+    lstm_sequence_product_n_1_8_at_add(n, x3_, W_o, mm_U_o_2);
 
-    /* sigmoid_U_o = sigmoid(b_o + mm_U_o) */
-    /* mul_U_o = tanh_U_g_2*sigmoid(b_o + mm_U_o) */
-    lstm_sequence_sigmoid_nx8_loop_0960(n, sigmoid_U_o, mul_U_o, tanh_U_g_2, mm_U_o, b_o);
+    /* sigmoid_U_o_2 = sigmoid(b_o + mm_U_o_2) */
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_2, mm_U_o_2, b_o);
 
     /* mm_U_g_2 = mul_U_o @ U_g, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o, U_g, mm_U_g_2);
@@ -864,7 +873,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product_n_1_8_at_add(n, x3_, W_g, mm_U_g_2);
 
     /* tanh_U_g_3 = tanh(b_g + mm_U_g_2) */
-    lstm_sequence_tanh_nx8_loop(n, tanh_U_g_3, mm_U_g_2, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_3, mm_U_g_2, b_g);
 
     /* mm_U_i_2 = mul_U_o @ U_i, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o, U_i, mm_U_i_2);
@@ -884,11 +893,14 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* sigmoid_U_f_2 = sigmoid(b_f + mm_U_f_2) */
     /* add_U_g_2 = add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3 */
     /* tanh_U_g_4 = tanh(add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3) */
-    lstm_sequence_sigmoid_nx8_loop_c8db(
+    /* mul_U_o_2 = sigmoid_U_o_2*tanh(add_U_g*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_3) */
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
         n,
         sigmoid_U_f_2,
         add_U_g_2,
         tanh_U_g_4,
+        mul_U_o_2,
+        sigmoid_U_o_2,
         mm_U_f_2,
         b_f,
         tanh_U_g_3,
@@ -896,28 +908,18 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
         add_U_g
     );
 
-    /* mm_U_o_2 = mul_U_o @ U_o, the first of 2 products added up here */
-    lstm_sequence_product_n_8_8(n, mul_U_o, U_o, mm_U_o_2);
+    /* mm_U_o_3 = mul_U_o_2 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product_n_8_8(n, mul_U_o_2, U_o, mm_U_o_3);
 
-    /* mm_U_o_2 += x3 @ W_o */
-    lstm_sequence_product_n_1_8_at_add(n, x3_, W_o, mm_U_o_2);
-
-    /* sigmoid_U_o_2 = sigmoid(b_o + mm_U_o_2) */
-    /* mul_U_o_2 = tanh_U_g_4*sigmoid(b_o + mm_U_o_2) */
-    lstm_sequence_sigmoid_nx8_loop_0960(n, sigmoid_U_o_2, mul_U_o_2, tanh_U_g_4, mm_U_o_2, b_o);
-
-    /* mm_U_g_3 = mul_U_o_2 @ U_g, the first of 2 products added up here */
-    lstm_sequence_product_n_8_8(n, mul_U_o_2, U_g, mm_U_g_3);
-
-    /* mm_U_g_3 += x4 @ W_g */
-    lstm_sequence_product_n_1_8_at_add(n, x4_, W_g, mm_U_g_3);
+    /* mm_U_o_3 += x4 @ W_o */
+    lstm_sequence_product_n_1_8_at_add(n, x4_, W_o, mm_U_o_3);
 }
 #endif
 
 /* lstm_sequence_run, part 2 of 8 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 3; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x4_,
@@ -937,6 +939,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *b_o,
     LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
     LSTM_SEQUENCE_REAL *mm_U_g_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *mm_U_i_3,
@@ -945,9 +949,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
     LSTM_SEQUENCE_REAL *add_U_g_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_6,
-    LSTM_SEQUENCE_REAL *mm_U_o_3,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
     LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
     LSTM_SEQUENCE_REAL *mm_U_g_4,
     LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *mm_U_i_4,
@@ -956,20 +960,16 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
     LSTM_SEQUENCE_REAL *add_U_g_4,
     LSTM_SEQUENCE_REAL *tanh_U_g_8,
-    LSTM_SEQUENCE_REAL *mm_U_o_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
     LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
     LSTM_SEQUENCE_REAL *mm_U_g_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_9,
     LSTM_SEQUENCE_REAL *mm_U_i_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
-    LSTM_SEQUENCE_REAL *mm_U_f_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
-    LSTM_SEQUENCE_REAL *add_U_g_5,
-    LSTM_SEQUENCE_REAL *tanh_U_g_10,
-    LSTM_SEQUENCE_REAL *mm_U_o_5
+    LSTM_SEQUENCE_REAL *mm_U_f_5
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x4_,
@@ -989,6 +989,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *b_o,
     LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
     LSTM_SEQUENCE_REAL *mm_U_g_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *mm_U_i_3,
@@ -997,9 +999,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
     LSTM_SEQUENCE_REAL *add_U_g_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_6,
-    LSTM_SEQUENCE_REAL *mm_U_o_3,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
     LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
     LSTM_SEQUENCE_REAL *mm_U_g_4,
     LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *mm_U_i_4,
@@ -1008,22 +1010,27 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
     LSTM_SEQUENCE_REAL *add_U_g_4,
     LSTM_SEQUENCE_REAL *tanh_U_g_8,
-    LSTM_SEQUENCE_REAL *mm_U_o_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
     LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
     LSTM_SEQUENCE_REAL *mm_U_g_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_9,
     LSTM_SEQUENCE_REAL *mm_U_i_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
-    LSTM_SEQUENCE_REAL *mm_U_f_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
-    LSTM_SEQUENCE_REAL *add_U_g_5,
-    LSTM_SEQUENCE_REAL *tanh_U_g_10,
-    LSTM_SEQUENCE_REAL *mm_U_o_5
+    LSTM_SEQUENCE_REAL *mm_U_f_5
 )
 {
+    /* sigmoid_U_o_3 = sigmoid(b_o + mm_U_o_3) */
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_3, mm_U_o_3, b_o);
+
+    /* mm_U_g_3 = mul_U_o_2 @ U_g, the first of 2 products added up here */
+    lstm_sequence_product_n_8_8(n, mul_U_o_2, U_g, mm_U_g_3);
+
+    /* mm_U_g_3 += x4 @ W_g */
+    lstm_sequence_product_n_1_8_at_add(n, x4_, W_g, mm_U_g_3);
+
     /* tanh_U_g_5 = tanh(b_g + mm_U_g_3) */
-    lstm_sequence_tanh_nx8_loop(n, tanh_U_g_5, mm_U_g_3, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_5, mm_U_g_3, b_g);
 
     /* mm_U_i_3 = mul_U_o_2 @ U_i, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_2, U_i, mm_U_i_3);
@@ -1043,11 +1050,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* sigmoid_U_f_3 = sigmoid(b_f + mm_U_f_3) */
     /* add_U_g_3 = add_U_g_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_5 */
     /* tanh_U_g_6 = tanh(add_U_g_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_5) */
-    lstm_sequence_sigmoid_nx8_loop_c8db(
+    /* mul_U_o_3 = sigmoid_U_o_3*tanh(add_U_g_2*sigmoid(b_f + mm_U_f_3) +
+     * sigmoid_U_i_3*tanh_U_g_5) */
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
         n,
         sigmoid_U_f_3,
         add_U_g_3,
         tanh_U_g_6,
+        mul_U_o_3,
+        sigmoid_U_o_3,
         mm_U_f_3,
         b_f,
         tanh_U_g_5,
@@ -1055,15 +1066,14 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
         add_U_g_2
     );
 
-    /* mm_U_o_3 = mul_U_o_2 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product_n_8_8(n, mul_U_o_2, U_o, mm_U_o_3);
+    /* mm_U_o_4 = mul_U_o_3 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product_n_8_8(n, mul_U_o_3, U_o, mm_U_o_4);
 
-    /* mm_U_o_3 += x4 @ W_o */
-    lstm_sequence_product_n_1_8_at_add(n, x4_, W_o, mm_U_o_3);
+    /* mm_U_o_4 += x5 @ W_o */
+    lstm_sequence_product_n_1_8_at_add(n, x5_, W_o, mm_U_o_4);
 
-    /* sigmoid_U_o_3 = sigmoid(b_o + mm_U_o_3) */
-    /* mul_U_o_3 = tanh_U_g_6*sigmoid(b_o + mm_U_o_3) */
-    lstm_sequence_sigmoid_nx8_loop_0960(n, sigmoid_U_o_3, mul_U_o_3, tanh_U_g_6, mm_U_o_3, b_o);
+    /* sigmoid_U_o_4 = sigmoid(b_o + mm_U_o_4) */
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_4, mm_U_o_4, b_o);
 
     /* mm_U_g_4 = mul_U_o_3 @ U_g, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_3, U_g, mm_U_g_4);
@@ -1072,7 +1082,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product_n_1_8_at_add(n, x5_, W_g, mm_U_g_4);
 
     /* tanh_U_g_7 = tanh(b_g + mm_U_g_4) */
-    lstm_sequence_tanh_nx8_loop(n, tanh_U_g_7, mm_U_g_4, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_7, mm_U_g_4, b_g);
 
     /* mm_U_i_4 = mul_U_o_3 @ U_i, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_3, U_i, mm_U_i_4);
@@ -1092,11 +1102,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* sigmoid_U_f_4 = sigmoid(b_f + mm_U_f_4) */
     /* add_U_g_4 = add_U_g_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_7 */
     /* tanh_U_g_8 = tanh(add_U_g_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_7) */
-    lstm_sequence_sigmoid_nx8_loop_c8db(
+    /* mul_U_o_4 = sigmoid_U_o_4*tanh(add_U_g_3*sigmoid(b_f + mm_U_f_4) +
+     * sigmoid_U_i_4*tanh_U_g_7) */
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
         n,
         sigmoid_U_f_4,
         add_U_g_4,
         tanh_U_g_8,
+        mul_U_o_4,
+        sigmoid_U_o_4,
         mm_U_f_4,
         b_f,
         tanh_U_g_7,
@@ -1104,15 +1118,14 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
         add_U_g_3
     );
 
-    /* mm_U_o_4 = mul_U_o_3 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product_n_8_8(n, mul_U_o_3, U_o, mm_U_o_4);
+    /* mm_U_o_5 = mul_U_o_4 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product_n_8_8(n, mul_U_o_4, U_o, mm_U_o_5);
 
-    /* mm_U_o_4 += x5 @ W_o */
-    lstm_sequence_product_n_1_8_at_add(n, x5_, W_o, mm_U_o_4);
+    /* mm_U_o_5 += x6 @ W_o */
+    lstm_sequence_product_n_1_8_at_add(n, x6_, W_o, mm_U_o_5);
 
-    /* sigmoid_U_o_4 = sigmoid(b_o + mm_U_o_4) */
-    /* mul_U_o_4 = tanh_U_g_8*sigmoid(b_o + mm_U_o_4) */
-    lstm_sequence_sigmoid_nx8_loop_0960(n, sigmoid_U_o_4, mul_U_o_4, tanh_U_g_8, mm_U_o_4, b_o);
+    /* sigmoid_U_o_5 = sigmoid(b_o + mm_U_o_5) */
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_5, mm_U_o_5, b_o);
 
     /* mm_U_g_5 = mul_U_o_4 @ U_g, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_4, U_g, mm_U_g_5);
@@ -1121,7 +1134,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product_n_1_8_at_add(n, x6_, W_g, mm_U_g_5);
 
     /* tanh_U_g_9 = tanh(b_g + mm_U_g_5) */
-    lstm_sequence_tanh_nx8_loop(n, tanh_U_g_9, mm_U_g_5, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_9, mm_U_g_5, b_g);
 
     /* mm_U_i_5 = mul_U_o_4 @ U_i, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_4, U_i, mm_U_i_5);
@@ -1134,27 +1147,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* mm_U_f_5 = mul_U_o_4 @ U_f, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_4, U_f, mm_U_f_5);
-
-    /* mm_U_f_5 += x6 @ W_f */
-    lstm_sequence_product_n_1_8_at_add(n, x6_, W_f, mm_U_f_5);
-
-    /* sigmoid_U_f_5 = sigmoid(b_f + mm_U_f_5) */
-    /* add_U_g_5 = add_U_g_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_9 */
-    /* tanh_U_g_10 = tanh(add_U_g_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_9) */
-    lstm_sequence_sigmoid_nx8_loop_c8db(
-        n,
-        sigmoid_U_f_5,
-        add_U_g_5,
-        tanh_U_g_10,
-        mm_U_f_5,
-        b_f,
-        tanh_U_g_9,
-        sigmoid_U_i_5,
-        add_U_g_4
-    );
-
-    /* mm_U_o_5 = mul_U_o_4 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product_n_8_8(n, mul_U_o_4, U_o, mm_U_o_5);
 }
 #endif
 
@@ -1185,11 +1177,17 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
     LSTM_SEQUENCE_REAL *work,
+    LSTM_SEQUENCE_REAL *add_U_g_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_9,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
     LSTM_SEQUENCE_REAL *add_U_g_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_10,
-    LSTM_SEQUENCE_REAL *mm_U_o_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
     LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
     LSTM_SEQUENCE_REAL *mm_U_g_6,
     LSTM_SEQUENCE_REAL *tanh_U_g_11,
     LSTM_SEQUENCE_REAL *mm_U_i_6,
@@ -1198,9 +1196,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
     LSTM_SEQUENCE_REAL *add_U_g_6,
     LSTM_SEQUENCE_REAL *tanh_U_g_12,
-    LSTM_SEQUENCE_REAL *mm_U_o_6,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
     LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
     LSTM_SEQUENCE_REAL *mm_U_g_7,
     LSTM_SEQUENCE_REAL *tanh_U_g_13,
     LSTM_SEQUENCE_REAL *mm_U_i_7,
@@ -1208,8 +1206,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *mm_U_f_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
     LSTM_SEQUENCE_REAL *tanh_U_g_14,
-    LSTM_SEQUENCE_REAL *mm_U_o_7,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
     LSTM_SEQUENCE_REAL *mul_U_o_7,
     LSTM_SEQUENCE_REAL *mm_V,
     LSTM_SEQUENCE_REAL *add_logit,
@@ -1239,11 +1235,17 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
     LSTM_SEQUENCE_REAL *work,
+    LSTM_SEQUENCE_REAL *add_U_g_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_9,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
     LSTM_SEQUENCE_REAL *add_U_g_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_10,
-    LSTM_SEQUENCE_REAL *mm_U_o_5,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
     LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
     LSTM_SEQUENCE_REAL *mm_U_g_6,
     LSTM_SEQUENCE_REAL *tanh_U_g_11,
     LSTM_SEQUENCE_REAL *mm_U_i_6,
@@ -1252,9 +1254,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
     LSTM_SEQUENCE_REAL *add_U_g_6,
     LSTM_SEQUENCE_REAL *tanh_U_g_12,
-    LSTM_SEQUENCE_REAL *mm_U_o_6,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
     LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
     LSTM_SEQUENCE_REAL *mm_U_g_7,
     LSTM_SEQUENCE_REAL *tanh_U_g_13,
     LSTM_SEQUENCE_REAL *mm_U_i_7,
@@ -1262,20 +1264,42 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *mm_U_f_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
     LSTM_SEQUENCE_REAL *tanh_U_g_14,
-    LSTM_SEQUENCE_REAL *mm_U_o_7,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
     LSTM_SEQUENCE_REAL *mul_U_o_7,
     LSTM_SEQUENCE_REAL *mm_V,
     LSTM_SEQUENCE_REAL *add_logit,
     LSTM_SEQUENCE_REAL *grad_logit
 )
 {
-    /* mm_U_o_5 += x6 @ W_o */
-    lstm_sequence_product_n_1_8_at_add(n, x6_, W_o, mm_U_o_5);
+    /* mm_U_f_5 += x6 @ W_f */
+    lstm_sequence_product_n_1_8_at_add(n, x6_, W_f, mm_U_f_5);
 
-    /* sigmoid_U_o_5 = sigmoid(b_o + mm_U_o_5) */
-    /* mul_U_o_5 = tanh_U_g_10*sigmoid(b_o + mm_U_o_5) */
-    lstm_sequence_sigmoid_nx8_loop_0960(n, sigmoid_U_o_5, mul_U_o_5, tanh_U_g_10, mm_U_o_5, b_o);
+    /* sigmoid_U_f_5 = sigmoid(b_f + mm_U_f_5) */
+    /* add_U_g_5 = add_U_g_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_9 */
+    /* tanh_U_g_10 = tanh(add_U_g_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_9) */
+    /* mul_U_o_5 = sigmoid_U_o_5*tanh(add_U_g_4*sigmoid(b_f + mm_U_f_5) +
+     * sigmoid_U_i_5*tanh_U_g_9) */
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
+        n,
+        sigmoid_U_f_5,
+        add_U_g_5,
+        tanh_U_g_10,
+        mul_U_o_5,
+        sigmoid_U_o_5,
+        mm_U_f_5,
+        b_f,
+        tanh_U_g_9,
+        sigmoid_U_i_5,
+        add_U_g_4
+    );
+
+    /* mm_U_o_6 = mul_U_o_5 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product_n_8_8(n, mul_U_o_5, U_o, mm_U_o_6);
+
+    /* mm_U_o_6 += x7 @ W_o */
+    lstm_sequence_product_n_1_8_at_add(n, x7_, W_o, mm_U_o_6);
+
+    /* sigmoid_U_o_6 = sigmoid(b_o + mm_U_o_6) */
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_6, mm_U_o_6, b_o);
 
     /* mm_U_g_6 = mul_U_o_5 @ U_g, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_5, U_g, mm_U_g_6);
@@ -1284,7 +1308,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product_n_1_8_at_add(n, x7_, W_g, mm_U_g_6);
 
     /* tanh_U_g_11 = tanh(b_g + mm_U_g_6) */
-    lstm_sequence_tanh_nx8_loop(n, tanh_U_g_11, mm_U_g_6, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_11, mm_U_g_6, b_g);
 
     /* mm_U_i_6 = mul_U_o_5 @ U_i, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_5, U_i, mm_U_i_6);
@@ -1304,11 +1328,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* sigmoid_U_f_6 = sigmoid(b_f + mm_U_f_6) */
     /* add_U_g_6 = add_U_g_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_11 */
     /* tanh_U_g_12 = tanh(add_U_g_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_11) */
-    lstm_sequence_sigmoid_nx8_loop_c8db(
+    /* mul_U_o_6 = sigmoid_U_o_6*tanh(add_U_g_5*sigmoid(b_f + mm_U_f_6) +
+     * sigmoid_U_i_6*tanh_U_g_11) */
+    lstm_sequence_sigmoid_nx8_loop_b9dc(
         n,
         sigmoid_U_f_6,
         add_U_g_6,
         tanh_U_g_12,
+        mul_U_o_6,
+        sigmoid_U_o_6,
         mm_U_f_6,
         b_f,
         tanh_U_g_11,
@@ -1316,15 +1344,14 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
         add_U_g_5
     );
 
-    /* mm_U_o_6 = mul_U_o_5 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product_n_8_8(n, mul_U_o_5, U_o, mm_U_o_6);
+    /* mm_U_o_7 = mul_U_o_6 @ U_o, the first of 2 products added up here */
+    lstm_sequence_product_n_8_8(n, mul_U_o_6, U_o, mm_U_o_7);
 
-    /* mm_U_o_6 += x7 @ W_o */
-    lstm_sequence_product_n_1_8_at_add(n, x7_, W_o, mm_U_o_6);
+    /* mm_U_o_7 += x8 @ W_o */
+    lstm_sequence_product_n_1_8_at_add(n, x8_, W_o, mm_U_o_7);
 
-    /* sigmoid_U_o_6 = sigmoid(b_o + mm_U_o_6) */
-    /* mul_U_o_6 = tanh_U_g_12*sigmoid(b_o + mm_U_o_6) */
-    lstm_sequence_sigmoid_nx8_loop_0960(n, sigmoid_U_o_6, mul_U_o_6, tanh_U_g_12, mm_U_o_6, b_o);
+    /* sigmoid_U_o_7 = sigmoid(b_o + mm_U_o_7) */
+    lstm_sequence_sigmoid_nx8_loop_fa01(n, sigmoid_U_o_7, mm_U_o_7, b_o);
 
     /* mm_U_g_7 = mul_U_o_6 @ U_g, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_6, U_g, mm_U_g_7);
@@ -1333,7 +1360,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product_n_1_8_at_add(n, x8_, W_g, mm_U_g_7);
 
     /* tanh_U_g_13 = tanh(b_g + mm_U_g_7) */
-    lstm_sequence_tanh_nx8_loop(n, tanh_U_g_13, mm_U_g_7, b_g);
+    lstm_sequence_tanh_nx8_loop_2153(n, tanh_U_g_13, mm_U_g_7, b_g);
 
     /* mm_U_i_7 = mul_U_o_6 @ U_i, the first of 2 products added up here */
     lstm_sequence_product_n_8_8(n, mul_U_o_6, U_i, mm_U_i_7);
@@ -1352,26 +1379,20 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* sigmoid_U_f_7 = sigmoid(b_f + mm_U_f_7) */
     /* tanh_U_g_14 = tanh(add_U_g_6*sigmoid(b_f + mm_U_f_7) + sigmoid_U_i_7*tanh_U_g_13) */
-    lstm_sequence_sigmoid_nx8_loop_3dd8(
+    /* mul_U_o_7 = sigmoid_U_o_7*tanh(add_U_g_6*sigmoid(b_f + mm_U_f_7) +
+     * sigmoid_U_i_7*tanh_U_g_13) */
+    lstm_sequence_sigmoid_nx8_loop_a810(
         n,
         sigmoid_U_f_7,
         tanh_U_g_14,
+        mul_U_o_7,
+        sigmoid_U_o_7,
+        mm_U_f_7,
+        b_f,
         tanh_U_g_13,
         sigmoid_U_i_7,
-        add_U_g_6,
-        mm_U_f_7,
-        b_f
+        add_U_g_6
     );
-
-    /* mm_U_o_7 = mul_U_o_6 @ U_o, the first of 2 products added up here */
-    lstm_sequence_product_n_8_8(n, mul_U_o_6, U_o, mm_U_o_7);
-
-    /* mm_U_o_7 += x8 @ W_o */
-    lstm_sequence_product_n_1_8_at_add(n, x8_, W_o, mm_U_o_7);
-
-    /* sigmoid_U_o_7 = sigmoid(b_o + mm_U_o_7) */
-    /* mul_U_o_7 = tanh_U_g_14*sigmoid(b_o + mm_U_o_7) */
-    lstm_sequence_sigmoid_nx8_loop_0960(n, sigmoid_U_o_7, mul_U_o_7, tanh_U_g_14, mm_U_o_7, b_o);
 
     /* mm_V = mul_U_o_7 @ V */
     lstm_sequence_product_n_8_1_bt(n, mul_U_o_7, V, mm_V);
@@ -1399,36 +1420,36 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
     LSTM_SEQUENCE_REAL *add_U_g_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
     LSTM_SEQUENCE_REAL *tanh_U_g_13,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
     LSTM_SEQUENCE_REAL *tanh_U_g_14,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
     LSTM_SEQUENCE_REAL *grad_logit,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_7,
     LSTM_SEQUENCE_REAL *grad_add_U_g,
     LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
     LSTM_SEQUENCE_REAL *add_U_g_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
     LSTM_SEQUENCE_REAL *tanh_U_g_13,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
     LSTM_SEQUENCE_REAL *tanh_U_g_14,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
     LSTM_SEQUENCE_REAL *grad_logit,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_7,
     LSTM_SEQUENCE_REAL *grad_add_U_g,
     LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o
 )
 {
     /* grad_mul_U_o_7 = grad_logit @ V^T */
@@ -1437,24 +1458,24 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     /* grad_add_U_g = grad_mul_U_o_7*sigmoid_U_o_7*(1 - tanh_U_g_14**2) */
     /* grad_add_U_i = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*tanh_U_g_13*(1 -
      * sigmoid_U_i_7)*(1 - tanh_U_g_14**2) */
-    /* grad_add_U_o = grad_mul_U_o_7*sigmoid_U_o_7*tanh_U_g_14*(1 - sigmoid_U_o_7) */
     /* grad_add_U_f = add_U_g_6*grad_mul_U_o_7*sigmoid_U_f_7*sigmoid_U_o_7*(1 -
      * sigmoid_U_f_7)*(1 - tanh_U_g_14**2) */
     /* grad_add_U_g_2 = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*(1 - tanh_U_g_13**2)*(1 -
      * tanh_U_g_14**2) */
-    lstm_sequence_grad_add_nx8_loop_1d86(
+    /* grad_add_U_o = grad_mul_U_o_7*sigmoid_U_o_7*tanh_U_g_14*(1 - sigmoid_U_o_7) */
+    lstm_sequence_grad_add_nx8_loop_a0e4(
         n,
         grad_add_U_g,
         grad_add_U_i,
         tanh_U_g_13,
         sigmoid_U_i_7,
-        grad_add_U_o,
-        tanh_U_g_14,
-        sigmoid_U_o_7,
         grad_add_U_f,
         add_U_g_6,
         sigmoid_U_f_7,
         grad_add_U_g_2,
+        grad_add_U_o,
+        tanh_U_g_14,
+        sigmoid_U_o_7,
         grad_mul_U_o_7
     );
 }
@@ -1478,71 +1499,71 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_o,
     LSTM_SEQUENCE_REAL *grad_W_i,
     LSTM_SEQUENCE_REAL *add_U_g,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
     LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
     LSTM_SEQUENCE_REAL *add_U_g_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_6,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
     LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
     LSTM_SEQUENCE_REAL *add_U_g_4,
     LSTM_SEQUENCE_REAL *tanh_U_g_8,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_9,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
     LSTM_SEQUENCE_REAL *add_U_g_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_10,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
     LSTM_SEQUENCE_REAL *tanh_U_g_11,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
     LSTM_SEQUENCE_REAL *tanh_U_g_12,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
     LSTM_SEQUENCE_REAL *grad_add_U_g,
     LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_g_6,
     LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_5,
     LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_f_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
     LSTM_SEQUENCE_REAL *grad_add_U_g_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_mul_U_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
@@ -1560,82 +1581,79 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_o,
     LSTM_SEQUENCE_REAL *grad_W_i,
     LSTM_SEQUENCE_REAL *add_U_g,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
     LSTM_SEQUENCE_REAL *add_U_g_2,
     LSTM_SEQUENCE_REAL *tanh_U_g_4,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
     LSTM_SEQUENCE_REAL *add_U_g_3,
     LSTM_SEQUENCE_REAL *tanh_U_g_6,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
     LSTM_SEQUENCE_REAL *tanh_U_g_7,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
     LSTM_SEQUENCE_REAL *add_U_g_4,
     LSTM_SEQUENCE_REAL *tanh_U_g_8,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_9,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
     LSTM_SEQUENCE_REAL *add_U_g_5,
     LSTM_SEQUENCE_REAL *tanh_U_g_10,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
     LSTM_SEQUENCE_REAL *tanh_U_g_11,
     LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
     LSTM_SEQUENCE_REAL *tanh_U_g_12,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
     LSTM_SEQUENCE_REAL *grad_add_U_g,
     LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_g_6,
     LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_5,
     LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_f_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_mul_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
     LSTM_SEQUENCE_REAL *grad_add_U_g_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_mul_U_o
 )
 {
     /* grad_W_i = x8^T @ grad_add_U_i, the first of 8 products added up here */
     lstm_sequence_product_1_n_8(n, x8_, grad_add_U_i, grad_W_i);
 
-    /* grad_mul_U_o_6 = grad_add_U_o @ U_o^T, the first of 4 products added up here */
-    lstm_sequence_product_n_8_8_bt(n, grad_add_U_o, U_o, grad_mul_U_o_6);
-
-    /* grad_mul_U_o_6 += grad_add_U_f @ U_f^T */
-    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_f, U_f, grad_mul_U_o_6);
+    /* grad_mul_U_o_6 = grad_add_U_f @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f, U_f, grad_mul_U_o_6);
 
     /* grad_mul_U_o_6 += grad_add_U_i @ U_i^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i, U_i, grad_mul_U_o_6);
@@ -1643,30 +1661,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_mul_U_o_6 += grad_add_U_g_2 @ U_g^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_2, U_g, grad_mul_U_o_6);
 
+    /* grad_mul_U_o_6 += grad_add_U_o @ U_o^T */
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o, U_o, grad_mul_U_o_6);
+
     /* grad_add_U_g_6 = grad_add_U_g*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
      * tanh_U_g_12**2) */
     /* grad_add_U_i_2 = sigmoid_U_i_6*tanh_U_g_11*(1 -
      * sigmoid_U_i_6)*(grad_add_U_g*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
      * tanh_U_g_12**2)) */
-    /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_g_12*(1 - sigmoid_U_o_6) */
     /* grad_add_U_f_2 = add_U_g_5*sigmoid_U_f_6*(1 -
      * sigmoid_U_f_6)*(grad_add_U_g*sigmoid_U_f_7 + grad_mul_U_o_6*sigmoid_U_o_6*(1 -
      * tanh_U_g_12**2)) */
     /* grad_add_U_g_3 = sigmoid_U_i_6*(1 - tanh_U_g_11**2)*(grad_add_U_g*sigmoid_U_f_7 +
      * grad_mul_U_o_6*sigmoid_U_o_6*(1 - tanh_U_g_12**2)) */
+    /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_g_12*(1 - sigmoid_U_o_6) */
     lstm_sequence_grad_add_U_g_nx8_loop(
         n,
         grad_add_U_g_6,
         grad_add_U_i_2,
         tanh_U_g_11,
         sigmoid_U_i_6,
-        grad_add_U_o_2,
-        tanh_U_g_12,
-        sigmoid_U_o_6,
         grad_add_U_f_2,
         add_U_g_5,
         sigmoid_U_f_6,
         grad_add_U_g_3,
+        grad_add_U_o_2,
+        tanh_U_g_12,
+        sigmoid_U_o_6,
         grad_mul_U_o_6,
         grad_add_U_g,
         sigmoid_U_f_7
@@ -1675,11 +1696,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_W_i += x7^T @ grad_add_U_i_2 */
     lstm_sequence_product_1_n_8_add(n, x7_, grad_add_U_i_2, grad_W_i);
 
-    /* grad_mul_U_o_5 = grad_add_U_o_2 @ U_o^T, the first of 4 products added up here */
-    lstm_sequence_product_n_8_8_bt(n, grad_add_U_o_2, U_o, grad_mul_U_o_5);
-
-    /* grad_mul_U_o_5 += grad_add_U_f_2 @ U_f^T */
-    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_f_2, U_f, grad_mul_U_o_5);
+    /* grad_mul_U_o_5 = grad_add_U_f_2 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_2, U_f, grad_mul_U_o_5);
 
     /* grad_mul_U_o_5 += grad_add_U_i_2 @ U_i^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_2, U_i, grad_mul_U_o_5);
@@ -1687,30 +1705,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_mul_U_o_5 += grad_add_U_g_3 @ U_g^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_3, U_g, grad_mul_U_o_5);
 
+    /* grad_mul_U_o_5 += grad_add_U_o_2 @ U_o^T */
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_2, U_o, grad_mul_U_o_5);
+
     /* grad_add_U_g_5 = grad_add_U_g_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
      * tanh_U_g_10**2) */
     /* grad_add_U_i_3 = sigmoid_U_i_5*tanh_U_g_9*(1 -
      * sigmoid_U_i_5)*(grad_add_U_g_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
      * tanh_U_g_10**2)) */
-    /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_g_10*(1 - sigmoid_U_o_5) */
     /* grad_add_U_f_3 = add_U_g_4*sigmoid_U_f_5*(1 -
      * sigmoid_U_f_5)*(grad_add_U_g_6*sigmoid_U_f_6 + grad_mul_U_o_5*sigmoid_U_o_5*(1 -
      * tanh_U_g_10**2)) */
     /* grad_add_U_g_4 = sigmoid_U_i_5*(1 - tanh_U_g_9**2)*(grad_add_U_g_6*sigmoid_U_f_6 +
      * grad_mul_U_o_5*sigmoid_U_o_5*(1 - tanh_U_g_10**2)) */
+    /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_g_10*(1 - sigmoid_U_o_5) */
     lstm_sequence_grad_add_U_g_nx8_loop(
         n,
         grad_add_U_g_5,
         grad_add_U_i_3,
         tanh_U_g_9,
         sigmoid_U_i_5,
-        grad_add_U_o_3,
-        tanh_U_g_10,
-        sigmoid_U_o_5,
         grad_add_U_f_3,
         add_U_g_4,
         sigmoid_U_f_5,
         grad_add_U_g_4,
+        grad_add_U_o_3,
+        tanh_U_g_10,
+        sigmoid_U_o_5,
         grad_mul_U_o_5,
         grad_add_U_g_6,
         sigmoid_U_f_6
@@ -1719,11 +1740,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_W_i += x6^T @ grad_add_U_i_3 */
     lstm_sequence_product_1_n_8_add(n, x6_, grad_add_U_i_3, grad_W_i);
 
-    /* grad_mul_U_o_4 = grad_add_U_o_3 @ U_o^T, the first of 4 products added up here */
-    lstm_sequence_product_n_8_8_bt(n, grad_add_U_o_3, U_o, grad_mul_U_o_4);
-
-    /* grad_mul_U_o_4 += grad_add_U_f_3 @ U_f^T */
-    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_f_3, U_f, grad_mul_U_o_4);
+    /* grad_mul_U_o_4 = grad_add_U_f_3 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_3, U_f, grad_mul_U_o_4);
 
     /* grad_mul_U_o_4 += grad_add_U_i_3 @ U_i^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_3, U_i, grad_mul_U_o_4);
@@ -1731,30 +1749,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_mul_U_o_4 += grad_add_U_g_4 @ U_g^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_4, U_g, grad_mul_U_o_4);
 
+    /* grad_mul_U_o_4 += grad_add_U_o_3 @ U_o^T */
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_3, U_o, grad_mul_U_o_4);
+
     /* grad_add_U_g_4_2 = grad_add_U_g_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
      * tanh_U_g_8**2) */
     /* grad_add_U_i_4 = sigmoid_U_i_4*tanh_U_g_7*(1 -
      * sigmoid_U_i_4)*(grad_add_U_g_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
      * tanh_U_g_8**2)) */
-    /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_g_8*(1 - sigmoid_U_o_4) */
     /* grad_add_U_f_4 = add_U_g_3*sigmoid_U_f_4*(1 -
      * sigmoid_U_f_4)*(grad_add_U_g_5*sigmoid_U_f_5 + grad_mul_U_o_4*sigmoid_U_o_4*(1 -
      * tanh_U_g_8**2)) */
     /* grad_add_U_g_7 = sigmoid_U_i_4*(1 - tanh_U_g_7**2)*(grad_add_U_g_5*sigmoid_U_f_5 +
      * grad_mul_U_o_4*sigmoid_U_o_4*(1 - tanh_U_g_8**2)) */
+    /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_g_8*(1 - sigmoid_U_o_4) */
     lstm_sequence_grad_add_U_g_nx8_loop(
         n,
         grad_add_U_g_4_2,
         grad_add_U_i_4,
         tanh_U_g_7,
         sigmoid_U_i_4,
-        grad_add_U_o_4,
-        tanh_U_g_8,
-        sigmoid_U_o_4,
         grad_add_U_f_4,
         add_U_g_3,
         sigmoid_U_f_4,
         grad_add_U_g_7,
+        grad_add_U_o_4,
+        tanh_U_g_8,
+        sigmoid_U_o_4,
         grad_mul_U_o_4,
         grad_add_U_g_5,
         sigmoid_U_f_5
@@ -1763,11 +1784,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_W_i += x5^T @ grad_add_U_i_4 */
     lstm_sequence_product_1_n_8_add(n, x5_, grad_add_U_i_4, grad_W_i);
 
-    /* grad_mul_U_o_3 = grad_add_U_o_4 @ U_o^T, the first of 4 products added up here */
-    lstm_sequence_product_n_8_8_bt(n, grad_add_U_o_4, U_o, grad_mul_U_o_3);
-
-    /* grad_mul_U_o_3 += grad_add_U_f_4 @ U_f^T */
-    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_f_4, U_f, grad_mul_U_o_3);
+    /* grad_mul_U_o_3 = grad_add_U_f_4 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_4, U_f, grad_mul_U_o_3);
 
     /* grad_mul_U_o_3 += grad_add_U_i_4 @ U_i^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_4, U_i, grad_mul_U_o_3);
@@ -1775,30 +1793,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_mul_U_o_3 += grad_add_U_g_7 @ U_g^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_7, U_g, grad_mul_U_o_3);
 
+    /* grad_mul_U_o_3 += grad_add_U_o_4 @ U_o^T */
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_4, U_o, grad_mul_U_o_3);
+
     /* grad_add_U_g_3_2 = grad_add_U_g_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
      * tanh_U_g_6**2) */
     /* grad_add_U_i_5 = sigmoid_U_i_3*tanh_U_g_5*(1 -
      * sigmoid_U_i_3)*(grad_add_U_g_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
      * tanh_U_g_6**2)) */
-    /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_g_6*(1 - sigmoid_U_o_3) */
     /* grad_add_U_f_5 = add_U_g_2*sigmoid_U_f_3*(1 -
      * sigmoid_U_f_3)*(grad_add_U_g_4_2*sigmoid_U_f_4 + grad_mul_U_o_3*sigmoid_U_o_3*(1 -
      * tanh_U_g_6**2)) */
     /* grad_add_U_g_8 = sigmoid_U_i_3*(1 - tanh_U_g_5**2)*(grad_add_U_g_4_2*sigmoid_U_f_4 +
      * grad_mul_U_o_3*sigmoid_U_o_3*(1 - tanh_U_g_6**2)) */
+    /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_g_6*(1 - sigmoid_U_o_3) */
     lstm_sequence_grad_add_U_g_nx8_loop(
         n,
         grad_add_U_g_3_2,
         grad_add_U_i_5,
         tanh_U_g_5,
         sigmoid_U_i_3,
-        grad_add_U_o_5,
-        tanh_U_g_6,
-        sigmoid_U_o_3,
         grad_add_U_f_5,
         add_U_g_2,
         sigmoid_U_f_3,
         grad_add_U_g_8,
+        grad_add_U_o_5,
+        tanh_U_g_6,
+        sigmoid_U_o_3,
         grad_mul_U_o_3,
         grad_add_U_g_4_2,
         sigmoid_U_f_4
@@ -1807,11 +1828,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_W_i += x4^T @ grad_add_U_i_5 */
     lstm_sequence_product_1_n_8_add(n, x4_, grad_add_U_i_5, grad_W_i);
 
-    /* grad_mul_U_o_2 = grad_add_U_o_5 @ U_o^T, the first of 4 products added up here */
-    lstm_sequence_product_n_8_8_bt(n, grad_add_U_o_5, U_o, grad_mul_U_o_2);
-
-    /* grad_mul_U_o_2 += grad_add_U_f_5 @ U_f^T */
-    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_f_5, U_f, grad_mul_U_o_2);
+    /* grad_mul_U_o_2 = grad_add_U_f_5 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_5, U_f, grad_mul_U_o_2);
 
     /* grad_mul_U_o_2 += grad_add_U_i_5 @ U_i^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_5, U_i, grad_mul_U_o_2);
@@ -1819,30 +1837,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_mul_U_o_2 += grad_add_U_g_8 @ U_g^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_8, U_g, grad_mul_U_o_2);
 
+    /* grad_mul_U_o_2 += grad_add_U_o_5 @ U_o^T */
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_5, U_o, grad_mul_U_o_2);
+
     /* grad_add_U_g_2_2 = grad_add_U_g_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
      * tanh_U_g_4**2) */
     /* grad_add_U_i_6 = sigmoid_U_i_2*tanh_U_g_3*(1 -
      * sigmoid_U_i_2)*(grad_add_U_g_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
      * tanh_U_g_4**2)) */
-    /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_g_4*(1 - sigmoid_U_o_2) */
     /* grad_add_U_f_6 = add_U_g*sigmoid_U_f_2*(1 -
      * sigmoid_U_f_2)*(grad_add_U_g_3_2*sigmoid_U_f_3 + grad_mul_U_o_2*sigmoid_U_o_2*(1 -
      * tanh_U_g_4**2)) */
     /* grad_add_U_g_9 = sigmoid_U_i_2*(1 - tanh_U_g_3**2)*(grad_add_U_g_3_2*sigmoid_U_f_3 +
      * grad_mul_U_o_2*sigmoid_U_o_2*(1 - tanh_U_g_4**2)) */
+    /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_g_4*(1 - sigmoid_U_o_2) */
     lstm_sequence_grad_add_U_g_nx8_loop(
         n,
         grad_add_U_g_2_2,
         grad_add_U_i_6,
         tanh_U_g_3,
         sigmoid_U_i_2,
-        grad_add_U_o_6,
-        tanh_U_g_4,
-        sigmoid_U_o_2,
         grad_add_U_f_6,
         add_U_g,
         sigmoid_U_f_2,
         grad_add_U_g_9,
+        grad_add_U_o_6,
+        tanh_U_g_4,
+        sigmoid_U_o_2,
         grad_mul_U_o_2,
         grad_add_U_g_3_2,
         sigmoid_U_f_3
@@ -1851,8 +1872,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_W_i += x3^T @ grad_add_U_i_6 */
     lstm_sequence_product_1_n_8_add(n, x3_, grad_add_U_i_6, grad_W_i);
 
-    /* grad_mul_U_o = grad_add_U_o_6 @ U_o^T, the first of 4 products added up here */
-    lstm_sequence_product_n_8_8_bt(n, grad_add_U_o_6, U_o, grad_mul_U_o);
+    /* grad_mul_U_o = grad_add_U_f_6 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_6, U_f, grad_mul_U_o);
 }
 #endif
 
@@ -1878,48 +1899,48 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
     LSTM_SEQUENCE_REAL *grad_W_o,
-    LSTM_SEQUENCE_REAL *tanh_W_g,
-    LSTM_SEQUENCE_REAL *sigmoid_W_i,
-    LSTM_SEQUENCE_REAL *mul_W_g,
-    LSTM_SEQUENCE_REAL *tanh_W_g_2,
     LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
     LSTM_SEQUENCE_REAL *tanh_U_g,
     LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *sigmoid_U_f,
     LSTM_SEQUENCE_REAL *tanh_U_g_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_f_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_i_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
     LSTM_SEQUENCE_REAL *grad_add_U_g_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_mul_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_g_10,
     LSTM_SEQUENCE_REAL *grad_add_U_i_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_add_U_f_7,
     LSTM_SEQUENCE_REAL *grad_add_U_g_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_copy_b_f,
     LSTM_SEQUENCE_REAL *grad_mul_W_o,
     LSTM_SEQUENCE_REAL *grad_add_W_i,
@@ -1948,48 +1969,48 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
     LSTM_SEQUENCE_REAL *grad_W_o,
-    LSTM_SEQUENCE_REAL *tanh_W_g,
-    LSTM_SEQUENCE_REAL *sigmoid_W_i,
-    LSTM_SEQUENCE_REAL *mul_W_g,
-    LSTM_SEQUENCE_REAL *tanh_W_g_2,
     LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
     LSTM_SEQUENCE_REAL *tanh_U_g,
     LSTM_SEQUENCE_REAL *sigmoid_U_i,
     LSTM_SEQUENCE_REAL *sigmoid_U_f,
     LSTM_SEQUENCE_REAL *tanh_U_g_2,
-    LSTM_SEQUENCE_REAL *sigmoid_U_o,
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_f_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_i_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
     LSTM_SEQUENCE_REAL *grad_add_U_g_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_mul_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_g_10,
     LSTM_SEQUENCE_REAL *grad_add_U_i_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_add_U_f_7,
     LSTM_SEQUENCE_REAL *grad_add_U_g_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_copy_b_f,
     LSTM_SEQUENCE_REAL *grad_mul_W_o,
     LSTM_SEQUENCE_REAL *grad_add_W_i,
@@ -2000,40 +2021,40 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_copy_b_o
 )
 {
-    /* grad_mul_U_o += grad_add_U_f_6 @ U_f^T */
-    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_f_6, U_f, grad_mul_U_o);
-
     /* grad_mul_U_o += grad_add_U_i_6 @ U_i^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_6, U_i, grad_mul_U_o);
 
     /* grad_mul_U_o += grad_add_U_g_9 @ U_g^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_9, U_g, grad_mul_U_o);
 
+    /* grad_mul_U_o += grad_add_U_o_6 @ U_o^T */
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_6, U_o, grad_mul_U_o);
+
     /* grad_add_U_g_10 = grad_add_U_g_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
      * tanh_U_g_2**2) */
     /* grad_add_U_i_7 = sigmoid_U_i*tanh_U_g*(1 -
      * sigmoid_U_i)*(grad_add_U_g_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
      * tanh_U_g_2**2)) */
-    /* grad_add_U_o_7 = grad_mul_U_o*sigmoid_U_o*tanh_U_g_2*(1 - sigmoid_U_o) */
-    /* grad_add_U_f_7 = mul_W_g*sigmoid_U_f*(1 - sigmoid_U_f)*(grad_add_U_g_2_2*sigmoid_U_f_2
+    /* grad_add_U_f_7 = mul_W_i*sigmoid_U_f*(1 - sigmoid_U_f)*(grad_add_U_g_2_2*sigmoid_U_f_2
      * + grad_mul_U_o*sigmoid_U_o*(1 - tanh_U_g_2**2)) */
     /* grad_add_U_g_11 = sigmoid_U_i*(1 - tanh_U_g**2)*(grad_add_U_g_2_2*sigmoid_U_f_2 +
      * grad_mul_U_o*sigmoid_U_o*(1 - tanh_U_g_2**2)) */
+    /* grad_add_U_o_7 = grad_mul_U_o*sigmoid_U_o*tanh_U_g_2*(1 - sigmoid_U_o) */
     /* grad_copy_b_f = grad_add_U_f + grad_add_U_f_2 + grad_add_U_f_3 + grad_add_U_f_4 +
-     * grad_add_U_f_5 + grad_add_U_f_6 + mul_W_g*sigmoid_U_f*(1 -
+     * grad_add_U_f_5 + grad_add_U_f_6 + mul_W_i*sigmoid_U_f*(1 -
      * sigmoid_U_f)*(grad_add_U_g_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
      * tanh_U_g_2**2)) */
-    lstm_sequence_grad_add_nx8_loop_a444(
+    lstm_sequence_grad_add_nx8_loop_d941(
         n,
         grad_add_U_g_10,
         grad_add_U_i_7,
         tanh_U_g,
         sigmoid_U_i,
+        grad_add_U_f_7,
+        grad_add_U_g_11,
         grad_add_U_o_7,
         tanh_U_g_2,
         sigmoid_U_o,
-        grad_add_U_f_7,
-        grad_add_U_g_11,
         grad_copy_b_f,
         grad_add_U_f_2,
         grad_add_U_f_3,
@@ -2044,18 +2065,15 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
         grad_mul_U_o,
         grad_add_U_g_2_2,
         sigmoid_U_f_2,
-        mul_W_g,
+        mul_W_i,
         sigmoid_U_f
     );
 
     /* grad_W_i += x2^T @ grad_add_U_i_7 */
     lstm_sequence_product_1_n_8_add(n, x2_, grad_add_U_i_7, grad_W_i);
 
-    /* grad_mul_W_o = grad_add_U_o_7 @ U_o^T, the first of 4 products added up here */
-    lstm_sequence_product_n_8_8_bt(n, grad_add_U_o_7, U_o, grad_mul_W_o);
-
-    /* grad_mul_W_o += grad_add_U_f_7 @ U_f^T */
-    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_f_7, U_f, grad_mul_W_o);
+    /* grad_mul_W_o = grad_add_U_f_7 @ U_f^T, the first of 4 products added up here */
+    lstm_sequence_product_n_8_8_bt(n, grad_add_U_f_7, U_f, grad_mul_W_o);
 
     /* grad_mul_W_o += grad_add_U_i_7 @ U_i^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_i_7, U_i, grad_mul_W_o);
@@ -2063,22 +2081,25 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     /* grad_mul_W_o += grad_add_U_g_11 @ U_g^T */
     lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_g_11, U_g, grad_mul_W_o);
 
+    /* grad_mul_W_o += grad_add_U_o_7 @ U_o^T */
+    lstm_sequence_product_n_8_8_bt_add(n, grad_add_U_o_7, U_o, grad_mul_W_o);
+
     /* grad_add_W_i = sigmoid_W_i*tanh_W_g*(1 - sigmoid_W_i)*(grad_add_U_g_10*sigmoid_U_f +
-     * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_g_2**2)) */
+     * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_i**2)) */
     /* grad_add_W_g = sigmoid_W_i*(1 - tanh_W_g**2)*(grad_add_U_g_10*sigmoid_U_f +
-     * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_g_2**2)) */
-    /* grad_add_W_o = grad_mul_W_o*sigmoid_W_o*tanh_W_g_2*(1 - sigmoid_W_o) */
+     * grad_mul_W_o*sigmoid_W_o*(1 - tanh_W_i**2)) */
+    /* grad_add_W_o = grad_mul_W_o*sigmoid_W_o*tanh_W_i*(1 - sigmoid_W_o) */
     /* grad_copy_b_i = grad_add_U_i + grad_add_U_i_2 + grad_add_U_i_3 + grad_add_U_i_4 +
      * grad_add_U_i_5 + grad_add_U_i_6 + grad_add_U_i_7 + sigmoid_W_i*tanh_W_g*(1 -
      * sigmoid_W_i)*(grad_add_U_g_10*sigmoid_U_f + grad_mul_W_o*sigmoid_W_o*(1 -
-     * tanh_W_g_2**2)) */
+     * tanh_W_i**2)) */
     /* grad_copy_b_g = grad_add_U_g_11 + grad_add_U_g_2 + grad_add_U_g_3 + grad_add_U_g_4 +
      * grad_add_U_g_7 + grad_add_U_g_8 + grad_add_U_g_9 + sigmoid_W_i*(1 -
      * tanh_W_g**2)*(grad_add_U_g_10*sigmoid_U_f + grad_mul_W_o*sigmoid_W_o*(1 -
-     * tanh_W_g_2**2)) */
+     * tanh_W_i**2)) */
     /* grad_copy_b_o = grad_add_U_o + grad_add_U_o_2 + grad_add_U_o_3 + grad_add_U_o_4 +
      * grad_add_U_o_5 + grad_add_U_o_6 + grad_add_U_o_7 +
-     * grad_mul_W_o*sigmoid_W_o*tanh_W_g_2*(1 - sigmoid_W_o) */
+     * grad_mul_W_o*sigmoid_W_o*tanh_W_i*(1 - sigmoid_W_o) */
     lstm_sequence_grad_add_nx8_loop_168d(
         n,
         grad_add_W_i,
@@ -2113,7 +2134,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
         sigmoid_W_i,
         grad_add_U_g_10,
         sigmoid_U_f,
-        tanh_W_g_2,
+        tanh_W_i,
         tanh_W_g
     );
 
@@ -2188,7 +2209,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
 /* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 0; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -2208,38 +2229,38 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *mul_U_o_5,
     LSTM_SEQUENCE_REAL *mul_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_f_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_i_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_i_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
     LSTM_SEQUENCE_REAL *grad_add_U_g_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_i_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_add_U_f_7,
     LSTM_SEQUENCE_REAL *grad_add_U_g_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_copy_b_f,
     LSTM_SEQUENCE_REAL *grad_add_W_o,
     LSTM_SEQUENCE_REAL *grad_copy_b_i
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -2259,33 +2280,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *mul_U_o_5,
     LSTM_SEQUENCE_REAL *mul_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_i,
-    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_f,
     LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
     LSTM_SEQUENCE_REAL *grad_add_U_i_2,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_f_2,
     LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
     LSTM_SEQUENCE_REAL *grad_add_U_i_3,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_f_3,
     LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
     LSTM_SEQUENCE_REAL *grad_add_U_i_4,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_f_4,
     LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
     LSTM_SEQUENCE_REAL *grad_add_U_i_5,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_f_5,
     LSTM_SEQUENCE_REAL *grad_add_U_g_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
     LSTM_SEQUENCE_REAL *grad_add_U_i_6,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_f_6,
     LSTM_SEQUENCE_REAL *grad_add_U_g_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
     LSTM_SEQUENCE_REAL *grad_add_U_i_7,
-    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_add_U_f_7,
     LSTM_SEQUENCE_REAL *grad_add_U_g_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
     LSTM_SEQUENCE_REAL *grad_copy_b_f,
     LSTM_SEQUENCE_REAL *grad_add_W_o,
     LSTM_SEQUENCE_REAL *grad_copy_b_i
@@ -2487,109 +2508,97 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     }
 
     /* where each buffer lies in work */
-    LSTM_SEQUENCE_REAL *mm_W_g = work + 1; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_W_g = mm_W_g + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_W_i = mm_W_g; /* n x 8, in mm_W_g's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_W_i = tanh_W_g + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_W_g = sigmoid_W_i + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_W_g_2 = mul_W_g + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_W_o = with_grads ? mm_W_i : sigmoid_W_i; /* n x 8, in mm_W_i's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_W_o = with_grads ? tanh_W_g_2 + 8*n : mm_W_i; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_W_o = with_grads ? sigmoid_W_o + 8*n : tanh_W_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g = with_grads ? mm_W_o : sigmoid_W_o; /* n x 8, in mm_W_o's memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? mul_W_o + 8*n : mm_W_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_o = work + 1; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_W_o = mm_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_i = mm_W_o; /* n x 8, in mm_W_o's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_W_i = sigmoid_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_g = mm_W_i; /* n x 8, in mm_W_i's memory */
+    LSTM_SEQUENCE_REAL *tanh_W_g = sigmoid_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_W_i = tanh_W_g + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_W_i = mul_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_W_o = tanh_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o = with_grads ? mm_W_g : tanh_W_i; /* n x 8, in mm_W_g's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? mul_W_o + 8*n : tanh_W_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g = mm_U_o; /* n x 8, in mm_U_o's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? sigmoid_U_o + 8*n : mm_W_g; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_i = mm_U_g; /* n x 8, in mm_U_g's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? tanh_U_g + 8*n : tanh_W_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? tanh_U_g + 8*n : sigmoid_W_i; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_f = mm_U_i; /* n x 8, in mm_U_i's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? sigmoid_U_i + 8*n : tanh_W_g_2 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_g = sigmoid_U_f + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_2 = add_U_g + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o = with_grads ? mm_U_f : sigmoid_U_f; /* n x 8, in mm_U_f's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? tanh_U_g_2 + 8*n : mul_W_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o = with_grads ? sigmoid_U_o + 8*n : mm_U_f; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_2 = with_grads ? mm_U_o : sigmoid_U_o; /* n x 8, in mm_U_o's memory
-            */
-    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? mul_U_o + 8*n : mm_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? sigmoid_U_i + 8*n : mul_W_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_g = with_grads ? sigmoid_U_f + 8*n : sigmoid_W_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? add_U_g + 8*n : mul_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o = tanh_U_g_2 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f : tanh_U_g_2; /* n x 8, in mm_U_f's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? mul_U_o + 8*n : sigmoid_U_f; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_2 = mm_U_o_2; /* n x 8, in mm_U_o_2's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_o_2 + 8*n : mm_U_f; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_i_2 = mm_U_g_2; /* n x 8, in mm_U_g_2's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? tanh_U_g_3 + 8*n : tanh_U_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? tanh_U_g_3 + 8*n : sigmoid_U_i; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_f_2 = mm_U_i_2; /* n x 8, in mm_U_i_2's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? sigmoid_U_i_2 + 8*n : sigmoid_U_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? sigmoid_U_i_2 + 8*n : mul_U_o; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_g_2 = with_grads ? sigmoid_U_f_2 + 8*n : tanh_U_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? add_U_g_2 + 8*n : mul_W_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f_2 : sigmoid_U_f_2; /* n x 8, in mm_U_f_2's
+    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? add_U_g_2 + 8*n : sigmoid_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_g_4 + 8*n : mul_W_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : tanh_U_g_4; /* n x 8, in mm_U_f_2's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? tanh_U_g_4 + 8*n : mul_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? sigmoid_U_o_2 + 8*n : mm_U_f_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_o_2 : sigmoid_U_o_2; /* n x 8, in mm_U_o_2's
-            memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? mul_U_o_2 + 8*n : mm_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? mul_U_o_2 + 8*n : sigmoid_U_f_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_3 = mm_U_o_3; /* n x 8, in mm_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_o_3 + 8*n : mm_U_f_2; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_i_3 = mm_U_g_3; /* n x 8, in mm_U_g_3's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? tanh_U_g_5 + 8*n : tanh_U_g_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? tanh_U_g_5 + 8*n : sigmoid_U_i_2; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_f_3 = mm_U_i_3; /* n x 8, in mm_U_i_3's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? sigmoid_U_i_3 + 8*n : sigmoid_U_i_2; /* n x 8
-            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? sigmoid_U_i_3 + 8*n : mul_U_o_2; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_g_3 = with_grads ? sigmoid_U_f_3 + 8*n : tanh_U_g_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? add_U_g_3 + 8*n : add_U_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_3 : sigmoid_U_f_3; /* n x 8, in mm_U_f_3's
+    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? add_U_g_3 + 8*n : sigmoid_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_g_6 + 8*n : add_U_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : tanh_U_g_6; /* n x 8, in mm_U_f_3's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? tanh_U_g_6 + 8*n : mul_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? sigmoid_U_o_3 + 8*n : mm_U_f_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_o_3 : sigmoid_U_o_3; /* n x 8, in mm_U_o_3's
-            memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? mul_U_o_3 + 8*n : mm_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? mul_U_o_3 + 8*n : sigmoid_U_f_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_4 = mm_U_o_4; /* n x 8, in mm_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_o_4 + 8*n : mm_U_f_3; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_i_4 = mm_U_g_4; /* n x 8, in mm_U_g_4's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? tanh_U_g_7 + 8*n : tanh_U_g_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? tanh_U_g_7 + 8*n : sigmoid_U_i_3; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_f_4 = mm_U_i_4; /* n x 8, in mm_U_i_4's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? sigmoid_U_i_4 + 8*n : sigmoid_U_i_3; /* n x 8
-            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? sigmoid_U_i_4 + 8*n : mul_U_o_3; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_g_4 = with_grads ? sigmoid_U_f_4 + 8*n : tanh_U_g_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_8 = with_grads ? add_U_g_4 + 8*n : add_U_g_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_4 : sigmoid_U_f_4; /* n x 8, in mm_U_f_4's
+    LSTM_SEQUENCE_REAL *tanh_U_g_8 = with_grads ? add_U_g_4 + 8*n : sigmoid_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_g_8 + 8*n : add_U_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : tanh_U_g_8; /* n x 8, in mm_U_f_4's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? tanh_U_g_8 + 8*n : mul_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? sigmoid_U_o_4 + 8*n : mm_U_f_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_o_4 : sigmoid_U_o_4; /* n x 8, in mm_U_o_4's
-            memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_9 = with_grads ? mul_U_o_4 + 8*n : mm_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? mul_U_o_4 + 8*n : sigmoid_U_f_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_5 = mm_U_o_5; /* n x 8, in mm_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_9 = with_grads ? sigmoid_U_o_5 + 8*n : mm_U_f_4; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_i_5 = mm_U_g_5; /* n x 8, in mm_U_g_5's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? tanh_U_g_9 + 8*n : tanh_U_g_8; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? tanh_U_g_9 + 8*n : sigmoid_U_i_4; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_f_5 = mm_U_i_5; /* n x 8, in mm_U_i_5's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? sigmoid_U_i_5 + 8*n : sigmoid_U_i_4; /* n x 8
-            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? sigmoid_U_i_5 + 8*n : mul_U_o_4; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_g_5 = with_grads ? sigmoid_U_f_5 + 8*n : tanh_U_g_7; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_10 = with_grads ? add_U_g_5 + 8*n : add_U_g_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_5 : sigmoid_U_f_5; /* n x 8, in mm_U_f_5's
+    LSTM_SEQUENCE_REAL *tanh_U_g_10 = with_grads ? add_U_g_5 + 8*n : sigmoid_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_g_10 + 8*n : add_U_g_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : tanh_U_g_10; /* n x 8, in mm_U_f_5's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? tanh_U_g_10 + 8*n : mul_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? sigmoid_U_o_5 + 8*n : mm_U_f_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_o_5 : sigmoid_U_o_5; /* n x 8, in mm_U_o_5's
-            memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_11 = with_grads ? mul_U_o_5 + 8*n : mm_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? mul_U_o_5 + 8*n : sigmoid_U_f_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_6 = mm_U_o_6; /* n x 8, in mm_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_11 = with_grads ? sigmoid_U_o_6 + 8*n : mm_U_f_5; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_i_6 = mm_U_g_6; /* n x 8, in mm_U_g_6's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? tanh_U_g_11 + 8*n : tanh_U_g_10; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? tanh_U_g_11 + 8*n : sigmoid_U_i_5; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_f_6 = mm_U_i_6; /* n x 8, in mm_U_i_6's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? sigmoid_U_i_6 + 8*n : sigmoid_U_i_5; /* n x 8
-            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? sigmoid_U_i_6 + 8*n : mul_U_o_5; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_g_6 = with_grads ? sigmoid_U_f_6 + 8*n : tanh_U_g_9; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_g_12 = with_grads ? add_U_g_6 + 8*n : add_U_g_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_6 : sigmoid_U_f_6; /* n x 8, in mm_U_f_6's
+    LSTM_SEQUENCE_REAL *tanh_U_g_12 = with_grads ? add_U_g_6 + 8*n : sigmoid_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_g_12 + 8*n : add_U_g_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : tanh_U_g_12; /* n x 8, in mm_U_f_6's
             memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? tanh_U_g_12 + 8*n : mul_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? sigmoid_U_o_6 + 8*n : mm_U_f_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_o_6 : sigmoid_U_o_6; /* n x 8, in mm_U_o_6's
-            memory */
-    LSTM_SEQUENCE_REAL *tanh_U_g_13 = with_grads ? mul_U_o_6 + 8*n : mm_U_o_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? mul_U_o_6 + 8*n : sigmoid_U_f_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_7 = mm_U_o_7; /* n x 8, in mm_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_13 = with_grads ? sigmoid_U_o_7 + 8*n : mm_U_f_6; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_i_7 = mm_U_g_7; /* n x 8, in mm_U_g_7's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? tanh_U_g_13 + 8*n : tanh_U_g_12; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? tanh_U_g_13 + 8*n : sigmoid_U_i_6; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_f_7 = mm_U_i_7; /* n x 8, in mm_U_i_7's memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? sigmoid_U_i_7 + 8*n : sigmoid_U_i_6; /* n x 8
-            */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? sigmoid_U_i_7 + 8*n : mul_U_o_6; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_U_g_14 = with_grads ? sigmoid_U_f_7 + 8*n : tanh_U_g_11; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_7 : sigmoid_U_f_7; /* n x 8, in mm_U_f_7's
-            memory */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? tanh_U_g_14 + 8*n : mul_U_o_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? sigmoid_U_o_7 + 8*n : mm_U_f_7; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_V = with_grads ? mul_U_o_7 + 8*n : tanh_U_g_2 + 8*n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_g_14 + 8*n : sigmoid_U_o_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_V = with_grads ? mul_U_o_7 + 8*n : mul_U_o + 8*n; /* n x 1 */
     LSTM_SEQUENCE_REAL *add_logit = mm_V + n; /* n x 1 */
     LSTM_SEQUENCE_REAL *grad_logit = add_logit + n; /* n x 1 */
 
@@ -2611,15 +2620,17 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         b_f,
         b_g,
         b_o,
-        mm_W_g,
-        tanh_W_g,
-        mm_W_i,
-        sigmoid_W_i,
-        mul_W_g,
-        tanh_W_g_2,
         mm_W_o,
         sigmoid_W_o,
+        mm_W_i,
+        sigmoid_W_i,
+        mm_W_g,
+        tanh_W_g,
+        mul_W_i,
+        tanh_W_i,
         mul_W_o,
+        mm_U_o,
+        sigmoid_U_o,
         mm_U_g,
         tanh_U_g,
         mm_U_i,
@@ -2628,9 +2639,9 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         sigmoid_U_f,
         add_U_g,
         tanh_U_g_2,
-        mm_U_o,
-        sigmoid_U_o,
         mul_U_o,
+        mm_U_o_2,
+        sigmoid_U_o_2,
         mm_U_g_2,
         tanh_U_g_3,
         mm_U_i_2,
@@ -2639,10 +2650,8 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         sigmoid_U_f_2,
         add_U_g_2,
         tanh_U_g_4,
-        mm_U_o_2,
-        sigmoid_U_o_2,
         mul_U_o_2,
-        mm_U_g_3
+        mm_U_o_3
     );
     lstm_sequence_run_part2(
         n,
@@ -2663,6 +2672,8 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         b_o,
         add_U_g_2,
         mul_U_o_2,
+        mm_U_o_3,
+        sigmoid_U_o_3,
         mm_U_g_3,
         tanh_U_g_5,
         mm_U_i_3,
@@ -2671,9 +2682,9 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         sigmoid_U_f_3,
         add_U_g_3,
         tanh_U_g_6,
-        mm_U_o_3,
-        sigmoid_U_o_3,
         mul_U_o_3,
+        mm_U_o_4,
+        sigmoid_U_o_4,
         mm_U_g_4,
         tanh_U_g_7,
         mm_U_i_4,
@@ -2682,18 +2693,14 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         sigmoid_U_f_4,
         add_U_g_4,
         tanh_U_g_8,
-        mm_U_o_4,
-        sigmoid_U_o_4,
         mul_U_o_4,
+        mm_U_o_5,
+        sigmoid_U_o_5,
         mm_U_g_5,
         tanh_U_g_9,
         mm_U_i_5,
         sigmoid_U_i_5,
-        mm_U_f_5,
-        sigmoid_U_f_5,
-        add_U_g_5,
-        tanh_U_g_10,
-        mm_U_o_5
+        mm_U_f_5
     );
     lstm_sequence_run_part3(
         n,
@@ -2718,11 +2725,17 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         loss,
         logit,
         work,
+        add_U_g_4,
+        sigmoid_U_o_5,
+        tanh_U_g_9,
+        sigmoid_U_i_5,
+        mm_U_f_5,
+        sigmoid_U_f_5,
         add_U_g_5,
         tanh_U_g_10,
-        mm_U_o_5,
-        sigmoid_U_o_5,
         mul_U_o_5,
+        mm_U_o_6,
+        sigmoid_U_o_6,
         mm_U_g_6,
         tanh_U_g_11,
         mm_U_i_6,
@@ -2731,9 +2744,9 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         sigmoid_U_f_6,
         add_U_g_6,
         tanh_U_g_12,
-        mm_U_o_6,
-        sigmoid_U_o_6,
         mul_U_o_6,
+        mm_U_o_7,
+        sigmoid_U_o_7,
         mm_U_g_7,
         tanh_U_g_13,
         mm_U_i_7,
@@ -2741,8 +2754,6 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         mm_U_f_7,
         sigmoid_U_f_7,
         tanh_U_g_14,
-        mm_U_o_7,
-        sigmoid_U_o_7,
         mul_U_o_7,
         mm_V,
         add_logit,
@@ -2753,75 +2764,75 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     }
 
     /* the gradient's buffers in work */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_7 = mm_U_o_7; /* n x 8, in mm_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_7 = mm_U_f_7; /* n x 8, in mm_U_f_7's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g = grad_logit + n; /* n x 8 */
     LSTM_SEQUENCE_REAL *grad_add_U_i = grad_add_U_g + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_o = grad_add_U_i + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_i + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *grad_add_U_g_2 = grad_add_U_f + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_o = grad_add_U_g_2 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *grad_mul_U_o_6 = grad_mul_U_o_7; /* n x 8, in grad_mul_U_o_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = tanh_U_g_14; /* n x 8, in tanh_U_g_14's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = tanh_U_g_14; /* n x 8, in tanh_U_g_14's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_2 = tanh_U_g_13; /* n x 8, in tanh_U_g_13's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = add_U_g_6; /* n x 8, in add_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = add_U_g_6; /* n x 8, in add_U_g_6's memory */
     LSTM_SEQUENCE_REAL *grad_mul_U_o_5 = grad_mul_U_o_6; /* n x 8, in grad_mul_U_o_6's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_5 = grad_add_U_g; /* n x 8, in grad_add_U_g's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_i_3 = sigmoid_U_f_7; /* n x 8, in sigmoid_U_f_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = sigmoid_U_o_6; /* n x 8, in sigmoid_U_o_6's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_3 = tanh_U_g_12; /* n x 8, in tanh_U_g_12's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_4 = sigmoid_U_i_6; /* n x 8, in sigmoid_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = tanh_U_g_11; /* n x 8, in tanh_U_g_11's memory */
     LSTM_SEQUENCE_REAL *grad_mul_U_o_4 = grad_mul_U_o_5; /* n x 8, in grad_mul_U_o_5's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_4_2 = grad_add_U_g_6; /* n x 8, in grad_add_U_g_6's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_i_4 = sigmoid_U_f_6; /* n x 8, in sigmoid_U_f_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = sigmoid_U_o_5; /* n x 8, in sigmoid_U_o_5's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_4 = tanh_U_g_10; /* n x 8, in tanh_U_g_10's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_7 = sigmoid_U_i_5; /* n x 8, in sigmoid_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = tanh_U_g_9; /* n x 8, in tanh_U_g_9's memory */
     LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = grad_mul_U_o_4; /* n x 8, in grad_mul_U_o_4's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_3_2 = grad_add_U_g_5; /* n x 8, in grad_add_U_g_5's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_i_5 = sigmoid_U_f_5; /* n x 8, in sigmoid_U_f_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = sigmoid_U_o_4; /* n x 8, in sigmoid_U_o_4's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_5 = tanh_U_g_8; /* n x 8, in tanh_U_g_8's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_8 = sigmoid_U_i_4; /* n x 8, in sigmoid_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = tanh_U_g_7; /* n x 8, in tanh_U_g_7's memory */
     LSTM_SEQUENCE_REAL *grad_mul_U_o_2 = grad_mul_U_o_3; /* n x 8, in grad_mul_U_o_3's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_2_2 = grad_add_U_g_4_2; /* n x 8, in grad_add_U_g_4_2's memory
             */
     LSTM_SEQUENCE_REAL *grad_add_U_i_6 = sigmoid_U_f_4; /* n x 8, in sigmoid_U_f_4's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = sigmoid_U_o_3; /* n x 8, in sigmoid_U_o_3's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_6 = tanh_U_g_6; /* n x 8, in tanh_U_g_6's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_9 = sigmoid_U_i_3; /* n x 8, in sigmoid_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = tanh_U_g_5; /* n x 8, in tanh_U_g_5's memory */
     LSTM_SEQUENCE_REAL *grad_mul_U_o = grad_mul_U_o_2; /* n x 8, in grad_mul_U_o_2's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_10 = grad_add_U_g_3_2; /* n x 8, in grad_add_U_g_3_2's memory
             */
     LSTM_SEQUENCE_REAL *grad_add_U_i_7 = sigmoid_U_f_3; /* n x 8, in sigmoid_U_f_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_7 = sigmoid_U_o_2; /* n x 8, in sigmoid_U_o_2's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_f_7 = tanh_U_g_4; /* n x 8, in tanh_U_g_4's memory */
     LSTM_SEQUENCE_REAL *grad_add_U_g_11 = sigmoid_U_i_2; /* n x 8, in sigmoid_U_i_2's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_f = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7 = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_f = sigmoid_U_o_2; /* n x 8, in sigmoid_U_o_2's memory */
     LSTM_SEQUENCE_REAL *grad_mul_W_o = grad_mul_U_o; /* n x 8, in grad_mul_U_o's memory */
     LSTM_SEQUENCE_REAL *grad_add_W_i = grad_add_U_g_2_2; /* n x 8, in grad_add_U_g_2_2's memory */
     LSTM_SEQUENCE_REAL *grad_add_W_g = sigmoid_U_f_2; /* n x 8, in sigmoid_U_f_2's memory */
-    LSTM_SEQUENCE_REAL *grad_add_W_o = sigmoid_U_o; /* n x 8, in sigmoid_U_o's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_i = tanh_U_g_2; /* n x 8, in tanh_U_g_2's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_g = sigmoid_U_i; /* n x 8, in sigmoid_U_i's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_o = tanh_U_g; /* n x 8, in tanh_U_g's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_o = tanh_U_g_2; /* n x 8, in tanh_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_i = sigmoid_U_i; /* n x 8, in sigmoid_U_i's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_g; /* n x 8, in tanh_U_g's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_o = sigmoid_U_o; /* n x 8, in sigmoid_U_o's memory */
 
     lstm_sequence_run_part4(
         n,
         V,
         add_U_g_6,
+        sigmoid_U_o_7,
         tanh_U_g_13,
         sigmoid_U_i_7,
         sigmoid_U_f_7,
         tanh_U_g_14,
-        sigmoid_U_o_7,
         grad_logit,
         grad_mul_U_o_7,
         grad_add_U_g,
         grad_add_U_i,
-        grad_add_U_o,
         grad_add_U_f,
-        grad_add_U_g_2
+        grad_add_U_g_2,
+        grad_add_U_o
     );
     lstm_sequence_run_part5(
         n,
@@ -2837,71 +2848,71 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         U_o,
         grad_W_i,
         add_U_g,
+        sigmoid_U_o_2,
         tanh_U_g_3,
         sigmoid_U_i_2,
         sigmoid_U_f_2,
         add_U_g_2,
         tanh_U_g_4,
-        sigmoid_U_o_2,
+        sigmoid_U_o_3,
         tanh_U_g_5,
         sigmoid_U_i_3,
         sigmoid_U_f_3,
         add_U_g_3,
         tanh_U_g_6,
-        sigmoid_U_o_3,
+        sigmoid_U_o_4,
         tanh_U_g_7,
         sigmoid_U_i_4,
         sigmoid_U_f_4,
         add_U_g_4,
         tanh_U_g_8,
-        sigmoid_U_o_4,
+        sigmoid_U_o_5,
         tanh_U_g_9,
         sigmoid_U_i_5,
         sigmoid_U_f_5,
         add_U_g_5,
         tanh_U_g_10,
-        sigmoid_U_o_5,
+        sigmoid_U_o_6,
         tanh_U_g_11,
         sigmoid_U_i_6,
         sigmoid_U_f_6,
         tanh_U_g_12,
-        sigmoid_U_o_6,
         sigmoid_U_f_7,
         grad_add_U_g,
         grad_add_U_i,
-        grad_add_U_o,
         grad_add_U_f,
         grad_add_U_g_2,
+        grad_add_U_o,
         grad_mul_U_o_6,
         grad_add_U_g_6,
         grad_add_U_i_2,
-        grad_add_U_o_2,
         grad_add_U_f_2,
         grad_add_U_g_3,
+        grad_add_U_o_2,
         grad_mul_U_o_5,
         grad_add_U_g_5,
         grad_add_U_i_3,
-        grad_add_U_o_3,
         grad_add_U_f_3,
         grad_add_U_g_4,
+        grad_add_U_o_3,
         grad_mul_U_o_4,
         grad_add_U_g_4_2,
         grad_add_U_i_4,
-        grad_add_U_o_4,
         grad_add_U_f_4,
         grad_add_U_g_7,
+        grad_add_U_o_4,
         grad_mul_U_o_3,
         grad_add_U_g_3_2,
         grad_add_U_i_5,
-        grad_add_U_o_5,
         grad_add_U_f_5,
         grad_add_U_g_8,
+        grad_add_U_o_5,
         grad_mul_U_o_2,
         grad_add_U_g_2_2,
         grad_add_U_i_6,
-        grad_add_U_o_6,
         grad_add_U_f_6,
         grad_add_U_g_9,
+        grad_add_U_o_6,
         grad_mul_U_o
     );
     lstm_sequence_run_part6(
@@ -2922,48 +2933,48 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         grad_W_f,
         grad_W_g,
         grad_W_o,
-        tanh_W_g,
-        sigmoid_W_i,
-        mul_W_g,
-        tanh_W_g_2,
         sigmoid_W_o,
+        sigmoid_W_i,
+        tanh_W_g,
+        mul_W_i,
+        tanh_W_i,
+        sigmoid_U_o,
         tanh_U_g,
         sigmoid_U_i,
         sigmoid_U_f,
         tanh_U_g_2,
-        sigmoid_U_o,
         sigmoid_U_f_2,
         grad_add_U_i,
-        grad_add_U_o,
         grad_add_U_f,
         grad_add_U_g_2,
+        grad_add_U_o,
         grad_add_U_i_2,
-        grad_add_U_o_2,
         grad_add_U_f_2,
         grad_add_U_g_3,
+        grad_add_U_o_2,
         grad_add_U_i_3,
-        grad_add_U_o_3,
         grad_add_U_f_3,
         grad_add_U_g_4,
+        grad_add_U_o_3,
         grad_add_U_i_4,
-        grad_add_U_o_4,
         grad_add_U_f_4,
         grad_add_U_g_7,
+        grad_add_U_o_4,
         grad_add_U_i_5,
-        grad_add_U_o_5,
         grad_add_U_f_5,
         grad_add_U_g_8,
+        grad_add_U_o_5,
         grad_add_U_g_2_2,
         grad_add_U_i_6,
-        grad_add_U_o_6,
         grad_add_U_f_6,
         grad_add_U_g_9,
+        grad_add_U_o_6,
         grad_mul_U_o,
         grad_add_U_g_10,
         grad_add_U_i_7,
-        grad_add_U_o_7,
         grad_add_U_f_7,
         grad_add_U_g_11,
+        grad_add_U_o_7,
         grad_copy_b_f,
         grad_mul_W_o,
         grad_add_W_i,
@@ -2992,33 +3003,33 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         mul_U_o_5,
         mul_U_o_6,
         grad_add_U_i,
-        grad_add_U_o,
         grad_add_U_f,
         grad_add_U_g_2,
+        grad_add_U_o,
         grad_add_U_i_2,
-        grad_add_U_o_2,
         grad_add_U_f_2,
         grad_add_U_g_3,
+        grad_add_U_o_2,
         grad_add_U_i_3,
-        grad_add_U_o_3,
         grad_add_U_f_3,
         grad_add_U_g_4,
+        grad_add_U_o_3,
         grad_add_U_i_4,
-        grad_add_U_o_4,
         grad_add_U_f_4,
         grad_add_U_g_7,
+        grad_add_U_o_4,
         grad_add_U_i_5,
-        grad_add_U_o_5,
         grad_add_U_f_5,
         grad_add_U_g_8,
+        grad_add_U_o_5,
         grad_add_U_i_6,
-        grad_add_U_o_6,
         grad_add_U_f_6,
         grad_add_U_g_9,
+        grad_add_U_o_6,
         grad_add_U_i_7,
-        grad_add_U_o_7,
         grad_add_U_f_7,
         grad_add_U_g_11,
+        grad_add_U_o_7,
         grad_copy_b_f,
         grad_add_W_o,
         grad_copy_b_i

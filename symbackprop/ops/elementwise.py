@@ -513,10 +513,7 @@ def _without(terms: list[sp.Basic], remove: tuple) -> list[sp.Basic] | None:
 
 
 def _hadamard_product(lowerer, expr: sp.HadamardProduct) -> Node:
-    # SymPy keeps a product's factors in the order they were written, but
-    # rebuilds it sorted inside another expression (o * tanh(c) as written,
-    # (tanh(c) * o) @ V read from it): in sort order, both are one node.
-    factors = [lowerer.lower(f) for f in sorted(expr.args, key=sp.default_sort_key)]
+    factors = [lowerer.lower(f) for f in expr.args]
     body = sp.Mul(*[placeholder(i) for i in range(len(factors))])
     return map_(body, factors, lowerer.shape(expr))
 
