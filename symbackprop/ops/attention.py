@@ -350,7 +350,9 @@ def _kernel(sched, node: Node, out: str) -> AttentionKernel:
     view = sched.placed.get(node)  # written into a block of the buffer that holds it
     placed = None if view is None else (int(view.offset), int(view.row_stride or node.shape[1]))
     written = out if view is None else sched.label(node)
-    latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
+    factor = "" if scale == 1 else sp.latex(scale) + " "
+    latex = (rf"{latex_name(out)} = {factor}\operatorname{{{node.op.replace('_', '-')}}}"
+             rf"({', '.join(latex_name(s) for s in labels)})")
     block = sched.claim_scratch(f"{out}_block", (length, dh)) if attrs.workspace else None
     return AttentionKernel(node.op, out, tuple(args), node.shape[0], (length, heads, dh),
                            (Equation(written + entry, value, latex),), tuple(labels), block, strides, causal, scale,
