@@ -206,291 +206,304 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
         const BUNDLE_ADJUSTMENT_REAL x18 = ((isnan(x3)) ? (x3) : x3 > 9.9999999999999995e-21);
         const BUNDLE_ADJUSTMENT_REAL x19 = pts[3*pt[i] + 2] - cams[11*cam[i] + 5] + x7;
         const BUNDLE_ADJUSTMENT_REAL x20 = -x10 + x19;
-        const BUNDLE_ADJUSTMENT_REAL x21 = (x20*x20);
-        const BUNDLE_ADJUSTMENT_REAL x22 = ((isnan(x18)) ? (x18) : ((x18) ? (1.0/(x17*x17)) :
-                (1.0/x21)));
-        const BUNDLE_ADJUSTMENT_REAL x23 = -cams[11*cam[i] + 1]*x15;
-        const BUNDLE_ADJUSTMENT_REAL x24 = -cams[11*cam[i] + 2]*x6;
-        const BUNDLE_ADJUSTMENT_REAL x25 = -x12*x9 + x13*x16 + x5*(x23*x8 - x24*x8);
-        const BUNDLE_ADJUSTMENT_REAL x26 = pts[3*pt[i]] - cams[11*cam[i] + 3] - x24;
-        const BUNDLE_ADJUSTMENT_REAL x27 = x23 + x26;
-        const BUNDLE_ADJUSTMENT_REAL x28 = -cams[11*cam[i]]*x15;
-        const BUNDLE_ADJUSTMENT_REAL x29 = -x12*x6 + x14*x16 + x5*(-x11*x9 - x28*x8);
-        const BUNDLE_ADJUSTMENT_REAL x30 = -cams[11*cam[i] + 2]*x9 - x28 - x6;
-        const BUNDLE_ADJUSTMENT_REAL x31 = (x27*x27);
-        const BUNDLE_ADJUSTMENT_REAL x32 = x22*((isnan(x18)) ? (x18) : ((x18) ? ((x25*x25)) :
-                (x31))) + x22*((isnan(x18)) ? (x18) : ((x18) ? ((x29*x29)) : ((x30*x30))));
-        const BUNDLE_ADJUSTMENT_REAL x33 = cams[11*cam[i] + 6]*(cams[11*cam[i] + 10]*(x32*x32) +
-                cams[11*cam[i] + 9]*x32 + 1)*((isnan(x18)) ? (x18) : ((x18) ? (1.0/x17) :
+        const BUNDLE_ADJUSTMENT_REAL x21 = ((isnan(x18)) ? (x18) : ((x18) ? (1.0/(x17*x17)) :
+                (1.0/(x20*x20))));
+        const BUNDLE_ADJUSTMENT_REAL x22 = -cams[11*cam[i] + 1]*x15;
+        const BUNDLE_ADJUSTMENT_REAL x23 = -cams[11*cam[i] + 2]*x6;
+        const BUNDLE_ADJUSTMENT_REAL x24 = -x12*x9 + x13*x16 + x5*(x22*x8 - x23*x8);
+        const BUNDLE_ADJUSTMENT_REAL x25 = pts[3*pt[i]] - cams[11*cam[i] + 3] - x23;
+        const BUNDLE_ADJUSTMENT_REAL x26 = x22 + x25;
+        const BUNDLE_ADJUSTMENT_REAL x27 = -cams[11*cam[i]]*x15;
+        const BUNDLE_ADJUSTMENT_REAL x28 = -x12*x6 + x14*x16 + x5*(-x11*x9 - x27*x8);
+        const BUNDLE_ADJUSTMENT_REAL x29 = -cams[11*cam[i] + 2]*x9 - x27 - x6;
+        const BUNDLE_ADJUSTMENT_REAL x30 = x21*((isnan(x18)) ? (x18) : ((x18) ? ((x24*x24)) :
+                ((x26*x26)))) + x21*((isnan(x18)) ? (x18) : ((x18) ? ((x28*x28)) : ((x29*x29))));
+        const BUNDLE_ADJUSTMENT_REAL x31 = cams[11*cam[i] + 6]*(cams[11*cam[i] + 10]*(x30*x30) +
+                cams[11*cam[i] + 9]*x30 + 1)*((isnan(x18)) ? (x18) : ((x18) ? (1.0/x17) :
                 (1.0/x20)));
-        const BUNDLE_ADJUSTMENT_REAL x34 = -feats[2*i] + cams[11*cam[i] + 7];
-        const BUNDLE_ADJUSTMENT_REAL x35 = -feats[2*i + 1] + cams[11*cam[i] + 8];
-        const BUNDLE_ADJUSTMENT_REAL x36 = (1.0/2.0)*x8;
-        const BUNDLE_ADJUSTMENT_REAL x37 = -x6*x8;
-        const BUNDLE_ADJUSTMENT_REAL x38 = -x15*x8;
-        const BUNDLE_ADJUSTMENT_REAL x39 = cams[11*cam[i] + 1]*x37 + cams[11*cam[i] + 2]*x38 -
-                x13*x9;
-        const BUNDLE_ADJUSTMENT_REAL x40 = 1 - x12;
-        const BUNDLE_ADJUSTMENT_REAL x41 = x39*x40;
-        const BUNDLE_ADJUSTMENT_REAL x42 = x41*x8;
-        const BUNDLE_ADJUSTMENT_REAL x43 = x28*x8;
-        const BUNDLE_ADJUSTMENT_REAL x44 = -cams[11*cam[i] + 2]*x9;
-        const BUNDLE_ADJUSTMENT_REAL x45 = -x43 + x44*x8;
-        const BUNDLE_ADJUSTMENT_REAL x46 = cams[11*cam[i] + 1]*x42 - x12*x6 + x45*x5;
-        const BUNDLE_ADJUSTMENT_REAL x47 = 2*x46;
-        const BUNDLE_ADJUSTMENT_REAL x48 = x12*x45;
-        const BUNDLE_ADJUSTMENT_REAL x49 = x39*x8;
-        const BUNDLE_ADJUSTMENT_REAL x50 = cams[11*cam[i] + 1]*x49;
-        const BUNDLE_ADJUSTMENT_REAL x51 = (1.0/2.0)/(x3*sqrt(x3));
-        const BUNDLE_ADJUSTMENT_REAL x52 = 2*cams[11*cam[i]];
-        const BUNDLE_ADJUSTMENT_REAL x53 = x46*x52;
-        const BUNDLE_ADJUSTMENT_REAL x54 = x10*x8;
-        const BUNDLE_ADJUSTMENT_REAL x55 = x40*x54;
-        const BUNDLE_ADJUSTMENT_REAL x56 = cams[11*cam[i] + 2]*x40;
-        const BUNDLE_ADJUSTMENT_REAL x57 = x23*x8;
-        const BUNDLE_ADJUSTMENT_REAL x58 = x56*x57;
-        const BUNDLE_ADJUSTMENT_REAL x59 = cams[11*cam[i] + 1]*x41;
-        const BUNDLE_ADJUSTMENT_REAL x60 = x44*x5;
-        const BUNDLE_ADJUSTMENT_REAL x61 = x1*x37*x40;
-        const BUNDLE_ADJUSTMENT_REAL x62 = x28*x5;
-        const BUNDLE_ADJUSTMENT_REAL x63 = x36*(x47*x48 - x5*(-x47*x50 - x47*x6)) - x51*(x47*x58 +
-                x47*x59 + x47*x60 + x47*x61 - x47*x62 + x53*x55);
-        const BUNDLE_ADJUSTMENT_REAL x64 = x40/x3;
-        const BUNDLE_ADJUSTMENT_REAL x65 = x10*x64;
-        const BUNDLE_ADJUSTMENT_REAL x66 = x38*x5;
-        const BUNDLE_ADJUSTMENT_REAL x67 = -x28 + x44 - x6;
-        const BUNDLE_ADJUSTMENT_REAL x68 = 2*x67;
-        const BUNDLE_ADJUSTMENT_REAL x69 = ((isnan(x18)) ? (x18) : ((x18) ? (x47*x65 - x47*x66 +
-                x52*x63) : (x15*x68)));
-        const BUNDLE_ADJUSTMENT_REAL x70 = x7*x8;
-        const BUNDLE_ADJUSTMENT_REAL x71 = -x54 + x70;
-        const BUNDLE_ADJUSTMENT_REAL x72 = cams[11*cam[i] + 2]*x42 - x12*x15 + x5*x71;
-        const BUNDLE_ADJUSTMENT_REAL x73 = (x72*x72);
-        const BUNDLE_ADJUSTMENT_REAL x74 = 1.0/x73;
-        const BUNDLE_ADJUSTMENT_REAL x75 = 1.0/x21;
-        const BUNDLE_ADJUSTMENT_REAL x76 = ((isnan(x18)) ? (x18) : ((x18) ? (x74) : (x75)));
-        const BUNDLE_ADJUSTMENT_REAL x77 = ((isnan(x18)) ? (x18) : ((x18) ? (1.0/x72) : (1.0/x20)));
-        const BUNDLE_ADJUSTMENT_REAL x78 = x24*x8;
-        const BUNDLE_ADJUSTMENT_REAL x79 = x57 - x78;
-        const BUNDLE_ADJUSTMENT_REAL x80 = x13*x39;
-        const BUNDLE_ADJUSTMENT_REAL x81 = -x12*x9 + x40*x80 + x5*x79;
-        const BUNDLE_ADJUSTMENT_REAL x82 = ((isnan(x18)) ? (x18) : ((x18) ? (x81) : (x27)));
-        const BUNDLE_ADJUSTMENT_REAL x83 = weights[i]*cams[11*cam[i] + 6];
-        const BUNDLE_ADJUSTMENT_REAL x84 = x82*x83;
-        const BUNDLE_ADJUSTMENT_REAL x85 = x77*x84;
-        const BUNDLE_ADJUSTMENT_REAL x86 = ((isnan(x18)) ? (x18) : ((x18) ? ((x81*x81)) : (x31)));
-        const BUNDLE_ADJUSTMENT_REAL x87 = ((isnan(x18)) ? (x18) : ((x18) ? ((x46*x46)) :
-                ((x67*x67))));
-        const BUNDLE_ADJUSTMENT_REAL x88 = x76*x86 + x76*x87;
-        const BUNDLE_ADJUSTMENT_REAL x89 = x85*x88;
-        const BUNDLE_ADJUSTMENT_REAL x90 = 2*cams[11*cam[i] + 10];
-        const BUNDLE_ADJUSTMENT_REAL x91 = -cams[11*cam[i] + 9]*x85 - x89*x90;
-        const BUNDLE_ADJUSTMENT_REAL x92 = x76*x91;
-        const BUNDLE_ADJUSTMENT_REAL x93 = x86*x91 + x87*x91;
-        const BUNDLE_ADJUSTMENT_REAL x94 = x72*x73;
-        const BUNDLE_ADJUSTMENT_REAL x95 = 1.0/x94;
-        const BUNDLE_ADJUSTMENT_REAL x96 = 2*x95;
-        const BUNDLE_ADJUSTMENT_REAL x97 = x37*x5;
-        const BUNDLE_ADJUSTMENT_REAL x98 = 2*x44;
-        const BUNDLE_ADJUSTMENT_REAL x99 = x64*x95;
-        const BUNDLE_ADJUSTMENT_REAL x100 = 2*x12;
-        const BUNDLE_ADJUSTMENT_REAL x101 = x100*x95;
-        const BUNDLE_ADJUSTMENT_REAL x102 = -2*x15;
-        const BUNDLE_ADJUSTMENT_REAL x103 = x102*x95;
-        const BUNDLE_ADJUSTMENT_REAL x104 = 2*cams[11*cam[i] + 2];
-        const BUNDLE_ADJUSTMENT_REAL x105 = x104*x95;
-        const BUNDLE_ADJUSTMENT_REAL x106 = -x5*x7;
-        const BUNDLE_ADJUSTMENT_REAL x107 = x2*x96;
-        const BUNDLE_ADJUSTMENT_REAL x108 = 2*cams[11*cam[i] + 1];
-        const BUNDLE_ADJUSTMENT_REAL x109 = x108*x40;
-        const BUNDLE_ADJUSTMENT_REAL x110 = x13*x40;
-        const BUNDLE_ADJUSTMENT_REAL x111 = x10*x5;
-        const BUNDLE_ADJUSTMENT_REAL x112 = x36*(-x101*x71 - x5*(-x103 + x105*x49)) - x51*(-x105*x41
-                + x106*x96 - x107*x38*x40 - x109*x78*x95 - x110*x95*x98 + x111*x96);
-        const BUNDLE_ADJUSTMENT_REAL x113 = x20*x21;
-        const BUNDLE_ADJUSTMENT_REAL x114 = 2/x113;
-        const BUNDLE_ADJUSTMENT_REAL x115 = ((isnan(x18)) ? (x18) : ((x18) ? (x112*x52 - x96*x97 -
-                x98*x99) : (x114*x6)));
-        const BUNDLE_ADJUSTMENT_REAL x116 = 2*x81;
-        const BUNDLE_ADJUSTMENT_REAL x117 = x12*x79;
-        const BUNDLE_ADJUSTMENT_REAL x118 = x52*x81;
-        const BUNDLE_ADJUSTMENT_REAL x119 = x23*x5;
-        const BUNDLE_ADJUSTMENT_REAL x120 = x24*x5;
-        const BUNDLE_ADJUSTMENT_REAL x121 = -2*x9;
-        const BUNDLE_ADJUSTMENT_REAL x122 = x40*x8;
-        const BUNDLE_ADJUSTMENT_REAL x123 = x0*x122;
-        const BUNDLE_ADJUSTMENT_REAL x124 = x36*(x116*x117 - x5*(-x116*x80 - x116*x9)) -
-                x51*(x104*x40*x43*x81 + x109*x70*x81 + x116*x119 - x116*x120 + x118*x41 +
-                x121*x123*x81);
-        const BUNDLE_ADJUSTMENT_REAL x125 = ((isnan(x18)) ? (x18) : ((x18) ? (x116*x42 - x118*x64*x9
-                + x124*x52) : (0)));
-        const BUNDLE_ADJUSTMENT_REAL x126 = (x88*x88);
-        const BUNDLE_ADJUSTMENT_REAL x127 = cams[11*cam[i] + 10]*x126 + cams[11*cam[i] + 9]*x88 + 1;
-        const BUNDLE_ADJUSTMENT_REAL x128 = x127*x77;
-        const BUNDLE_ADJUSTMENT_REAL x129 = x128*x83;
-        const BUNDLE_ADJUSTMENT_REAL x130 = cams[11*cam[i] + 1]*x40;
-        const BUNDLE_ADJUSTMENT_REAL x131 = x36*(x117 - x5*(-x80 - x9)) - x51*(cams[11*cam[i]]*x41 +
-                x119 - x120 - x123*x9 + x130*x70 + x43*x56);
-        const BUNDLE_ADJUSTMENT_REAL x132 = cams[11*cam[i]]*x64;
-        const BUNDLE_ADJUSTMENT_REAL x133 = x64*x74;
-        const BUNDLE_ADJUSTMENT_REAL x134 = x12*x74;
-        const BUNDLE_ADJUSTMENT_REAL x135 = -x15*x74;
-        const BUNDLE_ADJUSTMENT_REAL x136 = cams[11*cam[i] + 2]*x74;
-        const BUNDLE_ADJUSTMENT_REAL x137 = x36*(-x134*x71 - x5*(-x135 + x136*x49)) - x51*(x106*x74
-                - x110*x44*x74 + x111*x74 - x122*x135*x2 - x130*x74*x78 - x136*x41);
-        const BUNDLE_ADJUSTMENT_REAL x138 = ((isnan(x18)) ? (x18) : ((x18) ? (-x133*x44 + x137*x52 -
-                x74*x97) : (x6*x75)));
-        const BUNDLE_ADJUSTMENT_REAL x139 = x127*x84;
-        const BUNDLE_ADJUSTMENT_REAL x140 = x5*x8;
-        const BUNDLE_ADJUSTMENT_REAL x141 = x121*x140;
-        const BUNDLE_ADJUSTMENT_REAL x142 = ((isnan(x18)) ? (x18) : ((x18) ? (x108*x112 + x141*x95 -
-                2*x24*x99) : (-x114*x9)));
-        const BUNDLE_ADJUSTMENT_REAL x143 = x64*x7;
-        const BUNDLE_ADJUSTMENT_REAL x144 = ((isnan(x18)) ? (x18) : ((x18) ? (x108*x124 + x116*x143
-                + x116*x66) : (x102*x27)));
-        const BUNDLE_ADJUSTMENT_REAL x145 = cams[11*cam[i] + 1]*x64;
-        const BUNDLE_ADJUSTMENT_REAL x146 = -x145*x6;
-        const BUNDLE_ADJUSTMENT_REAL x147 = ((isnan(x18)) ? (x18) : ((x18) ? (x108*x63 + x146*x47 +
-                x42*x47) : (0)));
-        const BUNDLE_ADJUSTMENT_REAL x148 = -x140*x9;
-        const BUNDLE_ADJUSTMENT_REAL x149 = ((isnan(x18)) ? (x18) : ((x18) ? (x108*x137 - x133*x24 +
-                x148*x74) : (-x75*x9)));
-        const BUNDLE_ADJUSTMENT_REAL x150 = cams[11*cam[i] + 2]*x64;
-        const BUNDLE_ADJUSTMENT_REAL x151 = ((isnan(x18)) ? (x18) : ((x18) ? (-x103*x150 + x104*x112
-                - x42*x96) : (0)));
-        const BUNDLE_ADJUSTMENT_REAL x152 = 2*x28;
-        const BUNDLE_ADJUSTMENT_REAL x153 = ((isnan(x18)) ? (x18) : ((x18) ? (x104*x124 - x116*x97 +
-                x152*x64*x81) : (2*x27*x6)));
-        const BUNDLE_ADJUSTMENT_REAL x154 = x23*x64;
-        const BUNDLE_ADJUSTMENT_REAL x155 = ((isnan(x18)) ? (x18) : ((x18) ? (x104*x63 + x141*x46 +
-                x154*x47) : (x121*x67)));
-        const BUNDLE_ADJUSTMENT_REAL x156 = ((isnan(x18)) ? (x18) : ((x18) ? (x104*x137 - x135*x150
-                - x42*x74) : (0)));
-        const BUNDLE_ADJUSTMENT_REAL x157 = x150*x95;
-        const BUNDLE_ADJUSTMENT_REAL x158 = x108*x140;
-        const BUNDLE_ADJUSTMENT_REAL x159 = x157*x52 - x158*x95;
-        const BUNDLE_ADJUSTMENT_REAL x160 = cams[11*cam[i] + 1]*x114;
-        const BUNDLE_ADJUSTMENT_REAL x161 = ((isnan(x18)) ? (x18) : ((x18) ? (x159) : (-x160)));
-        const BUNDLE_ADJUSTMENT_REAL x162 = x0*x64;
-        const BUNDLE_ADJUSTMENT_REAL x163 = x100*x81 + x116*x162;
-        const BUNDLE_ADJUSTMENT_REAL x164 = 2*pts[3*pt[i]] - 2*cams[11*cam[i] + 3] + 2*x23 - 2*x24;
-        const BUNDLE_ADJUSTMENT_REAL x165 = ((isnan(x18)) ? (x18) : ((x18) ? (-x163) : (-x164)));
-        const BUNDLE_ADJUSTMENT_REAL x166 = cams[11*cam[i] + 2]*x140;
-        const BUNDLE_ADJUSTMENT_REAL x167 = x145*x53 + x166*x47;
-        const BUNDLE_ADJUSTMENT_REAL x168 = cams[11*cam[i] + 2]*x68;
-        const BUNDLE_ADJUSTMENT_REAL x169 = ((isnan(x18)) ? (x18) : ((x18) ? (-x167) : (-x168)));
-        const BUNDLE_ADJUSTMENT_REAL x170 = x12 + x162;
-        const BUNDLE_ADJUSTMENT_REAL x171 = cams[11*cam[i] + 1]*x140;
-        const BUNDLE_ADJUSTMENT_REAL x172 = x132*x136 - x171*x74;
-        const BUNDLE_ADJUSTMENT_REAL x173 = cams[11*cam[i] + 1]*x75;
-        const BUNDLE_ADJUSTMENT_REAL x174 = ((isnan(x18)) ? (x18) : ((x18) ? (x172) : (-x173)));
-        const BUNDLE_ADJUSTMENT_REAL x175 = x13*x5;
-        const BUNDLE_ADJUSTMENT_REAL x176 = x108*x157 + x175*x96;
-        const BUNDLE_ADJUSTMENT_REAL x177 = cams[11*cam[i]]*x114;
-        const BUNDLE_ADJUSTMENT_REAL x178 = ((isnan(x18)) ? (x18) : ((x18) ? (x176) : (x177)));
-        const BUNDLE_ADJUSTMENT_REAL x179 = x1*x64;
-        const BUNDLE_ADJUSTMENT_REAL x180 = x12*x47 + x179*x47;
-        const BUNDLE_ADJUSTMENT_REAL x181 = -2*pts[3*pt[i] + 1] + 2*cams[11*cam[i] + 4] + x152 -
-                x98;
-        const BUNDLE_ADJUSTMENT_REAL x182 = ((isnan(x18)) ? (x18) : ((x18) ? (-x180) : (x181)));
-        const BUNDLE_ADJUSTMENT_REAL x183 = -2*cams[11*cam[i] + 2]*x140*x81 + x118*x145;
-        const BUNDLE_ADJUSTMENT_REAL x184 = x104*x27;
-        const BUNDLE_ADJUSTMENT_REAL x185 = ((isnan(x18)) ? (x18) : ((x18) ? (-x183) : (x184)));
-        const BUNDLE_ADJUSTMENT_REAL x186 = cams[11*cam[i] + 1]*x132;
-        const BUNDLE_ADJUSTMENT_REAL x187 = -x166 + x186;
-        const BUNDLE_ADJUSTMENT_REAL x188 = x136*x145 + x175*x74;
-        const BUNDLE_ADJUSTMENT_REAL x189 = cams[11*cam[i]]*x75;
-        const BUNDLE_ADJUSTMENT_REAL x190 = ((isnan(x18)) ? (x18) : ((x18) ? (x188) : (x189)));
-        const BUNDLE_ADJUSTMENT_REAL x191 = x101 + x107*x64;
-        const BUNDLE_ADJUSTMENT_REAL x192 = ((isnan(x18)) ? (x18) : ((x18) ? (x191) : (x114)));
-        const BUNDLE_ADJUSTMENT_REAL x193 = x118*x150 + x158*x81;
-        const BUNDLE_ADJUSTMENT_REAL x194 = x108*x27;
-        const BUNDLE_ADJUSTMENT_REAL x195 = ((isnan(x18)) ? (x18) : ((x18) ? (-x193) : (-x194)));
-        const BUNDLE_ADJUSTMENT_REAL x196 = cams[11*cam[i] + 2]*x145;
-        const BUNDLE_ADJUSTMENT_REAL x197 = x175*x47 - x196*x47;
-        const BUNDLE_ADJUSTMENT_REAL x198 = x52*x67;
-        const BUNDLE_ADJUSTMENT_REAL x199 = ((isnan(x18)) ? (x18) : ((x18) ? (x197) : (x198)));
-        const BUNDLE_ADJUSTMENT_REAL x200 = cams[11*cam[i] + 2]*x132 + x171;
-        const BUNDLE_ADJUSTMENT_REAL x201 = x133*x2 + x134;
-        const BUNDLE_ADJUSTMENT_REAL x202 = ((isnan(x18)) ? (x18) : ((x18) ? (x201) : (x75)));
-        const BUNDLE_ADJUSTMENT_REAL x203 = x128*x82;
-        const BUNDLE_ADJUSTMENT_REAL x204 = ((isnan(x18)) ? (x18) : ((x18) ? (-x159) : (x160)));
-        const BUNDLE_ADJUSTMENT_REAL x205 = ((isnan(x18)) ? (x18) : ((x18) ? (x163) : (x164)));
-        const BUNDLE_ADJUSTMENT_REAL x206 = ((isnan(x18)) ? (x18) : ((x18) ? (x167) : (x168)));
-        const BUNDLE_ADJUSTMENT_REAL x207 = ((isnan(x18)) ? (x18) : ((x18) ? (-x172) : (x173)));
-        const BUNDLE_ADJUSTMENT_REAL x208 = ((isnan(x18)) ? (x18) : ((x18) ? (-x176) : (-x177)));
-        const BUNDLE_ADJUSTMENT_REAL x209 = ((isnan(x18)) ? (x18) : ((x18) ? (x180) : (-x181)));
-        const BUNDLE_ADJUSTMENT_REAL x210 = ((isnan(x18)) ? (x18) : ((x18) ? (x183) : (-x184)));
-        const BUNDLE_ADJUSTMENT_REAL x211 = ((isnan(x18)) ? (x18) : ((x18) ? (-x188) : (-x189)));
-        const BUNDLE_ADJUSTMENT_REAL x212 = ((isnan(x18)) ? (x18) : ((x18) ? (-x191) : (-x114)));
-        const BUNDLE_ADJUSTMENT_REAL x213 = ((isnan(x18)) ? (x18) : ((x18) ? (-x197) : (-x198)));
-        const BUNDLE_ADJUSTMENT_REAL x214 = ((isnan(x18)) ? (x18) : ((x18) ? (x193) : (x194)));
-        const BUNDLE_ADJUSTMENT_REAL x215 = ((isnan(x18)) ? (x18) : ((x18) ? (-x201) : (-x75)));
-        const BUNDLE_ADJUSTMENT_REAL x216 = ((isnan(x18)) ? (x18) : ((x18) ? (x46) : (x67)));
-        const BUNDLE_ADJUSTMENT_REAL x217 = x216*x83;
-        const BUNDLE_ADJUSTMENT_REAL x218 = x217*x77;
-        const BUNDLE_ADJUSTMENT_REAL x219 = x218*x88;
-        const BUNDLE_ADJUSTMENT_REAL x220 = -cams[11*cam[i] + 9]*x218 - x219*x90;
-        const BUNDLE_ADJUSTMENT_REAL x221 = x220*x76;
-        const BUNDLE_ADJUSTMENT_REAL x222 = x220*x86 + x220*x87;
-        const BUNDLE_ADJUSTMENT_REAL x223 = x36*(x48 - x5*(-x50 - x6)) - x51*(cams[11*cam[i]]*x55 +
-                x58 + x59 + x60 + x61 - x62);
-        const BUNDLE_ADJUSTMENT_REAL x224 = x127*x217;
-        const BUNDLE_ADJUSTMENT_REAL x225 = x166 + x186;
-        const BUNDLE_ADJUSTMENT_REAL x226 = x12 + x179;
-        const BUNDLE_ADJUSTMENT_REAL x227 = x175 - x196;
-        const BUNDLE_ADJUSTMENT_REAL x228 = x128*x216;
-        residual[2*i] = weights[i]*(-x33*((isnan(x18)) ? (x18) : ((x18) ? (x25) : (x27))) + x34);
-        residual[2*i + 1] = weights[i]*(-x33*((isnan(x18)) ? (x18) : ((x18) ? (x29) : (x30))) +
-                x35);
-        jacobian[30*i] = x115*x93 + x125*x92 - x129*((isnan(x18)) ? (x18) : ((x18) ? (x131*x52 -
-                x132*x9 + x42) : (0))) - x138*x139 + x69*x92;
-        jacobian[30*i + 1] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x108*x131 + x143 + x66) :
-                (-x15))) - x139*x149 + x142*x93 + x144*x92 + x147*x92;
-        jacobian[30*i + 2] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x104*x131 + x28*x64 - x97) :
-                (x6))) - x139*x156 + x151*x93 + x153*x92 + x155*x92;
-        jacobian[30*i + 3] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (-x170) : (-1))) - x139*x174 +
-                x161*x93 + x165*x92 + x169*x92;
-        jacobian[30*i + 4] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (-x187) :
-                (cams[11*cam[i] + 2]))) - x139*x190 + x178*x93 + x182*x92 + x185*x92;
-        jacobian[30*i + 5] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (-x200) :
-                (-cams[11*cam[i] + 1]))) - x139*x202 + x192*x93 + x195*x92 + x199*x92;
-        jacobian[30*i + 6] = -weights[i]*x203;
+        const BUNDLE_ADJUSTMENT_REAL x32 = -feats[2*i] + cams[11*cam[i] + 7];
+        const BUNDLE_ADJUSTMENT_REAL x33 = -feats[2*i + 1] + cams[11*cam[i] + 8];
+        const BUNDLE_ADJUSTMENT_REAL x34 = x0 + x1 + x2;
+        const BUNDLE_ADJUSTMENT_REAL x35 = sqrt(x34);
+        const BUNDLE_ADJUSTMENT_REAL x36 = 1.0/x35;
+        const BUNDLE_ADJUSTMENT_REAL x37 = (1.0/2.0)*x36;
+        const BUNDLE_ADJUSTMENT_REAL x38 = -x36*x6;
+        const BUNDLE_ADJUSTMENT_REAL x39 = -x15*x36;
+        const BUNDLE_ADJUSTMENT_REAL x40 = cams[11*cam[i]]*x36;
+        const BUNDLE_ADJUSTMENT_REAL x41 = cams[11*cam[i] + 1]*x38 + cams[11*cam[i] + 2]*x39 -
+                x40*x9;
+        const BUNDLE_ADJUSTMENT_REAL x42 = cos(x35);
+        const BUNDLE_ADJUSTMENT_REAL x43 = 1 - x42;
+        const BUNDLE_ADJUSTMENT_REAL x44 = x41*x43;
+        const BUNDLE_ADJUSTMENT_REAL x45 = x36*x44;
+        const BUNDLE_ADJUSTMENT_REAL x46 = sin(x35);
+        const BUNDLE_ADJUSTMENT_REAL x47 = -cams[11*cam[i]]*x15;
+        const BUNDLE_ADJUSTMENT_REAL x48 = x36*x47;
+        const BUNDLE_ADJUSTMENT_REAL x49 = -cams[11*cam[i] + 2]*x9;
+        const BUNDLE_ADJUSTMENT_REAL x50 = x36*x49 - x48;
+        const BUNDLE_ADJUSTMENT_REAL x51 = cams[11*cam[i] + 1]*x45 - x42*x6 + x46*x50;
+        const BUNDLE_ADJUSTMENT_REAL x52 = 2*x51;
+        const BUNDLE_ADJUSTMENT_REAL x53 = x42*x50;
+        const BUNDLE_ADJUSTMENT_REAL x54 = x36*x41;
+        const BUNDLE_ADJUSTMENT_REAL x55 = cams[11*cam[i] + 1]*x54;
+        const BUNDLE_ADJUSTMENT_REAL x56 = (1.0/2.0)/(x34*sqrt(x34));
+        const BUNDLE_ADJUSTMENT_REAL x57 = 2*cams[11*cam[i]];
+        const BUNDLE_ADJUSTMENT_REAL x58 = x51*x57;
+        const BUNDLE_ADJUSTMENT_REAL x59 = -cams[11*cam[i] + 1]*x9;
+        const BUNDLE_ADJUSTMENT_REAL x60 = x36*x59;
+        const BUNDLE_ADJUSTMENT_REAL x61 = x43*x60;
+        const BUNDLE_ADJUSTMENT_REAL x62 = cams[11*cam[i] + 2]*x43;
+        const BUNDLE_ADJUSTMENT_REAL x63 = -cams[11*cam[i] + 1]*x15;
+        const BUNDLE_ADJUSTMENT_REAL x64 = x36*x63;
+        const BUNDLE_ADJUSTMENT_REAL x65 = x62*x64;
+        const BUNDLE_ADJUSTMENT_REAL x66 = cams[11*cam[i] + 1]*x44;
+        const BUNDLE_ADJUSTMENT_REAL x67 = x46*x49;
+        const BUNDLE_ADJUSTMENT_REAL x68 = x1*x38*x43;
+        const BUNDLE_ADJUSTMENT_REAL x69 = x46*x47;
+        const BUNDLE_ADJUSTMENT_REAL x70 = x37*(-x46*(-x52*x55 - x52*x6) + x52*x53) - x56*(x52*x65 +
+                x52*x66 + x52*x67 + x52*x68 - x52*x69 + x58*x61);
+        const BUNDLE_ADJUSTMENT_REAL x71 = x43/x34;
+        const BUNDLE_ADJUSTMENT_REAL x72 = x59*x71;
+        const BUNDLE_ADJUSTMENT_REAL x73 = x39*x46;
+        const BUNDLE_ADJUSTMENT_REAL x74 = ((isnan(x34)) ? (x34) : x34 > 9.9999999999999995e-21);
+        const BUNDLE_ADJUSTMENT_REAL x75 = -x47 + x49 - x6;
+        const BUNDLE_ADJUSTMENT_REAL x76 = 2*x75;
+        const BUNDLE_ADJUSTMENT_REAL x77 = ((isnan(x74)) ? (x74) : ((x74) ? (x52*x72 - x52*x73 +
+                x57*x70) : (x15*x76)));
+        const BUNDLE_ADJUSTMENT_REAL x78 = x36*x7;
+        const BUNDLE_ADJUSTMENT_REAL x79 = -x60 + x78;
+        const BUNDLE_ADJUSTMENT_REAL x80 = cams[11*cam[i] + 2]*x45 - x15*x42 + x46*x79;
+        const BUNDLE_ADJUSTMENT_REAL x81 = (x80*x80);
+        const BUNDLE_ADJUSTMENT_REAL x82 = 1.0/x81;
+        const BUNDLE_ADJUSTMENT_REAL x83 = x19 - x59;
+        const BUNDLE_ADJUSTMENT_REAL x84 = (x83*x83);
+        const BUNDLE_ADJUSTMENT_REAL x85 = 1.0/x84;
+        const BUNDLE_ADJUSTMENT_REAL x86 = ((isnan(x74)) ? (x74) : ((x74) ? (x82) : (x85)));
+        const BUNDLE_ADJUSTMENT_REAL x87 = ((isnan(x74)) ? (x74) : ((x74) ? (1.0/x80) : (1.0/x83)));
+        const BUNDLE_ADJUSTMENT_REAL x88 = x23*x36;
+        const BUNDLE_ADJUSTMENT_REAL x89 = x64 - x88;
+        const BUNDLE_ADJUSTMENT_REAL x90 = x40*x41;
+        const BUNDLE_ADJUSTMENT_REAL x91 = -x42*x9 + x43*x90 + x46*x89;
+        const BUNDLE_ADJUSTMENT_REAL x92 = x25 + x63;
+        const BUNDLE_ADJUSTMENT_REAL x93 = ((isnan(x74)) ? (x74) : ((x74) ? (x91) : (x92)));
+        const BUNDLE_ADJUSTMENT_REAL x94 = weights[i]*cams[11*cam[i] + 6];
+        const BUNDLE_ADJUSTMENT_REAL x95 = x93*x94;
+        const BUNDLE_ADJUSTMENT_REAL x96 = x87*x95;
+        const BUNDLE_ADJUSTMENT_REAL x97 = ((isnan(x74)) ? (x74) : ((x74) ? ((x91*x91)) :
+                ((x92*x92))));
+        const BUNDLE_ADJUSTMENT_REAL x98 = ((isnan(x74)) ? (x74) : ((x74) ? ((x51*x51)) :
+                ((x75*x75))));
+        const BUNDLE_ADJUSTMENT_REAL x99 = x86*x97 + x86*x98;
+        const BUNDLE_ADJUSTMENT_REAL x100 = x96*x99;
+        const BUNDLE_ADJUSTMENT_REAL x101 = 2*cams[11*cam[i] + 10];
+        const BUNDLE_ADJUSTMENT_REAL x102 = -cams[11*cam[i] + 9]*x96 - x100*x101;
+        const BUNDLE_ADJUSTMENT_REAL x103 = x102*x86;
+        const BUNDLE_ADJUSTMENT_REAL x104 = x102*x97 + x102*x98;
+        const BUNDLE_ADJUSTMENT_REAL x105 = x80*x81;
+        const BUNDLE_ADJUSTMENT_REAL x106 = 1.0/x105;
+        const BUNDLE_ADJUSTMENT_REAL x107 = 2*x106;
+        const BUNDLE_ADJUSTMENT_REAL x108 = x38*x46;
+        const BUNDLE_ADJUSTMENT_REAL x109 = 2*x49;
+        const BUNDLE_ADJUSTMENT_REAL x110 = x106*x71;
+        const BUNDLE_ADJUSTMENT_REAL x111 = 2*x42;
+        const BUNDLE_ADJUSTMENT_REAL x112 = x106*x111;
+        const BUNDLE_ADJUSTMENT_REAL x113 = -2*x15;
+        const BUNDLE_ADJUSTMENT_REAL x114 = x106*x113;
+        const BUNDLE_ADJUSTMENT_REAL x115 = 2*cams[11*cam[i] + 2];
+        const BUNDLE_ADJUSTMENT_REAL x116 = x106*x115;
+        const BUNDLE_ADJUSTMENT_REAL x117 = -x46*x7;
+        const BUNDLE_ADJUSTMENT_REAL x118 = x107*x2;
+        const BUNDLE_ADJUSTMENT_REAL x119 = 2*cams[11*cam[i] + 1];
+        const BUNDLE_ADJUSTMENT_REAL x120 = x119*x43;
+        const BUNDLE_ADJUSTMENT_REAL x121 = x40*x43;
+        const BUNDLE_ADJUSTMENT_REAL x122 = x46*x59;
+        const BUNDLE_ADJUSTMENT_REAL x123 = x37*(-x112*x79 - x46*(-x114 + x116*x54)) -
+                x56*(-x106*x109*x121 - x106*x120*x88 + x107*x117 + x107*x122 - x116*x44 -
+                x118*x39*x43);
+        const BUNDLE_ADJUSTMENT_REAL x124 = x83*x84;
+        const BUNDLE_ADJUSTMENT_REAL x125 = 2/x124;
+        const BUNDLE_ADJUSTMENT_REAL x126 = ((isnan(x74)) ? (x74) : ((x74) ? (-x107*x108 - x109*x110
+                + x123*x57) : (x125*x6)));
+        const BUNDLE_ADJUSTMENT_REAL x127 = 2*x91;
+        const BUNDLE_ADJUSTMENT_REAL x128 = x42*x89;
+        const BUNDLE_ADJUSTMENT_REAL x129 = x57*x91;
+        const BUNDLE_ADJUSTMENT_REAL x130 = x46*x63;
+        const BUNDLE_ADJUSTMENT_REAL x131 = x23*x46;
+        const BUNDLE_ADJUSTMENT_REAL x132 = -2*x9;
+        const BUNDLE_ADJUSTMENT_REAL x133 = x36*x43;
+        const BUNDLE_ADJUSTMENT_REAL x134 = x0*x133;
+        const BUNDLE_ADJUSTMENT_REAL x135 = x37*(x127*x128 - x46*(-x127*x9 - x127*x90)) -
+                x56*(x115*x43*x48*x91 + x120*x78*x91 + x127*x130 - x127*x131 + x129*x44 +
+                x132*x134*x91);
+        const BUNDLE_ADJUSTMENT_REAL x136 = ((isnan(x74)) ? (x74) : ((x74) ? (x127*x45 - x129*x71*x9
+                + x135*x57) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x137 = (x99*x99);
+        const BUNDLE_ADJUSTMENT_REAL x138 = cams[11*cam[i] + 10]*x137 + cams[11*cam[i] + 9]*x99 + 1;
+        const BUNDLE_ADJUSTMENT_REAL x139 = x138*x87;
+        const BUNDLE_ADJUSTMENT_REAL x140 = x139*x94;
+        const BUNDLE_ADJUSTMENT_REAL x141 = cams[11*cam[i] + 1]*x43;
+        const BUNDLE_ADJUSTMENT_REAL x142 = x37*(x128 - x46*(-x9 - x90)) - x56*(cams[11*cam[i]]*x44
+                + x130 - x131 - x134*x9 + x141*x78 + x48*x62);
+        const BUNDLE_ADJUSTMENT_REAL x143 = cams[11*cam[i]]*x71;
+        const BUNDLE_ADJUSTMENT_REAL x144 = x71*x82;
+        const BUNDLE_ADJUSTMENT_REAL x145 = x42*x82;
+        const BUNDLE_ADJUSTMENT_REAL x146 = -x15*x82;
+        const BUNDLE_ADJUSTMENT_REAL x147 = cams[11*cam[i] + 2]*x82;
+        const BUNDLE_ADJUSTMENT_REAL x148 = x37*(-x145*x79 - x46*(-x146 + x147*x54)) - x56*(x117*x82
+                - x121*x49*x82 + x122*x82 - x133*x146*x2 - x141*x82*x88 - x147*x44);
+        const BUNDLE_ADJUSTMENT_REAL x149 = ((isnan(x74)) ? (x74) : ((x74) ? (-x108*x82 - x144*x49 +
+                x148*x57) : (x6*x85)));
+        const BUNDLE_ADJUSTMENT_REAL x150 = x138*x95;
+        const BUNDLE_ADJUSTMENT_REAL x151 = x36*x46;
+        const BUNDLE_ADJUSTMENT_REAL x152 = x132*x151;
+        const BUNDLE_ADJUSTMENT_REAL x153 = ((isnan(x74)) ? (x74) : ((x74) ? (x106*x152 - 2*x110*x23
+                + x119*x123) : (-x125*x9)));
+        const BUNDLE_ADJUSTMENT_REAL x154 = x7*x71;
+        const BUNDLE_ADJUSTMENT_REAL x155 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x135 + x127*x154
+                + x127*x73) : (x113*x92)));
+        const BUNDLE_ADJUSTMENT_REAL x156 = cams[11*cam[i] + 1]*x71;
+        const BUNDLE_ADJUSTMENT_REAL x157 = -x156*x6;
+        const BUNDLE_ADJUSTMENT_REAL x158 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x70 + x157*x52 +
+                x45*x52) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x159 = -x151*x9;
+        const BUNDLE_ADJUSTMENT_REAL x160 = ((isnan(x74)) ? (x74) : ((x74) ? (x119*x148 - x144*x23 +
+                x159*x82) : (-x85*x9)));
+        const BUNDLE_ADJUSTMENT_REAL x161 = cams[11*cam[i] + 2]*x71;
+        const BUNDLE_ADJUSTMENT_REAL x162 = ((isnan(x74)) ? (x74) : ((x74) ? (-x107*x45 - x114*x161
+                + x115*x123) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x163 = 2*x47;
+        const BUNDLE_ADJUSTMENT_REAL x164 = ((isnan(x74)) ? (x74) : ((x74) ? (-x108*x127 + x115*x135
+                + x163*x71*x91) : (2*x6*x92)));
+        const BUNDLE_ADJUSTMENT_REAL x165 = x63*x71;
+        const BUNDLE_ADJUSTMENT_REAL x166 = ((isnan(x74)) ? (x74) : ((x74) ? (x115*x70 + x152*x51 +
+                x165*x52) : (x132*x75)));
+        const BUNDLE_ADJUSTMENT_REAL x167 = ((isnan(x74)) ? (x74) : ((x74) ? (x115*x148 - x146*x161
+                - x45*x82) : (0)));
+        const BUNDLE_ADJUSTMENT_REAL x168 = x106*x161;
+        const BUNDLE_ADJUSTMENT_REAL x169 = x119*x151;
+        const BUNDLE_ADJUSTMENT_REAL x170 = -x106*x169 + x168*x57;
+        const BUNDLE_ADJUSTMENT_REAL x171 = cams[11*cam[i] + 1]*x125;
+        const BUNDLE_ADJUSTMENT_REAL x172 = ((isnan(x74)) ? (x74) : ((x74) ? (x170) : (-x171)));
+        const BUNDLE_ADJUSTMENT_REAL x173 = x0*x71;
+        const BUNDLE_ADJUSTMENT_REAL x174 = x111*x91 + x127*x173;
+        const BUNDLE_ADJUSTMENT_REAL x175 = 2*pts[3*pt[i]] - 2*cams[11*cam[i] + 3] - 2*x23 + 2*x63;
+        const BUNDLE_ADJUSTMENT_REAL x176 = ((isnan(x74)) ? (x74) : ((x74) ? (-x174) : (-x175)));
+        const BUNDLE_ADJUSTMENT_REAL x177 = cams[11*cam[i] + 2]*x151;
+        const BUNDLE_ADJUSTMENT_REAL x178 = x156*x58 + x177*x52;
+        const BUNDLE_ADJUSTMENT_REAL x179 = cams[11*cam[i] + 2]*x76;
+        const BUNDLE_ADJUSTMENT_REAL x180 = ((isnan(x74)) ? (x74) : ((x74) ? (-x178) : (-x179)));
+        const BUNDLE_ADJUSTMENT_REAL x181 = x173 + x42;
+        const BUNDLE_ADJUSTMENT_REAL x182 = cams[11*cam[i] + 1]*x151;
+        const BUNDLE_ADJUSTMENT_REAL x183 = x143*x147 - x182*x82;
+        const BUNDLE_ADJUSTMENT_REAL x184 = cams[11*cam[i] + 1]*x85;
+        const BUNDLE_ADJUSTMENT_REAL x185 = ((isnan(x74)) ? (x74) : ((x74) ? (x183) : (-x184)));
+        const BUNDLE_ADJUSTMENT_REAL x186 = x40*x46;
+        const BUNDLE_ADJUSTMENT_REAL x187 = x107*x186 + x119*x168;
+        const BUNDLE_ADJUSTMENT_REAL x188 = cams[11*cam[i]]*x125;
+        const BUNDLE_ADJUSTMENT_REAL x189 = ((isnan(x74)) ? (x74) : ((x74) ? (x187) : (x188)));
+        const BUNDLE_ADJUSTMENT_REAL x190 = x1*x71;
+        const BUNDLE_ADJUSTMENT_REAL x191 = x190*x52 + x42*x52;
+        const BUNDLE_ADJUSTMENT_REAL x192 = -2*pts[3*pt[i] + 1] + 2*cams[11*cam[i] + 4] - x109 +
+                x163;
+        const BUNDLE_ADJUSTMENT_REAL x193 = ((isnan(x74)) ? (x74) : ((x74) ? (-x191) : (x192)));
+        const BUNDLE_ADJUSTMENT_REAL x194 = -2*cams[11*cam[i] + 2]*x151*x91 + x129*x156;
+        const BUNDLE_ADJUSTMENT_REAL x195 = x115*x92;
+        const BUNDLE_ADJUSTMENT_REAL x196 = ((isnan(x74)) ? (x74) : ((x74) ? (-x194) : (x195)));
+        const BUNDLE_ADJUSTMENT_REAL x197 = cams[11*cam[i] + 1]*x143;
+        const BUNDLE_ADJUSTMENT_REAL x198 = -x177 + x197;
+        const BUNDLE_ADJUSTMENT_REAL x199 = x147*x156 + x186*x82;
+        const BUNDLE_ADJUSTMENT_REAL x200 = cams[11*cam[i]]*x85;
+        const BUNDLE_ADJUSTMENT_REAL x201 = ((isnan(x74)) ? (x74) : ((x74) ? (x199) : (x200)));
+        const BUNDLE_ADJUSTMENT_REAL x202 = x112 + x118*x71;
+        const BUNDLE_ADJUSTMENT_REAL x203 = ((isnan(x74)) ? (x74) : ((x74) ? (x202) : (x125)));
+        const BUNDLE_ADJUSTMENT_REAL x204 = x129*x161 + x169*x91;
+        const BUNDLE_ADJUSTMENT_REAL x205 = x119*x92;
+        const BUNDLE_ADJUSTMENT_REAL x206 = ((isnan(x74)) ? (x74) : ((x74) ? (-x204) : (-x205)));
+        const BUNDLE_ADJUSTMENT_REAL x207 = cams[11*cam[i] + 2]*x156;
+        const BUNDLE_ADJUSTMENT_REAL x208 = x186*x52 - x207*x52;
+        const BUNDLE_ADJUSTMENT_REAL x209 = x57*x75;
+        const BUNDLE_ADJUSTMENT_REAL x210 = ((isnan(x74)) ? (x74) : ((x74) ? (x208) : (x209)));
+        const BUNDLE_ADJUSTMENT_REAL x211 = cams[11*cam[i] + 2]*x143 + x182;
+        const BUNDLE_ADJUSTMENT_REAL x212 = x144*x2 + x145;
+        const BUNDLE_ADJUSTMENT_REAL x213 = ((isnan(x74)) ? (x74) : ((x74) ? (x212) : (x85)));
+        const BUNDLE_ADJUSTMENT_REAL x214 = x139*x93;
+        const BUNDLE_ADJUSTMENT_REAL x215 = ((isnan(x74)) ? (x74) : ((x74) ? (-x170) : (x171)));
+        const BUNDLE_ADJUSTMENT_REAL x216 = ((isnan(x74)) ? (x74) : ((x74) ? (x174) : (x175)));
+        const BUNDLE_ADJUSTMENT_REAL x217 = ((isnan(x74)) ? (x74) : ((x74) ? (x178) : (x179)));
+        const BUNDLE_ADJUSTMENT_REAL x218 = ((isnan(x74)) ? (x74) : ((x74) ? (-x183) : (x184)));
+        const BUNDLE_ADJUSTMENT_REAL x219 = ((isnan(x74)) ? (x74) : ((x74) ? (-x187) : (-x188)));
+        const BUNDLE_ADJUSTMENT_REAL x220 = ((isnan(x74)) ? (x74) : ((x74) ? (x191) : (-x192)));
+        const BUNDLE_ADJUSTMENT_REAL x221 = ((isnan(x74)) ? (x74) : ((x74) ? (x194) : (-x195)));
+        const BUNDLE_ADJUSTMENT_REAL x222 = ((isnan(x74)) ? (x74) : ((x74) ? (-x199) : (-x200)));
+        const BUNDLE_ADJUSTMENT_REAL x223 = ((isnan(x74)) ? (x74) : ((x74) ? (-x202) : (-x125)));
+        const BUNDLE_ADJUSTMENT_REAL x224 = ((isnan(x74)) ? (x74) : ((x74) ? (-x208) : (-x209)));
+        const BUNDLE_ADJUSTMENT_REAL x225 = ((isnan(x74)) ? (x74) : ((x74) ? (x204) : (x205)));
+        const BUNDLE_ADJUSTMENT_REAL x226 = ((isnan(x74)) ? (x74) : ((x74) ? (-x212) : (-x85)));
+        const BUNDLE_ADJUSTMENT_REAL x227 = ((isnan(x74)) ? (x74) : ((x74) ? (x51) : (x75)));
+        const BUNDLE_ADJUSTMENT_REAL x228 = x227*x94;
+        const BUNDLE_ADJUSTMENT_REAL x229 = x228*x87;
+        const BUNDLE_ADJUSTMENT_REAL x230 = x229*x99;
+        const BUNDLE_ADJUSTMENT_REAL x231 = -cams[11*cam[i] + 9]*x229 - x101*x230;
+        const BUNDLE_ADJUSTMENT_REAL x232 = x231*x86;
+        const BUNDLE_ADJUSTMENT_REAL x233 = x231*x97 + x231*x98;
+        const BUNDLE_ADJUSTMENT_REAL x234 = x37*(-x46*(-x55 - x6) + x53) - x56*(cams[11*cam[i]]*x61
+                + x65 + x66 + x67 + x68 - x69);
+        const BUNDLE_ADJUSTMENT_REAL x235 = x138*x228;
+        const BUNDLE_ADJUSTMENT_REAL x236 = x177 + x197;
+        const BUNDLE_ADJUSTMENT_REAL x237 = x190 + x42;
+        const BUNDLE_ADJUSTMENT_REAL x238 = x186 - x207;
+        const BUNDLE_ADJUSTMENT_REAL x239 = x139*x227;
+        residual[2*i] = weights[i]*(-x31*((isnan(x18)) ? (x18) : ((x18) ? (x24) : (x26))) + x32);
+        residual[2*i + 1] = weights[i]*(-x31*((isnan(x18)) ? (x18) : ((x18) ? (x28) : (x29))) +
+                x33);
+        jacobian[30*i] = x103*x136 + x103*x77 + x104*x126 - x140*((isnan(x74)) ? (x74) : ((x74) ?
+                (x142*x57 - x143*x9 + x45) : (0))) - x149*x150;
+        jacobian[30*i + 1] = x103*x155 + x103*x158 + x104*x153 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (x119*x142 + x154 + x73) : (-x15))) - x150*x160;
+        jacobian[30*i + 2] = x103*x164 + x103*x166 + x104*x162 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (-x108 + x115*x142 + x47*x71) : (x6))) - x150*x167;
+        jacobian[30*i + 3] = x103*x176 + x103*x180 + x104*x172 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (-x181) : (-1))) - x150*x185;
+        jacobian[30*i + 4] = x103*x193 + x103*x196 + x104*x189 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (-x198) : (cams[11*cam[i] + 2]))) - x150*x201;
+        jacobian[30*i + 5] = x103*x206 + x103*x210 + x104*x203 - x140*((isnan(x74)) ? (x74) : ((x74)
+                ? (-x211) : (-cams[11*cam[i] + 1]))) - x150*x213;
+        jacobian[30*i + 6] = -weights[i]*x214;
         jacobian[30*i + 7] = weights[i];
         jacobian[30*i + 8] = 0;
-        jacobian[30*i + 9] = -x89;
-        jacobian[30*i + 10] = -x126*x85;
-        jacobian[30*i + 11] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x170) : (1))) - x139*x207 +
-                x204*x93 + x205*x92 + x206*x92;
-        jacobian[30*i + 12] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x187) :
-                (-cams[11*cam[i] + 2]))) - x139*x211 + x208*x93 + x209*x92 + x210*x92;
-        jacobian[30*i + 13] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x200) :
-                (cams[11*cam[i] + 1]))) - x139*x215 + x212*x93 + x213*x92 + x214*x92;
-        jacobian[30*i + 14] = -cams[11*cam[i] + 6]*x203 + x34;
-        jacobian[30*i + 15] = x115*x222 + x125*x221 - x129*((isnan(x18)) ? (x18) : ((x18) ?
-                (x223*x52 + x65 - x66) : (x15))) - x138*x224 + x221*x69;
-        jacobian[30*i + 16] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x108*x223 + x146 + x42) :
-                (0))) + x142*x222 + x144*x221 + x147*x221 - x149*x224;
-        jacobian[30*i + 17] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x104*x223 + x148 + x154) :
-                (-x9))) + x151*x222 + x153*x221 + x155*x221 - x156*x224;
-        jacobian[30*i + 18] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (-x225) :
-                (-cams[11*cam[i] + 2]))) + x161*x222 + x165*x221 + x169*x221 - x174*x224;
-        jacobian[30*i + 19] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (-x226) : (-1))) + x178*x222 +
-                x182*x221 + x185*x221 - x190*x224;
-        jacobian[30*i + 20] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x227) : (cams[11*cam[i]]))) +
-                x192*x222 + x195*x221 + x199*x221 - x202*x224;
-        jacobian[30*i + 21] = -weights[i]*x228;
+        jacobian[30*i + 9] = -x100;
+        jacobian[30*i + 10] = -x137*x96;
+        jacobian[30*i + 11] = x103*x216 + x103*x217 + x104*x215 - x140*((isnan(x74)) ? (x74) :
+                ((x74) ? (x181) : (1))) - x150*x218;
+        jacobian[30*i + 12] = x103*x220 + x103*x221 + x104*x219 - x140*((isnan(x74)) ? (x74) :
+                ((x74) ? (x198) : (-cams[11*cam[i] + 2]))) - x150*x222;
+        jacobian[30*i + 13] = x103*x224 + x103*x225 + x104*x223 - x140*((isnan(x74)) ? (x74) :
+                ((x74) ? (x211) : (cams[11*cam[i] + 1]))) - x150*x226;
+        jacobian[30*i + 14] = -cams[11*cam[i] + 6]*x214 + x32;
+        jacobian[30*i + 15] = x126*x233 + x136*x232 - x140*((isnan(x74)) ? (x74) : ((x74) ?
+                (x234*x57 + x72 - x73) : (x15))) - x149*x235 + x232*x77;
+        jacobian[30*i + 16] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x119*x234 + x157 + x45) :
+                (0))) + x153*x233 + x155*x232 + x158*x232 - x160*x235;
+        jacobian[30*i + 17] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x115*x234 + x159 + x165) :
+                (-x9))) + x162*x233 + x164*x232 + x166*x232 - x167*x235;
+        jacobian[30*i + 18] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x236) :
+                (-cams[11*cam[i] + 2]))) + x172*x233 + x176*x232 + x180*x232 - x185*x235;
+        jacobian[30*i + 19] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x237) : (-1))) + x189*x233 +
+                x193*x232 + x196*x232 - x201*x235;
+        jacobian[30*i + 20] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x238) : (cams[11*cam[i]]))) +
+                x203*x233 + x206*x232 + x210*x232 - x213*x235;
+        jacobian[30*i + 21] = -weights[i]*x239;
         jacobian[30*i + 22] = 0;
         jacobian[30*i + 23] = weights[i];
-        jacobian[30*i + 24] = -x219;
-        jacobian[30*i + 25] = -x126*x218;
-        jacobian[30*i + 26] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x225) :
-                (cams[11*cam[i] + 2]))) + x204*x222 + x205*x221 + x206*x221 - x207*x224;
-        jacobian[30*i + 27] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (x226) : (1))) + x208*x222 +
-                x209*x221 + x210*x221 - x211*x224;
-        jacobian[30*i + 28] = -x129*((isnan(x18)) ? (x18) : ((x18) ? (-x227) : (-cams[11*cam[i]])))
-                + x212*x222 + x213*x221 + x214*x221 - x215*x224;
-        jacobian[30*i + 29] = -cams[11*cam[i] + 6]*x228 + x35;
+        jacobian[30*i + 24] = -x230;
+        jacobian[30*i + 25] = -x137*x229;
+        jacobian[30*i + 26] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x236) :
+                (cams[11*cam[i] + 2]))) + x215*x233 + x216*x232 + x217*x232 - x218*x235;
+        jacobian[30*i + 27] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (x237) : (1))) + x219*x233 +
+                x220*x232 + x221*x232 - x222*x235;
+        jacobian[30*i + 28] = -x140*((isnan(x74)) ? (x74) : ((x74) ? (-x238) : (-cams[11*cam[i]])))
+                + x223*x233 + x224*x232 + x225*x232 - x226*x235;
+        jacobian[30*i + 29] = -cams[11*cam[i] + 6]*x239 + x33;
     }
 }
 #endif

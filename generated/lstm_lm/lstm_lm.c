@@ -29,11 +29,11 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t lstm_lm_forward_size(int64_t T)
 {
-    return symbackprop_size_add(4501, symbackprop_size_mul(210, T));
+    return symbackprop_size_add(4469, symbackprop_size_mul(210, T));
 }
 SYMBACKPROP_HELPER int64_t lstm_lm_value_and_grad_size(int64_t T)
 {
-    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16623,
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16495,
             symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
             T)), symbackprop_size_mul(320, symbackprop_size_min(32, T)));
 }
@@ -116,7 +116,7 @@ size_t lstm_lm_forward_work_len(int64_t T)
     if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(60*T + 491);
+    return (size_t)(60*T + 475);
 }
 #endif
 
@@ -124,7 +124,7 @@ size_t lstm_lm_forward_work_len(int64_t T)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    lstm_lm_forward__rowsum_Y = 490, /* 1 x 1 */
+    lstm_lm_forward__rowsum_Y = 474, /* 1 x 1 */
 };
 #define rowsum_Y (work + lstm_lm_forward__rowsum_Y)
 /* lstm_lm_forward, part 1 of 2 (kernels 1 to 1): a long
@@ -194,14 +194,12 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
             LSTM_LM_REAL *scan_W_i_cell_next = scan_W_i_nxt + 16;
             LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_sigmoid_b_o = scan_W_i_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 64; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 160; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mul_b_o = scan_W_i_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 96; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 112; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 128; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 144; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 176; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 192; /* 1 x 30 */
             /* mm_h = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
@@ -234,15 +232,6 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
                         scan_W_i_mm_x[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
-            }
-            /* sigmoid_b_o = sigmoid(b_o + mm_h + mm_x) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-            for (int64_t j = 0; j < 16; ++j) {
-                scan_W_i_sigmoid_b_o[j] = (((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0 ?
-                        1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
-                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
             }
             /* mm_h_2 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
@@ -342,10 +331,8 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
             }
             /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_2 +
              * mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3) */
-            /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
-             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
-            /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
-             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
+            /* h_next = tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_2 +
+             * mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3))*sigmoid(b_o + mm_h + mm_x) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -358,18 +345,18 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
                         b_g[j])*(((scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]) >= 0 ? 1.0 :
                         exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))) / (1.0 +
                         exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))));
-                const LSTM_LM_REAL x1 = scan_W_i_sigmoid_b_o[j]*tanh(x0);
                 scan_W_i_cell_next[j] = x0;
-                scan_W_i_h_next[j] = x1;
-                scan_W_i_mul_b_o[j] = x1;
+                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0
+                        ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
             }
-            /* mm_V = mul_b_o @ V */
+            /* mm_V = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
                     scan_W_i_mm_V[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = scan_W_i_mul_b_o[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -492,11 +479,11 @@ SYMBACKPROP_DISPATCH int lstm_lm_forward(
     }
 
     /* where each buffer lies in work */
-    LSTM_LM_REAL *scan_W_i = work; /* 460 x 1 */
-    LSTM_LM_REAL *softmax_axis_logits = work + 491; /* T x 30 */
+    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
+    LSTM_LM_REAL *softmax_axis_logits = work + 475; /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = softmax_axis_logits; /* T x 30, in softmax_axis_logits's memory */
-    LSTM_LM_REAL *colsum_Y = scan_W_i + 460; /* 1 x 30 */
+    LSTM_LM_REAL *colsum_Y = scan_W_i + 444; /* 1 x 30 */
 
     lstm_lm_forward_part1(
         T,
@@ -543,7 +530,7 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
     if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(121*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4793);
+    return (size_t)(121*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4729);
 }
 #endif
 
@@ -551,7 +538,7 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
  * here; each buffer's name is a macro for its place until the function's end,
  * so that its parts take work, not a pointer to each buffer. */
 enum {
-    lstm_lm_value_and_grad__rowsum_Y = 490, /* 1 x 1 */
+    lstm_lm_value_and_grad__rowsum_Y = 474, /* 1 x 1 */
 };
 #define rowsum_Y (work + lstm_lm_value_and_grad__rowsum_Y)
 /* lstm_lm_value_and_grad, part 1 of 4 (kernels 1 to 1): a long
@@ -628,14 +615,12 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
             LSTM_LM_REAL *scan_W_i_cell_next = scan_W_i_nxt + 16;
             LSTM_LM_REAL *scan_W_i_mm_h = scan_W_i_base + 64; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_x = scan_W_i_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_sigmoid_b_o = scan_W_i_base + 96; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 80; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 64; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 128; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 144; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 160; /* 1 x 16 */
-            LSTM_LM_REAL *scan_W_i_mul_b_o = scan_W_i_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_2 = scan_W_i_base + 96; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_2 = scan_W_i_base + 112; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_3 = scan_W_i_base + 128; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_3 = scan_W_i_base + 144; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_h_4 = scan_W_i_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *scan_W_i_mm_x_4 = scan_W_i_base + 176; /* 1 x 16 */
             LSTM_LM_REAL *scan_W_i_mm_V = scan_W_i_base + 192; /* 1 x 30 */
             /* mm_h = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
@@ -668,15 +653,6 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
                         scan_W_i_mm_x[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
-            }
-            /* sigmoid_b_o = sigmoid(b_o + mm_h + mm_x) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-            for (int64_t j = 0; j < 16; ++j) {
-                scan_W_i_sigmoid_b_o[j] = (((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0 ?
-                        1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
-                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
             }
             /* mm_h_2 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
@@ -776,10 +752,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
             }
             /* cell_next = cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_2 +
              * mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3) */
-            /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
-             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
-            /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g +
-             * mm_h_2 + mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3)) */
+            /* h_next = tanh(cell*sigmoid(b_f + mm_h_4 + mm_x_4) + tanh(b_g + mm_h_2 +
+             * mm_x_2)*sigmoid(b_i + mm_h_3 + mm_x_3))*sigmoid(b_o + mm_h + mm_x) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -792,18 +766,18 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
                         b_g[j])*(((scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]) >= 0 ? 1.0 :
                         exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))) / (1.0 +
                         exp(-fabs(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_i[j]))));
-                const LSTM_LM_REAL x1 = scan_W_i_sigmoid_b_o[j]*tanh(x0);
                 scan_W_i_cell_next[j] = x0;
-                scan_W_i_h_next[j] = x1;
-                scan_W_i_mul_b_o[j] = x1;
+                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0
+                        ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
             }
-            /* mm_V = mul_b_o @ V */
+            /* mm_V = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
                     scan_W_i_mm_V[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = scan_W_i_mul_b_o[k];
+                    const LSTM_LM_REAL acc = scan_W_i_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -1065,7 +1039,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *scan_vjp_W_i_h_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u;
                 LSTM_LM_REAL *scan_vjp_W_i_cell_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u + 16;
                 LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 4256;
+                        (T)) + 4208;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
                         32*((32) < (T) ? (32) : (T)) - 32;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
@@ -1082,12 +1056,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         32*((32) < (T) ? (32) : (T)) + 64;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
                         32*((32) < (T) ? (32) : (T)) + 80;
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32)
-                        : (T)) + 96; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
-                        (T)) + 112; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 160*((32) < (T) ? (32) : (T))
-                        + 128; /* 1 x 30 */
+                        + 96; /* 1 x 30 */
                 /* mm_h_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -1119,17 +1089,6 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                             scan_vjp_W_i_mm_x_kept[16*i + j] += acc * W_o[16*k + j];
                         }
                     }
-                }
-                /* sigmoid_b_o = sigmoid(b_o + mm_h_kept + mm_x_kept) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_sigmoid_b_o[j] = (((scan_vjp_W_i_mm_h_kept[j] +
-                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]) >= 0 ? 1.0 :
-                            exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] +
-                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept[j] +
-                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]))));
                 }
                 /* mm_h_2_kept = h @ U_g */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -1229,12 +1188,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 }
                 /* cell_next = cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) + tanh(b_g +
                  * mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept + mm_x_3_kept) */
-                /* h_next = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) +
-                 * tanh(b_g + mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept +
-                 * mm_x_3_kept)) */
-                /* mul_b_o = sigmoid_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) +
-                 * tanh(b_g + mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept +
-                 * mm_x_3_kept)) */
+                /* h_next = tanh(cell*sigmoid(b_f + mm_h_4_kept + mm_x_4_kept) + tanh(b_g +
+                 * mm_h_2_kept + mm_x_2_kept)*sigmoid(b_i + mm_h_3_kept +
+                 * mm_x_3_kept))*sigmoid(b_o + mm_h_kept + mm_x_kept) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -1251,18 +1207,20 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                             scan_vjp_W_i_mm_x_3_kept[j] + b_i[j]))) / (1.0 +
                             exp(-fabs(scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
                             b_i[j]))));
-                    const LSTM_LM_REAL x1 = scan_vjp_W_i_sigmoid_b_o[j]*tanh(x0);
                     scan_vjp_W_i_cell_next[j] = x0;
-                    scan_vjp_W_i_h_next[j] = x1;
-                    scan_vjp_W_i_mul_b_o[j] = x1;
+                    scan_vjp_W_i_h_next[j] = tanh(x0)*(((scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] +
+                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]))));
                 }
-                /* mm_V = mul_b_o @ V */
+                /* mm_V = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 30; ++j) {
                         scan_vjp_W_i_mm_V[30*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = scan_vjp_W_i_mul_b_o[k];
+                        const LSTM_LM_REAL acc = scan_vjp_W_i_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
@@ -1307,8 +1265,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 const LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept_2 = scan_vjp_W_i_base +
                         128*scan_vjp_W_i_u + 32*((32) < (T) ? (32) : (T)) + 208;
                 const LSTM_LM_REAL *scan_vjp_W_i_grad_out0 = grad_logits + 30*scan_vjp_W_i_t;
-                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32)
-                        : (T)) + 96; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 160*((32) < (T) ?
+                        (32) : (T)) + 96; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
                         ? (32) : (T)) + 112; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_2_kept_2 = scan_vjp_W_i_base + 160*((32) < (T)
@@ -1333,15 +1291,23 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         (T)) + 112; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mm_U_o = scan_vjp_W_i_base + 160*((32) < (T) ? (32) :
                         (T)) + 96; /* 1 x 16 */
-                /* grad_mul_b_o = grad_out0 @ V^T */
+                /* grad_mul_b_o_part = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 30; ++k) {
                             acc += scan_vjp_W_i_grad_out0[k] * V[k + 30*j];
                         }
-                        scan_vjp_W_i_grad_mul_b_o[16*i + j] = acc;
+                        scan_vjp_W_i_grad_mul_b_o_part[16*i + j] = acc;
                     }
+                }
+                /* grad_mul_b_o_part = grad_h_next + grad_mul_b_o_part */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+                for (int64_t j = 0; j < 16; ++j) {
+                    scan_vjp_W_i_grad_mul_b_o_part[j] = scan_vjp_W_i_grad_h_next[j] +
+                            scan_vjp_W_i_grad_mul_b_o_part[j];
                 }
                 /* sigmoid_mm_h_kept_2 = sigmoid(b_o + mm_h_kept_2 + mm_x_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1375,52 +1341,45 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                             scan_vjp_W_i_mm_x_3_kept_2[j] + b_i[j]))));
                 }
                 /* mul_cell = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2))*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
-                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
-                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
-                 * mm_h_4_kept_2 + mm_x_4_kept_2) */
+                 * mm_x_4_kept_2))*(grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1
+                 * - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
+                 * + mm_x_4_kept_2) */
                 /* mul_grad_cell_next = sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2*(1 -
-                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next +
+                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
-                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)) */
                 /* mul_grad_cell_next_2 = sigmoid_mm_h_3_kept_2*(1 -
-                 * tanh_mm_h_2_kept_2**2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * tanh_mm_h_2_kept_2**2)*(grad_cell_next +
+                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
-                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
-                /* mul_grad_h_next = sigmoid_mm_h_kept_2*(1 -
-                 * sigmoid_mm_h_kept_2)*(grad_h_next*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) +
-                 * grad_mul_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)) */
-                /* grad_cell = (grad_cell_next + (1 - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
-                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
-                 * mm_h_4_kept_2 + mm_x_4_kept_2) */
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)) */
+                /* mul_grad_h_next = grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
+                 * sigmoid_mm_h_kept_2)*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) */
+                /* grad_cell = (grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
+                 * tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
+                 * + mm_x_4_kept_2) */
                 /* grad_b_i = grad_b_i + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2*(1 -
-                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * sigmoid_mm_h_3_kept_2)*(grad_cell_next +
+                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
-                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)) */
                 /* grad_b_f = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2))*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
-                 * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
-                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2))*sigmoid(b_f +
-                 * mm_h_4_kept_2 + mm_x_4_kept_2) + grad_b_f */
+                 * mm_x_4_kept_2))*(grad_cell_next + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1
+                 * - tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2))*sigmoid(b_f + mm_h_4_kept_2
+                 * + mm_x_4_kept_2) + grad_b_f */
                 /* grad_b_g = grad_b_g + sigmoid_mm_h_3_kept_2*(1 -
-                 * tanh_mm_h_2_kept_2**2)*(grad_cell_next + (1 - tanh(cell*sigmoid(b_f +
+                 * tanh_mm_h_2_kept_2**2)*(grad_cell_next +
+                 * grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 - tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)*(grad_h_next*
-                 * sigmoid_mm_h_kept_2 + grad_mul_b_o*sigmoid_mm_h_kept_2)) */
-                /* grad_b_o = grad_b_o + sigmoid_mm_h_kept_2*(1 -
-                 * sigmoid_mm_h_kept_2)*(grad_h_next*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
-                 * mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) +
-                 * grad_mul_b_o*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 + mm_x_4_kept_2) +
-                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)) */
+                 * sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2)**2)) */
+                /* grad_b_o = grad_b_o + grad_mul_b_o_part*sigmoid_mm_h_kept_2*(1 -
+                 * sigmoid_mm_h_kept_2)*tanh(cell*sigmoid(b_f + mm_h_4_kept_2 +
+                 * mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) */
                 /* mul_mm_h_kept_2 = sigmoid_mm_h_kept_2*tanh(cell*sigmoid(b_f +
                  * mm_h_4_kept_2 + mm_x_4_kept_2) + sigmoid_mm_h_3_kept_2*tanh_mm_h_2_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1437,28 +1396,25 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                             scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j];
                     const LSTM_LM_REAL x2 = scan_vjp_W_i_cell[j]*x0;
                     const LSTM_LM_REAL x3 = tanh(x1 + x2);
-                    const LSTM_LM_REAL x4 = scan_vjp_W_i_grad_cell_next[j] + (1 -
-                            (x3*x3))*(scan_vjp_W_i_grad_mul_b_o[j]*
-                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j] +
-                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*scan_vjp_W_i_grad_h_next[j]);
-                    const LSTM_LM_REAL x5 = x2*x4*(1 - x0);
-                    const LSTM_LM_REAL x6 = x1*x4*(1 - scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]);
-                    const LSTM_LM_REAL x7 = scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]*x4*(1 -
+                    const LSTM_LM_REAL x4 =
+                            scan_vjp_W_i_grad_mul_b_o_part[j]*scan_vjp_W_i_sigmoid_mm_h_kept_2[j];
+                    const LSTM_LM_REAL x5 = scan_vjp_W_i_grad_cell_next[j] + x4*(1 - (x3*x3));
+                    const LSTM_LM_REAL x6 = x2*x5*(1 - x0);
+                    const LSTM_LM_REAL x7 = x1*x5*(1 - scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]);
+                    const LSTM_LM_REAL x8 = scan_vjp_W_i_sigmoid_mm_h_3_kept_2[j]*x5*(1 -
                             (scan_vjp_W_i_tanh_mm_h_2_kept_2[j]*
                             scan_vjp_W_i_tanh_mm_h_2_kept_2[j]));
-                    const LSTM_LM_REAL x8 = scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*(1 -
-                            scan_vjp_W_i_sigmoid_mm_h_kept_2[j])*(scan_vjp_W_i_grad_mul_b_o[j]*x3 +
-                            scan_vjp_W_i_grad_h_next[j]*x3);
-                    scan_vjp_W_i_mul_cell[j] = x5;
-                    scan_vjp_W_i_mul_grad_cell_next[j] = x6;
-                    scan_vjp_W_i_mul_grad_cell_next_2[j] = x7;
-                    scan_vjp_W_i_mul_grad_h_next[j] = x8;
-                    scan_vjp_W_i_grad_cell[j] = x0*x4;
+                    const LSTM_LM_REAL x9 = x3*x4*(1 - scan_vjp_W_i_sigmoid_mm_h_kept_2[j]);
+                    scan_vjp_W_i_mul_cell[j] = x6;
+                    scan_vjp_W_i_mul_grad_cell_next[j] = x7;
+                    scan_vjp_W_i_mul_grad_cell_next_2[j] = x8;
+                    scan_vjp_W_i_mul_grad_h_next[j] = x9;
+                    scan_vjp_W_i_grad_cell[j] = x0*x5;
                     scan_vjp_W_i_mul_mm_h_kept_2[j] = scan_vjp_W_i_sigmoid_mm_h_kept_2[j]*x3;
-                    grad_b_i[j] = grad_b_i[j] + x6;
-                    grad_b_f[j] = grad_b_f[j] + x5;
-                    grad_b_g[j] = grad_b_g[j] + x7;
-                    grad_b_o[j] = grad_b_o[j] + x8;
+                    grad_b_i[j] = grad_b_i[j] + x7;
+                    grad_b_f[j] = grad_b_f[j] + x6;
+                    grad_b_g[j] = grad_b_g[j] + x8;
+                    grad_b_o[j] = grad_b_o[j] + x9;
                 }
                 /* mm_U_f = mul_cell @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -1712,17 +1668,17 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
     }
 
     /* where each buffer lies in work */
-    LSTM_LM_REAL *scan_W_i = work; /* 460 x 1 */
-    LSTM_LM_REAL *logits = work + 491; /* T x 30 */
+    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
+    LSTM_LM_REAL *logits = work + 475; /* T x 30 */
     LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T - 1)/32 + 1) x 32 */
     LSTM_LM_REAL *softmax_axis_logits = scan_part_W_i + 32*((T - 1)/32 + 1); /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = logits; /* T x 30, in logits's memory */
     LSTM_LM_REAL *grad_log_softmax_axis_logits = log_softmax_axis_logits + 30*T; /* T x 30 */
-    LSTM_LM_REAL *colsum_Y = scan_W_i + 460; /* 1 x 30 */
+    LSTM_LM_REAL *colsum_Y = scan_W_i + 444; /* 1 x 30 */
     LSTM_LM_REAL *rowsum_Y_2 = grad_log_softmax_axis_logits + 30*T; /* T x 1 */
     LSTM_LM_REAL *grad_logits = mul_Y; /* T x 30, in mul_Y's memory */
-    LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* (160*((32) < (T) ? (32) : (T)) + 4302) x 1 */
+    LSTM_LM_REAL *scan_vjp_W_i = rowsum_Y_2 + T; /* (160*((32) < (T) ? (32) : (T)) + 4254) x 1 */
 
     lstm_lm_value_and_grad_part1(
         T,

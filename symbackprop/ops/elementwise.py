@@ -513,9 +513,20 @@ def _without(terms: list[sp.Basic], remove: tuple) -> list[sp.Basic] | None:
 
 
 def _hadamard_product(lowerer, expr: sp.HadamardProduct) -> Node:
+    """The product in its written order; but SymPy rebuilds a product sorted
+    inside another expression (an LSTM's h = o * tanh(c) as written, (tanh(c)
+    * o) @ V read from it), so the first product lowered of the same factors,
+    in any order, is every one's: one node, one buffer, one gradient. (Not
+    sorted by a key: the keys see a step's own inputs, and an unrolled
+    network's steps would sort unlike each other.)"""
     factors = [lowerer.lower(f) for f in expr.args]
-    body = sp.Mul(*[placeholder(i) for i in range(len(factors))])
-    return map_(body, factors, lowerer.shape(expr))
+    products = lowerer.cache("hadamard_products")
+    key = frozenset(Counter(factors).items())  # the factors, in any order
+    node = products.get(key)
+    if node is None or node.shape != lowerer.shape(expr):
+        body = sp.Mul(*[placeholder(i) for i in range(len(factors))])
+        node = products[key] = map_(body, factors, lowerer.shape(expr))
+    return node
 
 
 def _hadamard_power(lowerer, expr: sp.HadamardPower) -> Node:
