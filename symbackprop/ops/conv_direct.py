@@ -1,5 +1,5 @@
 """The direct convolution (templates/kernel_conv_direct.c.j2): a forward
-convolution of stride 1 and dilation 1 without a window matrix.
+convolution of dilation 1 without a window matrix.
 
 Each example's image is copied once into a zero-padded workspace (not at
 all when there is no padding), and each tile of OCB output channels x R
@@ -9,6 +9,12 @@ one load of V input pixels serves OCB output channels, one weight serves
 R*NV vectors. im2col copies every pixel KH*KW times and hands the BLAS a
 thin product (16 x 144 by 144 x 1024 for a 16-channel 3x3 layer on 32x32),
 which reaches half its peak.
+
+A stride S splits each padded image into S x S phase planes (plane (py, px)
+holds the pixels at rows py, py + S, ... and columns px, px + S, ...), so
+that kernel tap (ky, kx) reads plane (ky % S, kx % S) at row oy + ky / S
+and column ox + kx / S: whole vectors of consecutive pixels again, where the
+window matrix copies every pixel KH*KW / S^2 times (2.25 for 3x3, stride 2).
 
 `plan` is the rule: which convolutions take this kernel (measured in the
 commit that added it), and its tile.
@@ -39,6 +45,7 @@ WGRAD_EXAMPLES = 8
 WGRAD_THIN = 16
 WGRAD_SHORT = {"float32": 64, "float64": 0}
 WGRAD_IN_CHANNELS = (16, 64)
+MAX_STRIDE = 2  # measured at 2 (ResNet's downsampling 3x3 layers); past it, untried
 ENABLED = True  # False: every convolution through the window matrix (to measure one against the other)
 
 
@@ -46,7 +53,9 @@ ENABLED = True  # False: every convolution through the window matrix (to measure
 class DirectPlan:
     """A direct convolution's tile and workspace: V lanes per vector of
     `nbytes` bytes; OCB output channels x R rows x NV vectors per tile; the
-    padded image HP x WP (the workspace's rows of `padded` images)."""
+    padded image's SH x SW phase planes of HP x WP each (the stride's; one
+    plane, the padded image, at stride 1), copied into the workspace when
+    `padded` (a padding or a stride), read in place otherwise."""
 
     V: int
     nbytes: int
@@ -56,6 +65,8 @@ class DirectPlan:
     HP: int
     WP: int
     padded: bool
+    SH: int = 1
+    SW: int = 1
 
 
 def _divisors(n: int, choices: tuple[int, ...]) -> list[int]:
@@ -65,7 +76,7 @@ def _divisors(n: int, choices: tuple[int, ...]) -> list[int]:
 def plan(c: Conv, real: str, operands_in_buffers: bool) -> DirectPlan | None:
     """The direct kernel's plan for convolution `c` in `real` ("float32" /
     "float64"), or None: the window matrix and the BLAS instead."""
-    if not operands_in_buffers or (c.SH, c.SW, c.DH, c.DW) != (1, 1, 1, 1):
+    if not operands_in_buffers or (c.DH, c.DW) != (1, 1) or c.SH > MAX_STRIDE or c.SW > MAX_STRIDE:
         return None
     if not ENABLED or c.C > MAX_IN_CHANNELS or c.F % 4:
         return None
@@ -87,8 +98,9 @@ def plan(c: Conv, real: str, operands_in_buffers: bool) -> DirectPlan | None:
     if best is None:
         return None
     _, ocb, r, nv = best
-    padded = bool(c.PH or c.PW)
-    return DirectPlan(v, v * size, ocb, r, nv, c.H + 2 * c.PH, c.W + 2 * c.PW, padded)
+    padded = bool(c.PH or c.PW) or (c.SH, c.SW) != (1, 1)
+    hp, wp = -(-(c.H + 2 * c.PH) // c.SH), -(-(c.W + 2 * c.PW) // c.SW)
+    return DirectPlan(v, v * size, ocb, r, nv, hp, wp, padded, c.SH, c.SW)
 
 
 def transposed(c: Conv) -> Conv | None:
@@ -113,7 +125,7 @@ def template_fields(c: Conv, scatter: bool, batch_sum: bool, real: str, buffers:
         return None
     p = plan(run, real, buffers)
     flip = run.F * run.C * run.KH * run.KW if scatter else 0
-    if p is None or (run.C * p.HP * p.WP if p.padded else 0) + flip > room:
+    if p is None or (run.C * p.SH * p.SW * p.HP * p.WP if p.padded else 0) + flip > room:
         return None
     return {"plan": p, "g": run, "HO": run.HO, "WO": run.WO, "flip": scatter, "pad_at": flip}
 

@@ -1,6 +1,6 @@
 """The direct convolution (symbackprop/ops/conv_direct.py,
-templates/kernel_conv_direct.c.j2): the forward of a stride-1 convolution
-without a window matrix, chosen per layer shape. Its values and the
+templates/kernel_conv_direct.c.j2): the forward of a convolution of
+stride 1 or 2 without a window matrix, chosen per layer shape. Its values and the
 gradients of a model through it against PyTorch float64 (float64 to
 1e-12, float32 to 1e-5 relative) and an independent numpy loop, at shapes
 that take it and shapes that fall back to im2col; the generated C names
@@ -27,7 +27,12 @@ SHAPES = [
     (2, 6, 16, 8, (3, 5), 1, (1, 2), 1, True, True, False, False),  # rectangular
     (4, 8, 16, 16, 1, 1, 0, 1, True, True, True, True),  # 1x1
     (3, 8, 8, 3, 3, 1, 1, 1, False, False, False, False),  # odd out-channels
-    (4, 16, 16, 8, 3, 2, 1, 1, False, False, False, False),  # stride 2
+    (4, 16, 16, 8, 3, 2, 1, 1, True, True, False, False),  # stride 2: the padded image's 2 x 2 phase planes
+    (3, 17, 33, 8, 3, 2, 0, 1, True, True, False, False),  # stride 2, no padding, odd sides: planes of 9 x 17
+    (2, 16, 32, 4, (3, 5), (2, 1), (1, 2), 1, True, True, False, False),  # a stride in rows only: 2 x 1 planes
+    (5, 15, 31, 8, 3, 2, 1, 1, True, True, False, False),  # stride 2 off the tile: 8 x 16 out of odd sides
+    (4, 32, 32, 16, 1, 2, 0, 1, False, False, False, False),  # 1x1 stride 2: 4 planes outgrow the workspace
+    (2, 24, 48, 4, 3, 3, 0, 1, False, False, False, False),  # stride 3: untried, im2col
     (2, 12, 12, 4, 3, 1, 2, 2, False, False, False, False),  # dilation 2
     (2, 10, 10, 4, 3, 1, 1, 1, False, False, False, False),  # 10 columns: no whole vectors
     (8, 8, 16, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
@@ -137,7 +142,9 @@ def test_the_rule():
     assert p32 is not None and p64 is not None and (p32.V, p64.V) == (16, 8)
     assert p32.OCB * p32.R * p32.NV <= conv_direct.MAX_ACCUMULATORS and (p32.HP, p32.WP) == (34, 34)
     assert conv_direct.plan(resnet, "float32", False) is None  # a constant operand
-    assert conv_direct.plan(Conv(16, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True) is None
+    strided = conv_direct.plan(Conv(16, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True)
+    assert strided is not None and (strided.SH, strided.SW, strided.HP, strided.WP, strided.padded) == (2, 2, 17, 17, True)
+    assert conv_direct.plan(Conv(16, 33, 33, 16, 3, 3, 3, 3, 0, 0, 1, 1), "float32", True) is None  # stride 3
     assert conv_direct.plan(Conv(16, 32, 32, 16, 3, 3, 1, 1, 2, 2, 2, 2), "float32", True) is None
     assert conv_direct.plan(Conv(16, 32, 32, 6, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
     wide = conv_direct.MAX_IN_CHANNELS + 1
