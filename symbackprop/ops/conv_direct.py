@@ -30,8 +30,9 @@ VECTOR_BYTES = 64  # one AVX-512 register; two AVX2 ones elsewhere (GCC splits t
 MAX_ACCUMULATORS = 16  # of the 32 vector registers: the rest hold the loaded pixels and the weights
 MAX_IN_CHANNELS = 256  # measured to 256 (faster than the window matrix there); past it, untried
 # the input gradient's image width from which the direct kernel wins: measured 1.4-2.5x at 16 and 32
-# columns, level at 8, 0.85x at 4 (ResNet and cnn_digits layers)
-MIN_INPUT_GRAD_WIDTH = 16
+# columns, 1.1-2.2x at 8 (16 to 256 channels, both dtypes; once its workspace held the flipped
+# weights: conv.workspace), 0.85x at 4 (cnn_digits)
+MIN_INPUT_GRAD_WIDTH = 8
 WEIGHT_GRAD = True  # False: the weight gradient through the window matrix (to measure one against the other)
 # The weight gradient's tile: 8 output channels x 3 kernel columns of vectors of 32 bytes (512-bit ones
 # measured 1.5-2.5x slower: two of the three shifted loads split cache lines), summed over up to 8

@@ -14,7 +14,7 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import nn
-from symbackprop.ops import conv_direct
+from symbackprop.ops import conv, conv_direct
 from symbackprop.ops.conv_numpy import Conv
 
 n = sp.Symbol("n", integer=True, positive=True)
@@ -36,9 +36,10 @@ SHAPES = [
     (2, 12, 12, 4, 3, 1, 2, 2, False, False, False, False),  # dilation 2
     (2, 10, 10, 4, 3, 1, 1, 1, False, False, False, False),  # 10 columns: no whole vectors
     (8, 8, 16, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
-    (8, 8, 8, 4, 3, 1, 1, 1, True, True, False, False),  # an input gradient 8 wide: im2col
+    (8, 8, 8, 4, 3, 1, 1, 1, True, True, True, True),  # an input gradient 8 wide: direct
+    (8, 4, 4, 8, 3, 1, 1, 1, False, True, False, False),  # 4 wide: float64's vectors only; its input gradient im2col
     (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
-    (16, 8, 8, 32, 3, 1, 1, 1, True, True, False, False),  # the weight gradient direct in float32 only (64 pixels)
+    (16, 8, 8, 32, 3, 1, 1, 1, True, True, True, True),  # the weight gradient direct in float32 only (64 pixels)
     (16, 4, 32, 8, 3, 1, 1, 1, True, True, True, True),  # the weight gradient direct in both (8 out-channels)
     (16, 6, 34, 8, 3, 1, 0, 1, True, True, False, False),  # the same without padding: the images read in place
     (8, 8, 32, 8, 3, 1, 1, 1, True, True, True, True),  # 8 in-channels: the weight gradient keeps im2col
@@ -149,9 +150,15 @@ def test_the_rule():
     assert conv_direct.plan(Conv(16, 32, 32, 6, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
     wide = conv_direct.MAX_IN_CHANNELS + 1
     assert conv_direct.plan(Conv(wide, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
-    narrow = Conv(16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1)  # the forward direct, the input gradient not
-    assert conv_direct.template_fields(narrow, False, False, "float64", True, 16 * 9 * 64) is not None
-    assert conv_direct.template_fields(narrow, True, False, "float64", True, 16 * 9 * 64) is None
+    narrow = Conv(16, 4, 4, 16, 3, 3, 1, 1, 1, 1, 1, 1)  # the forward direct, the input gradient not
+    assert conv_direct.template_fields(narrow, False, False, "float64", True, 16 * 9 * 16) is not None
+    assert conv_direct.template_fields(narrow, True, False, "float64", True, 16 * 9 * 16) is None
+    # 64 x 64 channels of 8 x 8: the flipped weights and the padded gradient outgrow the windows
+    deep = Conv(64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1)
+    room = conv.workspace(deep, conv.ImageAttrs("im2col", scatter=True))
+    assert room == 64 * 64 * 9 + 64 * 10 * 10 > 64 * 9 * 64
+    assert conv_direct.template_fields(deep, True, False, "float32", True, room) is not None
+    assert conv_direct.template_fields(deep, True, False, "float32", True, 64 * 9 * 64) is None
 
 
 def test_the_weight_gradient_rule():
