@@ -317,6 +317,9 @@ def workspace(c: Conv, attrs: ImageAttrs) -> int:
     ckk = c.C * c.KH * c.KW
     per = ckk * c.HO * c.WO + (c.F * ckk if attrs.batch_sum else 0)
     run = direct.transposed(c) if attrs.scatter else None
+    if attrs.scatter and run is None:  # a stride's: its phases' flipped taps and the padded output gradient
+        rooms = [d["room"] for d in (direct.strided_input_grad_fields(c, real, True) for real in ("float32", "float64")) if d]
+        return max([per, *rooms])
     if run is None or run.WO < direct.MIN_INPUT_GRAD_WIDTH:
         return per
     return max(per, c.F * ckk + run.C * (run.H + 2 * run.PH) * (run.W + 2 * run.PW))
@@ -373,6 +376,8 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields["per"] = workspace(c, kernel.attrs)
         fields["wgrad"] = (direct.weight_grad_fields(c, em.real.name, all(a.buffer for a in args))
                            if kernel.attrs.batch_sum else None)
+        sgrad = direct.strided_input_grad_fields(c, em.real.name, all(a.buffer for a in args)) if kernel.attrs.scatter else None
+        fields["sgrad"] = sgrad if sgrad and sgrad["room"] <= fields["per"] else None
         fields["direct"] = direct.template_fields(c, kernel.attrs.scatter, kernel.attrs.batch_sum, em.real.name,
                                                   all(a.buffer for a in args), fields["per"])
     elif kernel.attrs.nest == "channel":

@@ -27,10 +27,16 @@ SHAPES = [
     (2, 6, 16, 8, (3, 5), 1, (1, 2), 1, True, True, False, False),  # rectangular
     (4, 8, 16, 16, 1, 1, 0, 1, True, True, True, True),  # 1x1
     (3, 8, 8, 3, 3, 1, 1, 1, False, False, False, False),  # odd out-channels
-    (4, 16, 16, 8, 3, 2, 1, 1, True, True, False, False),  # stride 2: the padded image's 2 x 2 phase planes
+    # stride 2: the padded image's 2 x 2 phase planes; the input gradient by the image's phases (float32)
+    (4, 16, 16, 8, 3, 2, 1, 1, True, True, True, False),
+    (8, 15, 32, 8, 3, 2, 1, 1, True, True, True, False),  # odd rows: the input gradient's phases 7 and 8 rows
+    (4, 16, 16, 4, 3, 2, 0, 1, False, False, True, False),  # 7 x 7 out; the gradient's phases read past its end
+    (4, 16, 16, 8, 4, 2, 1, 1, True, True, True, False),  # 4 x 4 taps at stride 2: 2 x 2 taps in every phase
+    (4, 16, 32, 4, (3, 5), (2, 1), (1, 2), 1, True, True, True, False),  # a stride in rows only: 2 x 1 phases
     (3, 17, 33, 8, 3, 2, 0, 1, True, True, False, False),  # stride 2, no padding, odd sides: planes of 9 x 17
     (2, 16, 32, 4, (3, 5), (2, 1), (1, 2), 1, True, True, False, False),  # a stride in rows only: 2 x 1 planes
     (5, 15, 31, 8, 3, 2, 1, 1, True, True, False, False),  # stride 2 off the tile: 8 x 16 out of odd sides
+    (8, 16, 18, 8, 3, 2, 1, 1, False, False, False, False),  # 9 columns out; the gradient's phases 9 wide
     (4, 32, 32, 16, 1, 2, 0, 1, False, False, False, False),  # 1x1 stride 2: 4 planes outgrow the workspace
     (2, 24, 48, 4, 3, 3, 0, 1, False, False, False, False),  # stride 3: untried, im2col
     (2, 12, 12, 4, 3, 1, 2, 2, False, False, False, False),  # dilation 2
@@ -96,7 +102,9 @@ def test_direct_conv_values_and_gradients(dtype):
     forward, backward = (sum(shape[f] for shape in SHAPES) for f in flags)
     assert mod.source.count("direct: no window matrix") == forward + backward + WEIGHT_GRADS[dtype]
     assert mod.source.count("the weight gradient in") == WEIGHT_GRADS[dtype]
-    assert mod.source.count("(the input gradient: the weights flipped") == backward
+    strided = sum(shape[flags[1]] for shape in SHAPES if _pair(shape[5]) != (1, 1))
+    assert mod.source.count("(the input gradient: the weights flipped") == backward - strided
+    assert mod.source.count("direct: no window matrix; the input gradient in") == strided
     # n is bound at call time: one module, every batch; 45 examples: batch blocks of 5-6, more than one
     # weight-gradient chunk of up to 5 padded images (the last one partial)
     for batch in (1, 3, 45):
@@ -159,6 +167,26 @@ def test_the_rule():
     assert room == 64 * 64 * 9 + 64 * 10 * 10 > 64 * 9 * 64
     assert conv_direct.template_fields(deep, True, False, "float32", True, room) is not None
     assert conv_direct.template_fields(deep, True, False, "float32", True, 64 * 9 * 64) is None
+
+
+def test_the_strided_input_gradient_rule():
+    """ResNet's stride-2 layers: four phases of 2 x 2, 2 x 1, 1 x 2 and 1 x 1
+    taps covering the image's rows and columns once; the 32 -> 64 layer's
+    flipped taps and padded gradient outgrow its windows (the workspace
+    grows); float64, a stride over the kernel (1 x 1 at 2), a stride 3 and columns
+    in no whole vectors keep im2col."""
+    for c in (Conv(16, 32, 32, 32, 3, 3, 2, 2, 1, 1, 1, 1), Conv(32, 16, 16, 64, 3, 3, 2, 2, 1, 1, 1, 1)):
+        d = conv_direct.strided_input_grad_fields(c, "float32", True)
+        assert d is not None and [(p.A, p.B) for p in d["phases"]] == [(2, 2), (2, 1), (1, 2), (1, 1)]
+        rows = sorted(2 * (p.qy0 + q) + p.py - c.PH for p in d["phases"] if p.px == 0 for q in range(p.NY))
+        assert rows == list(range(c.H))
+        assert d["pad_at"] == c.C * c.F * 9
+    room = conv.workspace(Conv(32, 16, 16, 64, 3, 3, 2, 2, 1, 1, 1, 1), conv.ImageAttrs("im2col", scatter=True))
+    assert room == 32 * 64 * 9 + 64 * 10 * 10 > 32 * 9 * 64  # rows -1 .. 8 of the 8 x 8 gradient: 10 x 10
+    assert conv_direct.strided_input_grad_fields(Conv(16, 32, 32, 32, 3, 3, 2, 2, 1, 1, 1, 1), "float64", True) is None
+    assert conv_direct.strided_input_grad_fields(Conv(16, 32, 32, 32, 1, 1, 2, 2, 0, 0, 1, 1), "float32", True) is None
+    assert conv_direct.strided_input_grad_fields(Conv(16, 33, 33, 32, 3, 3, 3, 3, 0, 0, 1, 1), "float32", True) is None
+    assert conv_direct.strided_input_grad_fields(Conv(16, 18, 18, 32, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True) is None
 
 
 def test_the_weight_gradient_rule():
