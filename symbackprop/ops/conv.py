@@ -304,11 +304,25 @@ def _kernel(sched, node: Node, out: str) -> ImageKernel:
     cols = None
     attrs = attrs_of(node.op, ImageAttrs)
     if attrs.nest == "im2col":
-        c = Conv(*geometry)
-        ckk = c.C * c.KH * c.KW
-        per_block = ckk * c.HO * c.WO + (c.F * ckk if attrs.batch_sum else 0)
-        cols = sched.claim_scratch(f"{out}_cols", (batch_blocks(rows), per_block))
+        cols = sched.claim_scratch(f"{out}_cols", (batch_blocks(rows), workspace(Conv(*geometry), attrs)))
     return ImageKernel(node.op, out, tuple(args), rows, geometry, (Equation(out + entry, value, latex, assign),), cols)
+
+
+def workspace(c: Conv, attrs: ImageAttrs) -> int:
+    """A batch block's entries of a convolution's workspace: its windows, then
+    a weight gradient's sum; an input gradient's room for the direct kernel
+    too (the flipped weights and the padded output gradient), which
+    outgrows the windows where the images are small and the channels many
+    (64 x 64 channels of 8 x 8: 36,864 weights beside 36,864 windows)."""
+    ckk = c.C * c.KH * c.KW
+    per = ckk * c.HO * c.WO + (c.F * ckk if attrs.batch_sum else 0)
+    run = direct.transposed(c) if attrs.scatter else None
+    if attrs.scatter and run is None:  # a stride's: its phases' flipped taps and the padded output gradient
+        rooms = [d["room"] for d in (direct.strided_input_grad_fields(c, real, True) for real in ("float32", "float64")) if d]
+        return max([per, *rooms])
+    if run is None or run.WO < direct.MIN_INPUT_GRAD_WIDTH:
+        return per
+    return max(per, c.F * ckk + run.C * (run.H + 2 * run.PH) * (run.W + 2 * run.PW))
 
 
 # A convolution runs its batch as this many fixed blocks of examples, each
@@ -359,9 +373,11 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields["lo"], fields["hi"] = _inside_columns(c) if c.PH or c.PW else (None, None)
         fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
         # a block's workspace: its windows (the direct kernels' padded image fits), then a weight gradient's sum
-        fields["per"] = c.C * c.KH * c.KW * (c.HO * c.WO + (c.F if kernel.attrs.batch_sum else 0))
+        fields["per"] = workspace(c, kernel.attrs)
         fields["wgrad"] = (direct.weight_grad_fields(c, em.real.name, all(a.buffer for a in args))
                            if kernel.attrs.batch_sum else None)
+        sgrad = direct.strided_input_grad_fields(c, em.real.name, all(a.buffer for a in args)) if kernel.attrs.scatter else None
+        fields["sgrad"] = sgrad if sgrad and sgrad["room"] <= fields["per"] else None
         fields["direct"] = direct.template_fields(c, kernel.attrs.scatter, kernel.attrs.batch_sum, em.real.name,
                                                   all(a.buffer for a in args), fields["per"])
     elif kernel.attrs.nest == "channel":

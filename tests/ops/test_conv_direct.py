@@ -1,6 +1,6 @@
 """The direct convolution (symbackprop/ops/conv_direct.py,
-templates/kernel_conv_direct.c.j2): the forward of a stride-1 convolution
-without a window matrix, chosen per layer shape. Its values and the
+templates/kernel_conv_direct.c.j2): the forward of a convolution of
+stride 1 or 2 without a window matrix, chosen per layer shape. Its values and the
 gradients of a model through it against PyTorch float64 (float64 to
 1e-12, float32 to 1e-5 relative) and an independent numpy loop, at shapes
 that take it and shapes that fall back to im2col; the generated C names
@@ -14,7 +14,7 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import nn
-from symbackprop.ops import conv_direct
+from symbackprop.ops import conv, conv_direct
 from symbackprop.ops.conv_numpy import Conv
 
 n = sp.Symbol("n", integer=True, positive=True)
@@ -27,13 +27,25 @@ SHAPES = [
     (2, 6, 16, 8, (3, 5), 1, (1, 2), 1, True, True, False, False),  # rectangular
     (4, 8, 16, 16, 1, 1, 0, 1, True, True, True, True),  # 1x1
     (3, 8, 8, 3, 3, 1, 1, 1, False, False, False, False),  # odd out-channels
-    (4, 16, 16, 8, 3, 2, 1, 1, False, False, False, False),  # stride 2
+    # stride 2: the padded image's 2 x 2 phase planes; the input gradient by the image's phases (float32)
+    (4, 16, 16, 8, 3, 2, 1, 1, True, True, True, False),
+    (8, 15, 32, 8, 3, 2, 1, 1, True, True, True, False),  # odd rows: the input gradient's phases 7 and 8 rows
+    (4, 16, 16, 4, 3, 2, 0, 1, False, False, True, False),  # 7 x 7 out; the gradient's phases read past its end
+    (4, 16, 16, 8, 4, 2, 1, 1, True, True, True, False),  # 4 x 4 taps at stride 2: 2 x 2 taps in every phase
+    (4, 16, 32, 4, (3, 5), (2, 1), (1, 2), 1, True, True, True, False),  # a stride in rows only: 2 x 1 phases
+    (3, 17, 33, 8, 3, 2, 0, 1, True, True, False, False),  # stride 2, no padding, odd sides: planes of 9 x 17
+    (2, 16, 32, 4, (3, 5), (2, 1), (1, 2), 1, True, True, False, False),  # a stride in rows only: 2 x 1 planes
+    (5, 15, 31, 8, 3, 2, 1, 1, True, True, False, False),  # stride 2 off the tile: 8 x 16 out of odd sides
+    (8, 16, 18, 8, 3, 2, 1, 1, False, False, False, False),  # 9 columns out; the gradient's phases 9 wide
+    (4, 32, 32, 16, 1, 2, 0, 1, False, False, False, False),  # 1x1 stride 2: 4 planes outgrow the workspace
+    (2, 24, 48, 4, 3, 3, 0, 1, False, False, False, False),  # stride 3: untried, im2col
     (2, 12, 12, 4, 3, 1, 2, 2, False, False, False, False),  # dilation 2
     (2, 10, 10, 4, 3, 1, 1, 1, False, False, False, False),  # 10 columns: no whole vectors
     (8, 8, 16, 4, 3, 1, 1, 1, True, True, True, True),  # both directions direct, padded
-    (8, 8, 8, 4, 3, 1, 1, 1, True, True, False, False),  # an input gradient 8 wide: im2col
+    (8, 8, 8, 4, 3, 1, 1, 1, True, True, True, True),  # an input gradient 8 wide: direct
+    (8, 4, 4, 8, 3, 1, 1, 1, False, True, False, False),  # 4 wide: float64's vectors only; its input gradient im2col
     (4, 10, 16, 4, 3, 1, 0, 1, False, False, True, True),  # 14 columns out; the input gradient's 16 direct
-    (16, 8, 8, 32, 3, 1, 1, 1, True, True, False, False),  # the weight gradient direct in float32 only (64 pixels)
+    (16, 8, 8, 32, 3, 1, 1, 1, True, True, True, True),  # the weight gradient direct in float32 only (64 pixels)
     (16, 4, 32, 8, 3, 1, 1, 1, True, True, True, True),  # the weight gradient direct in both (8 out-channels)
     (16, 6, 34, 8, 3, 1, 0, 1, True, True, False, False),  # the same without padding: the images read in place
     (8, 8, 32, 8, 3, 1, 1, 1, True, True, True, True),  # 8 in-channels: the weight gradient keeps im2col
@@ -90,7 +102,9 @@ def test_direct_conv_values_and_gradients(dtype):
     forward, backward = (sum(shape[f] for shape in SHAPES) for f in flags)
     assert mod.source.count("direct: no window matrix") == forward + backward + WEIGHT_GRADS[dtype]
     assert mod.source.count("the weight gradient in") == WEIGHT_GRADS[dtype]
-    assert mod.source.count("(the input gradient: the weights flipped") == backward
+    strided = sum(shape[flags[1]] for shape in SHAPES if _pair(shape[5]) != (1, 1))
+    assert mod.source.count("(the input gradient: the weights flipped") == backward - strided
+    assert mod.source.count("direct: no window matrix; the input gradient in") == strided
     # n is bound at call time: one module, every batch; 45 examples: batch blocks of 5-6, more than one
     # weight-gradient chunk of up to 5 padded images (the last one partial)
     for batch in (1, 3, 45):
@@ -137,14 +151,42 @@ def test_the_rule():
     assert p32 is not None and p64 is not None and (p32.V, p64.V) == (16, 8)
     assert p32.OCB * p32.R * p32.NV <= conv_direct.MAX_ACCUMULATORS and (p32.HP, p32.WP) == (34, 34)
     assert conv_direct.plan(resnet, "float32", False) is None  # a constant operand
-    assert conv_direct.plan(Conv(16, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True) is None
+    strided = conv_direct.plan(Conv(16, 32, 32, 16, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True)
+    assert strided is not None and (strided.SH, strided.SW, strided.HP, strided.WP, strided.padded) == (2, 2, 17, 17, True)
+    assert conv_direct.plan(Conv(16, 33, 33, 16, 3, 3, 3, 3, 0, 0, 1, 1), "float32", True) is None  # stride 3
     assert conv_direct.plan(Conv(16, 32, 32, 16, 3, 3, 1, 1, 2, 2, 2, 2), "float32", True) is None
     assert conv_direct.plan(Conv(16, 32, 32, 6, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
     wide = conv_direct.MAX_IN_CHANNELS + 1
     assert conv_direct.plan(Conv(wide, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1), "float32", True) is None
-    narrow = Conv(16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1)  # the forward direct, the input gradient not
-    assert conv_direct.template_fields(narrow, False, False, "float64", True, 16 * 9 * 64) is not None
-    assert conv_direct.template_fields(narrow, True, False, "float64", True, 16 * 9 * 64) is None
+    narrow = Conv(16, 4, 4, 16, 3, 3, 1, 1, 1, 1, 1, 1)  # the forward direct, the input gradient not
+    assert conv_direct.template_fields(narrow, False, False, "float64", True, 16 * 9 * 16) is not None
+    assert conv_direct.template_fields(narrow, True, False, "float64", True, 16 * 9 * 16) is None
+    # 64 x 64 channels of 8 x 8: the flipped weights and the padded gradient outgrow the windows
+    deep = Conv(64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1)
+    room = conv.workspace(deep, conv.ImageAttrs("im2col", scatter=True))
+    assert room == 64 * 64 * 9 + 64 * 10 * 10 > 64 * 9 * 64
+    assert conv_direct.template_fields(deep, True, False, "float32", True, room) is not None
+    assert conv_direct.template_fields(deep, True, False, "float32", True, 64 * 9 * 64) is None
+
+
+def test_the_strided_input_gradient_rule():
+    """ResNet's stride-2 layers: four phases of 2 x 2, 2 x 1, 1 x 2 and 1 x 1
+    taps covering the image's rows and columns once; the 32 -> 64 layer's
+    flipped taps and padded gradient outgrow its windows (the workspace
+    grows); float64, a stride over the kernel (1 x 1 at 2), a stride 3 and columns
+    in no whole vectors keep im2col."""
+    for c in (Conv(16, 32, 32, 32, 3, 3, 2, 2, 1, 1, 1, 1), Conv(32, 16, 16, 64, 3, 3, 2, 2, 1, 1, 1, 1)):
+        d = conv_direct.strided_input_grad_fields(c, "float32", True)
+        assert d is not None and [(p.A, p.B) for p in d["phases"]] == [(2, 2), (2, 1), (1, 2), (1, 1)]
+        rows = sorted(2 * (p.qy0 + q) + p.py - c.PH for p in d["phases"] if p.px == 0 for q in range(p.NY))
+        assert rows == list(range(c.H))
+        assert d["pad_at"] == c.C * c.F * 9
+    room = conv.workspace(Conv(32, 16, 16, 64, 3, 3, 2, 2, 1, 1, 1, 1), conv.ImageAttrs("im2col", scatter=True))
+    assert room == 32 * 64 * 9 + 64 * 10 * 10 > 32 * 9 * 64  # rows -1 .. 8 of the 8 x 8 gradient: 10 x 10
+    assert conv_direct.strided_input_grad_fields(Conv(16, 32, 32, 32, 3, 3, 2, 2, 1, 1, 1, 1), "float64", True) is None
+    assert conv_direct.strided_input_grad_fields(Conv(16, 32, 32, 32, 1, 1, 2, 2, 0, 0, 1, 1), "float32", True) is None
+    assert conv_direct.strided_input_grad_fields(Conv(16, 33, 33, 32, 3, 3, 3, 3, 0, 0, 1, 1), "float32", True) is None
+    assert conv_direct.strided_input_grad_fields(Conv(16, 18, 18, 32, 3, 3, 2, 2, 1, 1, 1, 1), "float32", True) is None
 
 
 def test_the_weight_gradient_rule():
