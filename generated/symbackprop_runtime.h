@@ -1393,19 +1393,19 @@ SYMBACKPROP_HELPER void symbackprop_f64_cholesky(const double *a, int64_t n, int
  * and row strides are a context length and a model's width: BLAS's int
  * holds them. Internal: never a status of a module function. */
 
-/* s[t][u] = alpha sum_j a[t][j] * b[u][j] for u <= t, 0 for t < u < width:
- * the n x n scores alpha a b^T of n x k a and b (row strides lda, ldb) into
+/* s[t][u] = sum_j a[t][j] * b[u][j] for u <= t, 0 for t < u < width:
+ * the n x n scores a b^T of n x k a and b (row strides lda, ldb) into
  * rows of stride lds. gemmt computes the lower triangle alone (n = 128,
  * k = 64, one thread, OpenBLAS 0.3.34: 0.66-0.70x the time of gemm's
  * whole square); a cblas without it, gemm's square (measured faster
  * than the triangle's loops). Above the diagonal, the mask's 0. */
-SYMBACKPROP_HELPER void symbackprop_f64_causal_scores(int64_t n, int64_t k, double alpha, const double *a, int64_t lda,
+SYMBACKPROP_HELPER void symbackprop_f64_causal_scores(int64_t n, int64_t k, const double *a, int64_t lda,
                                                       const double *b, int64_t ldb, double *s, int64_t lds, int64_t width)
 {
 #ifdef SYMBACKPROP_CBLAS_DGEMMT
-    SYMBACKPROP_CBLAS_DGEMMT(101, 122, 111, 112, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    SYMBACKPROP_CBLAS_DGEMMT(101, 122, 111, 112, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
 #else
-    SYMBACKPROP_CBLAS_DGEMM(101, 111, 112, (int)n, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    SYMBACKPROP_CBLAS_DGEMM(101, 111, 112, (int)n, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
 #endif
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t u = t + 1; u < width; ++u) {
@@ -1414,12 +1414,12 @@ SYMBACKPROP_HELPER void symbackprop_f64_causal_scores(int64_t n, int64_t k, doub
     }
 }
 
-/* c[t][j] = alpha sum_{u <= t} p[t][u] * v[u][j] (transpose: c[u][j] =
- * alpha sum_{t >= u} p[t][u] * v[t][j]): alpha tril(p) v or alpha tril(p)^T v, p n x n and
+/* c[t][j] = sum_{u <= t} p[t][u] * v[u][j] (transpose: c[u][j] =
+ * sum_{t >= u} p[t][u] * v[t][j]): tril(p) v or tril(p)^T v, p n x n and
  * v, c n x k (row strides ldp, ldv, ldc). v is copied into c, and trmm
  * (lower, non-unit) multiplies it in place: it never reads p above its
  * diagonal. */
-SYMBACKPROP_HELPER void symbackprop_f64_causal_mix(int transpose, int64_t n, int64_t k, double alpha, const double *p, int64_t ldp,
+SYMBACKPROP_HELPER void symbackprop_f64_causal_mix(int transpose, int64_t n, int64_t k, const double *p, int64_t ldp,
                                                    const double *v, int64_t ldv, double *c, int64_t ldc)
 {
     for (int64_t t = 0; t < n; ++t) {
@@ -1427,16 +1427,16 @@ SYMBACKPROP_HELPER void symbackprop_f64_causal_mix(int transpose, int64_t n, int
             c[t * ldc + j] = v[t * ldv + j];
         }
     }
-    SYMBACKPROP_CBLAS_DTRMM(101, 141, 122, transpose ? 112 : 111, 131, (int)n, (int)k, alpha, p, (int)ldp, c, (int)ldc);
+    SYMBACKPROP_CBLAS_DTRMM(101, 141, 122, transpose ? 112 : 111, 131, (int)n, (int)k, 1, p, (int)ldp, c, (int)ldc);
 }
 
 /* The same products over every key (attention without a mask): the n x n
  * scores a b^T, zero from column n to width (past a shorter last
  * sequence's keys, which its softmax then skips) ... */
-SYMBACKPROP_HELPER void symbackprop_f64_full_scores(int64_t n, int64_t k, double alpha, const double *a, int64_t lda,
+SYMBACKPROP_HELPER void symbackprop_f64_full_scores(int64_t n, int64_t k, const double *a, int64_t lda,
                                                     const double *b, int64_t ldb, double *s, int64_t lds, int64_t width)
 {
-    SYMBACKPROP_CBLAS_DGEMM(101, 111, 112, (int)n, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    SYMBACKPROP_CBLAS_DGEMM(101, 111, 112, (int)n, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t u = n; u < width; ++u) {
             s[t * lds + u] = 0;
@@ -1444,11 +1444,11 @@ SYMBACKPROP_HELPER void symbackprop_f64_full_scores(int64_t n, int64_t k, double
     }
 }
 
-/* ... and alpha p v or alpha p^T v, one gemm. */
-SYMBACKPROP_HELPER void symbackprop_f64_full_mix(int transpose, int64_t n, int64_t k, double alpha, const double *p, int64_t ldp,
+/* ... and p v or p^T v, one gemm. */
+SYMBACKPROP_HELPER void symbackprop_f64_full_mix(int transpose, int64_t n, int64_t k, const double *p, int64_t ldp,
                                                  const double *v, int64_t ldv, double *c, int64_t ldc)
 {
-    SYMBACKPROP_CBLAS_DGEMM(101, transpose ? 112 : 111, 111, (int)n, (int)k, (int)n, alpha, p, (int)ldp, v, (int)ldv, 0, c, (int)ldc);
+    SYMBACKPROP_CBLAS_DGEMM(101, transpose ? 112 : 111, 111, (int)n, (int)k, (int)n, 1, p, (int)ldp, v, (int)ldv, 0, c, (int)ldc);
 }
 #endif
 
@@ -2594,19 +2594,19 @@ SYMBACKPROP_HELPER void symbackprop_f32_cholesky(const float *a, int64_t n, int6
  * and row strides are a context length and a model's width: BLAS's int
  * holds them. Internal: never a status of a module function. */
 
-/* s[t][u] = alpha sum_j a[t][j] * b[u][j] for u <= t, 0 for t < u < width:
- * the n x n scores alpha a b^T of n x k a and b (row strides lda, ldb) into
+/* s[t][u] = sum_j a[t][j] * b[u][j] for u <= t, 0 for t < u < width:
+ * the n x n scores a b^T of n x k a and b (row strides lda, ldb) into
  * rows of stride lds. gemmt computes the lower triangle alone (n = 128,
  * k = 64, one thread, OpenBLAS 0.3.34: 0.66-0.70x the time of gemm's
  * whole square); a cblas without it, gemm's square (measured faster
  * than the triangle's loops). Above the diagonal, the mask's 0. */
-SYMBACKPROP_HELPER void symbackprop_f32_causal_scores(int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+SYMBACKPROP_HELPER void symbackprop_f32_causal_scores(int64_t n, int64_t k, const float *a, int64_t lda,
                                                       const float *b, int64_t ldb, float *s, int64_t lds, int64_t width)
 {
 #ifdef SYMBACKPROP_CBLAS_SGEMMT
-    SYMBACKPROP_CBLAS_SGEMMT(101, 122, 111, 112, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    SYMBACKPROP_CBLAS_SGEMMT(101, 122, 111, 112, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
 #else
-    SYMBACKPROP_CBLAS_SGEMM(101, 111, 112, (int)n, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    SYMBACKPROP_CBLAS_SGEMM(101, 111, 112, (int)n, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
 #endif
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t u = t + 1; u < width; ++u) {
@@ -2615,12 +2615,12 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_scores(int64_t n, int64_t k, floa
     }
 }
 
-/* c[t][j] = alpha sum_{u <= t} p[t][u] * v[u][j] (transpose: c[u][j] =
- * alpha sum_{t >= u} p[t][u] * v[t][j]): alpha tril(p) v or alpha tril(p)^T v, p n x n and
+/* c[t][j] = sum_{u <= t} p[t][u] * v[u][j] (transpose: c[u][j] =
+ * sum_{t >= u} p[t][u] * v[t][j]): tril(p) v or tril(p)^T v, p n x n and
  * v, c n x k (row strides ldp, ldv, ldc). v is copied into c, and trmm
  * (lower, non-unit) multiplies it in place: it never reads p above its
  * diagonal. */
-SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int64_t k, float alpha, const float *p, int64_t ldp,
+SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int64_t k, const float *p, int64_t ldp,
                                                    const float *v, int64_t ldv, float *c, int64_t ldc)
 {
     for (int64_t t = 0; t < n; ++t) {
@@ -2628,16 +2628,16 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
             c[t * ldc + j] = v[t * ldv + j];
         }
     }
-    SYMBACKPROP_CBLAS_STRMM(101, 141, 122, transpose ? 112 : 111, 131, (int)n, (int)k, alpha, p, (int)ldp, c, (int)ldc);
+    SYMBACKPROP_CBLAS_STRMM(101, 141, 122, transpose ? 112 : 111, 131, (int)n, (int)k, 1, p, (int)ldp, c, (int)ldc);
 }
 
 /* The same products over every key (attention without a mask): the n x n
  * scores a b^T, zero from column n to width (past a shorter last
  * sequence's keys, which its softmax then skips) ... */
-SYMBACKPROP_HELPER void symbackprop_f32_full_scores(int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+SYMBACKPROP_HELPER void symbackprop_f32_full_scores(int64_t n, int64_t k, const float *a, int64_t lda,
                                                     const float *b, int64_t ldb, float *s, int64_t lds, int64_t width)
 {
-    SYMBACKPROP_CBLAS_SGEMM(101, 111, 112, (int)n, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    SYMBACKPROP_CBLAS_SGEMM(101, 111, 112, (int)n, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t u = n; u < width; ++u) {
             s[t * lds + u] = 0;
@@ -2645,11 +2645,11 @@ SYMBACKPROP_HELPER void symbackprop_f32_full_scores(int64_t n, int64_t k, float 
     }
 }
 
-/* ... and alpha p v or alpha p^T v, one gemm. */
-SYMBACKPROP_HELPER void symbackprop_f32_full_mix(int transpose, int64_t n, int64_t k, float alpha, const float *p, int64_t ldp,
+/* ... and p v or p^T v, one gemm. */
+SYMBACKPROP_HELPER void symbackprop_f32_full_mix(int transpose, int64_t n, int64_t k, const float *p, int64_t ldp,
                                                  const float *v, int64_t ldv, float *c, int64_t ldc)
 {
-    SYMBACKPROP_CBLAS_SGEMM(101, transpose ? 112 : 111, 111, (int)n, (int)k, (int)n, alpha, p, (int)ldp, v, (int)ldv, 0, c, (int)ldc);
+    SYMBACKPROP_CBLAS_SGEMM(101, transpose ? 112 : 111, 111, (int)n, (int)k, (int)n, 1, p, (int)ldp, v, (int)ldv, 0, c, (int)ldc);
 }
 #endif
 

@@ -30,7 +30,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t transformer_lm_run_size(int64_t m)
 {
-    return symbackprop_size_add(225283, symbackprop_size_mul(5369, m));
+    return symbackprop_size_add(237571, symbackprop_size_mul(5369, m));
 }
 SYMBACKPROP_HELPER int64_t transformer_lm_train_step_size(int64_t m)
 {
@@ -81,6 +81,38 @@ void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a,
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_62_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_64_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_64_m_256_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_64_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_m_64_256(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product_m_64_62(int64_t s0, const TRANSFORMER_LM_REAL *a, const
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
@@ -105,13 +137,7 @@ void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a,
     symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_64_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
-}
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product_m_256_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
@@ -135,32 +161,6 @@ void transformer_lm_product_256_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_64_256(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_62_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_m_64_64_bt(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_64_m_256_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
 }
 #endif
 
@@ -228,7 +228,7 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_normalize_rows_ddc6(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
         *a1);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_scores_c2a3(
+void transformer_lm_attention_scores_7d8d(
     int64_t m,
     TRANSFORMER_LM_REAL *a0,
     TRANSFORMER_LM_REAL *a1,
@@ -239,30 +239,16 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_causal_softmax_4244(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
         *a1);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_mix_95c3(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
+void transformer_lm_attention_mix_6577(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
         TRANSFORMER_LM_REAL *a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_normalize_rows_vjp_1384(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
         *a1, TRANSFORMER_LM_REAL *a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_mix_t_f985(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
+void transformer_lm_attention_mix_t_ee5f(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
         *a1, TRANSFORMER_LM_REAL *a2);
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_scores_714a(
-    int64_t m,
-    TRANSFORMER_LM_REAL *a0,
-    TRANSFORMER_LM_REAL *a1,
-    TRANSFORMER_LM_REAL *a2,
-    TRANSFORMER_LM_REAL *a3
-);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_softmax_vjp_3472(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
-        TRANSFORMER_LM_REAL *a2);
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_mix_t_31cf(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
-        *a1, TRANSFORMER_LM_REAL *a2);
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_mix_05cb(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
         TRANSFORMER_LM_REAL *a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_emap_6ed9(
@@ -584,7 +570,7 @@ void transformer_lm_normalize_rows_ddc6(int64_t m, TRANSFORMER_LM_REAL *a0, TRAN
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_scores_c2a3(
+void transformer_lm_attention_scores_7d8d(
     int64_t m,
     TRANSFORMER_LM_REAL *a0,
     TRANSFORMER_LM_REAL *a1,
@@ -602,8 +588,8 @@ void transformer_lm_attention_scores_c2a3(
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x len scores a1 a2^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, 0.25, a1 + row0 * 64 + hd * 16, 64, a2 + row0 *
-                    64 + hd * 16, 64,
+            symbackprop_f64_causal_scores(len, 16, a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 + hd
+                    * 16, 64,
                                           a3 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
@@ -622,8 +608,7 @@ void transformer_lm_attention_scores_c2a3(
                 }
                 /* srow[ks] += a1[(e,qt), hd*16+dk] * a0[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = (TRANSFORMER_LM_REAL)0.25 *
-                            a1[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = a1[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
                         srow[ks] += aw * a0[dk * 64 + ks];
                     }
@@ -667,7 +652,7 @@ void transformer_lm_causal_softmax_4244(int64_t m, TRANSFORMER_LM_REAL *a0, TRAN
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_mix_95c3(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
+void transformer_lm_attention_mix_6577(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
         TRANSFORMER_LM_REAL *a2)
 {
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
@@ -677,7 +662,7 @@ void transformer_lm_attention_mix_95c3(int64_t m, TRANSFORMER_LM_REAL *a0, TRANS
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(a0) a1 */
-            symbackprop_f64_causal_mix(0, len, 16, 1, a0 + row0 * 256 + hd * 64, 256,
+            symbackprop_f64_causal_mix(0, len, 16, a0 + row0 * 256 + hd * 64, 256,
                                        a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 + hd * 16, 64);
         }
     #else
@@ -761,7 +746,7 @@ void transformer_lm_normalize_rows_vjp_1384(int64_t m, TRANSFORMER_LM_REAL *a0, 
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_mix_t_f985(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
+void transformer_lm_attention_mix_t_ee5f(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
         *a1, TRANSFORMER_LM_REAL *a2)
 {
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
@@ -771,7 +756,7 @@ void transformer_lm_attention_mix_t_f985(int64_t m, TRANSFORMER_LM_REAL *a0, TRA
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(a0)^T a1 */
-            symbackprop_f64_causal_mix(1, len, 16, 1, a0 + row0 * 256 + hd * 64, 256,
+            symbackprop_f64_causal_mix(1, len, 16, a0 + row0 * 256 + hd * 64, 256,
                                        a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 + hd * 16, 64);
         }
     #else
@@ -787,55 +772,6 @@ void transformer_lm_attention_mix_t_f985(int64_t m, TRANSFORMER_LM_REAL *a0, TRA
                     const TRANSFORMER_LM_REAL pw = a0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
                         orow[dk] += pw * a1[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_scores_714a(
-    int64_t m,
-    TRANSFORMER_LM_REAL *a0,
-    TRANSFORMER_LM_REAL *a1,
-    TRANSFORMER_LM_REAL *a2,
-    TRANSFORMER_LM_REAL *a3
-)
-{
-    (void)a0; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores a1 a2^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, 1, a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 +
-                    hd * 16, 64,
-                                          a3 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* a0[dk][ks] = a2[(e,ks), hd*16+dk]: the head's keys transposed, so that a row
-             * of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    a0[dk * 64 + ks] = a2[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = a3 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += a1[(e,qt), hd*16+dk] * a0[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = a1[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * a0[dk * 64 + ks];
                     }
                 }
             }
@@ -866,75 +802,6 @@ void transformer_lm_softmax_vjp_3472(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFO
                 }
             }
         }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_mix_t_31cf(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL
-        *a1, TRANSFORMER_LM_REAL *a2)
-{
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(a0)^T a1 */
-            symbackprop_f64_causal_mix(1, len, 16, 0.25, a0 + row0 * 256 + hd * 64, 256,
-                                       a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of a0[(e,qt),(hd,ks)] *
-                 * a1[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = a2 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = (TRANSFORMER_LM_REAL)0.25 *
-                            a0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * a1[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_attention_mix_05cb(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
-        TRANSFORMER_LM_REAL *a2)
-{
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(a0) a1 */
-            symbackprop_f64_causal_mix(0, len, 16, 0.25, a0 + row0 * 256 + hd * 64, 256,
-                                       a1 + row0 * 64 + hd * 16, 64, a2 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of a0[(e,qt),(hd,ks)] * a1[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = a2 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = (TRANSFORMER_LM_REAL)0.25 *
-                            a0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * a1[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -1164,17 +1031,10 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 4155*m + 1025 : 1211*m + 1025);
+    return (size_t)(with_grads ? 4155*m + 9217 : 1211*m + 5121);
 }
 #endif
 
-/* transformer_lm_run's buffers of a fixed size lie at fixed places in work, named
- * here; each buffer's name is a macro for its place until the function's end,
- * so that its parts take work, not a pointer to each buffer. */
-enum {
-    transformer_lm_run__colsum_targets = 1024, /* 1 x 1 */
-};
-#define colsum_targets (work + transformer_lm_run__colsum_targets)
 /* transformer_lm_run, part 1 of 7 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
@@ -1205,18 +1065,17 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
-    const TRANSFORMER_LM_REAL *W1up,
-    const TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *emap_E,
     TRANSFORMER_LM_REAL *emap_P,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wq0,
-    TRANSFORMER_LM_REAL *scores_Wq0_block,
-    TRANSFORMER_LM_REAL *softmax_Wq0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
     TRANSFORMER_LM_REAL *mm_Wv0,
     TRANSFORMER_LM_REAL *mix_Wv0,
     TRANSFORMER_LM_REAL *mm_Wo0,
@@ -1230,20 +1089,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *add_W0down,
     TRANSFORMER_LM_REAL *norm_W0down,
     TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wq1,
-    TRANSFORMER_LM_REAL *scores_Wq1_block,
-    TRANSFORMER_LM_REAL *softmax_Wq1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
     TRANSFORMER_LM_REAL *mm_Wv1,
     TRANSFORMER_LM_REAL *mix_Wv1,
     TRANSFORMER_LM_REAL *mm_Wo1,
     TRANSFORMER_LM_REAL *add_Wo1,
     TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m,
-    TRANSFORMER_LM_REAL *mm_W1up,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *add_W1up
+    TRANSFORMER_LM_REAL *add_b1m
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
@@ -1272,18 +1129,17 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
-    const TRANSFORMER_LM_REAL *W1up,
-    const TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *emap_E,
     TRANSFORMER_LM_REAL *emap_P,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wq0,
-    TRANSFORMER_LM_REAL *scores_Wq0_block,
-    TRANSFORMER_LM_REAL *softmax_Wq0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
     TRANSFORMER_LM_REAL *mm_Wv0,
     TRANSFORMER_LM_REAL *mix_Wv0,
     TRANSFORMER_LM_REAL *mm_Wo0,
@@ -1297,20 +1153,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *add_W0down,
     TRANSFORMER_LM_REAL *norm_W0down,
     TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wq1,
-    TRANSFORMER_LM_REAL *scores_Wq1_block,
-    TRANSFORMER_LM_REAL *softmax_Wq1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
     TRANSFORMER_LM_REAL *mm_Wv1,
     TRANSFORMER_LM_REAL *mix_Wv1,
     TRANSFORMER_LM_REAL *mm_Wo1,
     TRANSFORMER_LM_REAL *add_Wo1,
     TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m,
-    TRANSFORMER_LM_REAL *mm_W1up,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *add_W1up
+    TRANSFORMER_LM_REAL *add_b1m
 )
 {
     /* emap_E[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
@@ -1337,27 +1191,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     /* add_b0a = b0a + g0a*norm_E */
     transformer_lm_add_mx64_loop_f8c8(m, add_b0a, g0a, norm_E, b0a);
 
-    /* mm_Wq0 = add_b0a @ Wq0 */
-    transformer_lm_product_m_64_64(m, add_b0a, Wq0, mm_Wq0);
+    /* mul_Wq0 = Wq0/4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            mul_Wq0[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+        }
+    }
+
+    /* mm_Wq0 = add_b0a @ mul_Wq0 */
+    transformer_lm_product_m_64_64(m, add_b0a, mul_Wq0, mm_Wq0);
 
     /* mm_Wk0 = add_b0a @ Wk0 */
     transformer_lm_product_m_64_64(m, add_b0a, Wk0, mm_Wk0);
 
-    /* scores_Wq0[(e,t),(h,s)] = (1/4) * sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k]
-     * for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_scores_c2a3(m, scores_Wq0_block, mm_Wq0, mm_Wk0, scores_Wq0);
+    /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
+     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    transformer_lm_attention_scores_7d8d(m, scores_Wk0_block, mm_Wq0, mm_Wk0, scores_Wk0);
 
-    /* softmax_Wq0[(e,t),(h,s)] = exp(scores_Wq0[(e,t),(h,s)] - max_{s'<=t}
-     * scores_Wq0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
+    /* softmax_Wk0[(e,t),(h,s)] = exp(scores_Wk0[(e,t),(h,s)] - max_{s'<=t}
+     * scores_Wk0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
      * mask) (rows (e,t) = e*64+t, 4 heads) */
-    transformer_lm_causal_softmax_4244(m, scores_Wq0, softmax_Wq0);
+    transformer_lm_causal_softmax_4244(m, scores_Wk0, softmax_Wk0);
 
     /* mm_Wv0 = add_b0a @ Wv0 */
     transformer_lm_product_m_64_64(m, add_b0a, Wv0, mm_Wv0);
 
-    /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wq0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
+    /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_mix_95c3(m, softmax_Wq0, mm_Wv0, mix_Wv0);
+    transformer_lm_attention_mix_6577(m, softmax_Wk0, mm_Wv0, mix_Wv0);
 
     /* mm_Wo0 = mix_Wv0 @ Wo0 */
     transformer_lm_product_m_64_64(m, mix_Wv0, Wo0, mm_Wo0);
@@ -1393,27 +1255,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     /* add_b1a = b1a + g1a*norm_W0down */
     transformer_lm_add_mx64_loop_f8c8(m, add_b1a, g1a, norm_W0down, b1a);
 
-    /* mm_Wq1 = add_b1a @ Wq1 */
-    transformer_lm_product_m_64_64(m, add_b1a, Wq1, mm_Wq1);
+    /* mul_Wq1 = Wq1/4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            mul_Wq1[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+        }
+    }
+
+    /* mm_Wq1 = add_b1a @ mul_Wq1 */
+    transformer_lm_product_m_64_64(m, add_b1a, mul_Wq1, mm_Wq1);
 
     /* mm_Wk1 = add_b1a @ Wk1 */
     transformer_lm_product_m_64_64(m, add_b1a, Wk1, mm_Wk1);
 
-    /* scores_Wq1[(e,t),(h,s)] = (1/4) * sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k]
-     * for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_scores_c2a3(m, scores_Wq1_block, mm_Wq1, mm_Wk1, scores_Wq1);
+    /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
+     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    transformer_lm_attention_scores_7d8d(m, scores_Wk1_block, mm_Wq1, mm_Wk1, scores_Wk1);
 
-    /* softmax_Wq1[(e,t),(h,s)] = exp(scores_Wq1[(e,t),(h,s)] - max_{s'<=t}
-     * scores_Wq1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
+    /* softmax_Wk1[(e,t),(h,s)] = exp(scores_Wk1[(e,t),(h,s)] - max_{s'<=t}
+     * scores_Wk1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
      * mask) (rows (e,t) = e*64+t, 4 heads) */
-    transformer_lm_causal_softmax_4244(m, scores_Wq1, softmax_Wq1);
+    transformer_lm_causal_softmax_4244(m, scores_Wk1, softmax_Wk1);
 
     /* mm_Wv1 = add_b1a @ Wv1 */
     transformer_lm_product_m_64_64(m, add_b1a, Wv1, mm_Wv1);
 
-    /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wq1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
+    /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_mix_95c3(m, softmax_Wq1, mm_Wv1, mix_Wv1);
+    transformer_lm_attention_mix_6577(m, softmax_Wk1, mm_Wv1, mix_Wv1);
 
     /* mm_Wo1 = mix_Wv1 @ Wo1 */
     transformer_lm_product_m_64_64(m, mix_Wv1, Wo1, mm_Wo1);
@@ -1427,7 +1297,67 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
 
     /* add_b1m = b1m + g1m*norm_Wo1 */
     transformer_lm_add_mx64_loop_f8c8(m, add_b1m, g1m, norm_Wo1, b1m);
+}
+#endif
 
+/* transformer_lm_run, part 2 of 7 (kernels 33 to 44): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
+    int64_t m,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *c1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mm_W1up,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *mm_W1down,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *log_softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *colsum_targets
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
+    int64_t m,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *c1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mm_W1up,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *mm_W1down,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *log_softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *colsum_targets
+)
+{
     /* mm_W1up = add_b1m @ W1up */
     transformer_lm_product_m_64_256(m, add_b1m, W1up, mm_W1up);
 
@@ -1435,57 +1365,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
     transformer_lm_mul_mx256_loop(m, mul_W1up, add_W1up, mm_W1up, c1up);
-}
-#endif
 
-/* transformer_lm_run, part 2 of 7 (kernels 33 to 42): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
-    int64_t m,
-    const int64_t *targets,
-    const TRANSFORMER_LM_REAL *W1down,
-    const TRANSFORMER_LM_REAL *c1down,
-    const TRANSFORMER_LM_REAL *gf,
-    const TRANSFORMER_LM_REAL *bf,
-    const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work,
-    TRANSFORMER_LM_REAL *add_Wo1,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *mm_W1down,
-    TRANSFORMER_LM_REAL *add_W1down,
-    TRANSFORMER_LM_REAL *norm_W1down,
-    TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *mm_Wout,
-    TRANSFORMER_LM_REAL *softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *log_softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *pick_targets
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
-    int64_t m,
-    const int64_t *targets,
-    const TRANSFORMER_LM_REAL *W1down,
-    const TRANSFORMER_LM_REAL *c1down,
-    const TRANSFORMER_LM_REAL *gf,
-    const TRANSFORMER_LM_REAL *bf,
-    const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work,
-    TRANSFORMER_LM_REAL *add_Wo1,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *mm_W1down,
-    TRANSFORMER_LM_REAL *add_W1down,
-    TRANSFORMER_LM_REAL *norm_W1down,
-    TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *mm_Wout,
-    TRANSFORMER_LM_REAL *softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *log_softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *pick_targets
-)
-{
     /* mm_W1down = mul_W1up @ W1down */
     transformer_lm_product_m_256_64(m, mul_W1up, W1down, mm_W1down);
 
@@ -1538,15 +1418,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 }
 #endif
 
-/* transformer_lm_run, part 3 of 7 (kernels 43 to 64): a long
+/* transformer_lm_run, part 3 of 7 (kernels 45 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 0; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
-    const TRANSFORMER_LM_REAL *g1a,
-    const TRANSFORMER_LM_REAL *Wq1,
     const TRANSFORMER_LM_REAL *Wk1,
     const TRANSFORMER_LM_REAL *Wv1,
     const TRANSFORMER_LM_REAL *Wo1,
@@ -1555,10 +1433,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *norm_W0down,
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *softmax_Wq1,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
     TRANSFORMER_LM_REAL *mm_Wv1,
     TRANSFORMER_LM_REAL *add_Wo1,
     TRANSFORMER_LM_REAL *norm_Wo1,
@@ -1578,19 +1455,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *grad_mix_Wv1,
     TRANSFORMER_LM_REAL *grad_mm_Wv1,
     TRANSFORMER_LM_REAL *grad_add_b1a,
-    TRANSFORMER_LM_REAL *grad_softmax_Wq1,
-    TRANSFORMER_LM_REAL *grad_softmax_Wq1_block,
-    TRANSFORMER_LM_REAL *grad_scores_Wq1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
-    TRANSFORMER_LM_REAL *grad_mm_Wq1,
-    TRANSFORMER_LM_REAL *grad_norm_W0down
+    TRANSFORMER_LM_REAL *grad_mm_Wq1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
-    const TRANSFORMER_LM_REAL *g1a,
-    const TRANSFORMER_LM_REAL *Wq1,
     const TRANSFORMER_LM_REAL *Wk1,
     const TRANSFORMER_LM_REAL *Wv1,
     const TRANSFORMER_LM_REAL *Wo1,
@@ -1599,10 +1473,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *norm_W0down,
     TRANSFORMER_LM_REAL *mm_Wq1,
     TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *softmax_Wq1,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
     TRANSFORMER_LM_REAL *mm_Wv1,
     TRANSFORMER_LM_REAL *add_Wo1,
     TRANSFORMER_LM_REAL *norm_Wo1,
@@ -1622,12 +1495,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *grad_mix_Wv1,
     TRANSFORMER_LM_REAL *grad_mm_Wv1,
     TRANSFORMER_LM_REAL *grad_add_b1a,
-    TRANSFORMER_LM_REAL *grad_softmax_Wq1,
-    TRANSFORMER_LM_REAL *grad_softmax_Wq1_block,
-    TRANSFORMER_LM_REAL *grad_scores_Wq1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
-    TRANSFORMER_LM_REAL *grad_mm_Wq1,
-    TRANSFORMER_LM_REAL *grad_norm_W0down
+    TRANSFORMER_LM_REAL *grad_mm_Wq1
 )
 {
     /* grad_log_softmax_axis_Wout[i, j] = (-1/m) if j == targets[i], else 0 */
@@ -1690,74 +1562,72 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     /* grad_mix_Wv1 = grad_add_Wo1_part @ Wo1^T */
     transformer_lm_product_m_64_64_bt(m, grad_add_Wo1_part, Wo1, grad_mix_Wv1);
 
-    /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wq1[(e,t),(h,s)] *
+    /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
      * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_mix_t_f985(m, softmax_Wq1, grad_mix_Wv1, grad_mm_Wv1);
+    transformer_lm_attention_mix_t_ee5f(m, softmax_Wk1, grad_mix_Wv1, grad_mm_Wv1);
 
     /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
     transformer_lm_product_m_64_64_bt(m, grad_mm_Wv1, Wv1, grad_add_b1a);
 
-    /* grad_softmax_Wq1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
+    /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
      * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
      * columns) */
-    transformer_lm_attention_scores_714a(
+    transformer_lm_attention_scores_7d8d(
         m,
-        grad_softmax_Wq1_block,
+        grad_softmax_Wk1_block,
         grad_mix_Wv1,
         mm_Wv1,
-        grad_softmax_Wq1
+        grad_softmax_Wk1
     );
 
-    /* grad_scores_Wq1[(e,t),(h,s)] = softmax_Wq1[(e,t),(h,s)] *
-     * (grad_softmax_Wq1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wq1[(e,t),(h,s')] *
-     * grad_softmax_Wq1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    transformer_lm_softmax_vjp_3472(m, softmax_Wq1, grad_softmax_Wq1, grad_scores_Wq1);
+    /* grad_scores_Wk1[(e,t),(h,s)] = softmax_Wk1[(e,t),(h,s)] *
+     * (grad_softmax_Wk1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk1[(e,t),(h,s')] *
+     * grad_softmax_Wk1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
+    transformer_lm_softmax_vjp_3472(m, softmax_Wk1, grad_softmax_Wk1, grad_scores_Wk1);
 
-    /* grad_mm_Wk1[(e,s),h*dh+k] = (1/4) * sum_{t>=s} grad_scores_Wq1[(e,t),(h,s)] *
+    /* grad_mm_Wk1[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wq1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_mix_t_31cf(m, grad_scores_Wq1, mm_Wq1, grad_mm_Wk1);
+    transformer_lm_attention_mix_t_ee5f(m, grad_scores_Wk1, mm_Wq1, grad_mm_Wk1);
 
     /* grad_add_b1a += grad_mm_Wk1 @ Wk1^T */
     transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wk1, Wk1, grad_add_b1a);
 
-    /* grad_mm_Wq1[(e,t),h*dh+k] = (1/4) * sum_{s<=t} grad_scores_Wq1[(e,t),(h,s)] *
+    /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_mix_05cb(m, grad_scores_Wq1, mm_Wk1, grad_mm_Wq1);
-
-    /* grad_add_b1a += grad_mm_Wq1 @ Wq1^T */
-    transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wq1, Wq1, grad_add_b1a);
-
-    /* grad_norm_W0down = g1a*grad_add_b1a */
-    /* norm_W0down = grad_add_b1a*norm_W0down */
-    transformer_lm_grad_norm_mx64_loop(m, grad_norm_W0down, grad_add_b1a, g1a, norm_W0down);
+    transformer_lm_attention_mix_6577(m, grad_scores_Wk1, mm_Wk1, grad_mm_Wq1);
 }
 #endif
 
-/* transformer_lm_run, part 4 of 7 (kernels 65 to 84): a long
+/* transformer_lm_run, part 4 of 7 (kernels 65 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 0; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *Wq0,
     const TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *Wv0,
     const TRANSFORMER_LM_REAL *Wo0,
     const TRANSFORMER_LM_REAL *g0m,
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *softmax_Wq0,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
     TRANSFORMER_LM_REAL *mm_Wv0,
     TRANSFORMER_LM_REAL *add_Wo0,
     TRANSFORMER_LM_REAL *norm_Wo0,
     TRANSFORMER_LM_REAL *add_W0up,
     TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *mul_Wq1,
     TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
     TRANSFORMER_LM_REAL *grad_norm_W0down,
     TRANSFORMER_LM_REAL *grad_add_W0down_part,
     TRANSFORMER_LM_REAL *grad_mul_W0up,
@@ -1767,9 +1637,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mix_Wv0,
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
-    TRANSFORMER_LM_REAL *grad_softmax_Wq0,
-    TRANSFORMER_LM_REAL *grad_softmax_Wq0_block,
-    TRANSFORMER_LM_REAL *grad_scores_Wq0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wq0,
     TRANSFORMER_LM_REAL *grad_norm_E,
@@ -1779,24 +1649,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *Wq0,
     const TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *Wv0,
     const TRANSFORMER_LM_REAL *Wo0,
     const TRANSFORMER_LM_REAL *g0m,
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *add_E,
     TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
     TRANSFORMER_LM_REAL *mm_Wq0,
     TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *softmax_Wq0,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
     TRANSFORMER_LM_REAL *mm_Wv0,
     TRANSFORMER_LM_REAL *add_Wo0,
     TRANSFORMER_LM_REAL *norm_Wo0,
     TRANSFORMER_LM_REAL *add_W0up,
     TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *mul_Wq1,
     TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
     TRANSFORMER_LM_REAL *grad_norm_W0down,
     TRANSFORMER_LM_REAL *grad_add_W0down_part,
     TRANSFORMER_LM_REAL *grad_mul_W0up,
@@ -1806,15 +1681,22 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mix_Wv0,
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
-    TRANSFORMER_LM_REAL *grad_softmax_Wq0,
-    TRANSFORMER_LM_REAL *grad_softmax_Wq0_block,
-    TRANSFORMER_LM_REAL *grad_scores_Wq0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
     TRANSFORMER_LM_REAL *grad_mm_Wq0,
     TRANSFORMER_LM_REAL *grad_norm_E,
     TRANSFORMER_LM_REAL *grad_add_E_part
 )
 {
+    /* grad_add_b1a += grad_mm_Wq1 @ mul_Wq1^T */
+    transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wq1, mul_Wq1, grad_add_b1a);
+
+    /* grad_norm_W0down = g1a*grad_add_b1a */
+    /* norm_W0down = grad_add_b1a*norm_W0down */
+    transformer_lm_grad_norm_mx64_loop(m, grad_norm_W0down, grad_add_b1a, g1a, norm_W0down);
+
     /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
      * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
      * (add_W0down - mu) r normalized as in normalize_rows (mu_i, r_i of add_W0down's row i,
@@ -1848,42 +1730,42 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* grad_mix_Wv0 = grad_add_Wo0_part @ Wo0^T */
     transformer_lm_product_m_64_64_bt(m, grad_add_Wo0_part, Wo0, grad_mix_Wv0);
 
-    /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wq0[(e,t),(h,s)] *
+    /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
      * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_mix_t_f985(m, softmax_Wq0, grad_mix_Wv0, grad_mm_Wv0);
+    transformer_lm_attention_mix_t_ee5f(m, softmax_Wk0, grad_mix_Wv0, grad_mm_Wv0);
 
     /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
     transformer_lm_product_m_64_64_bt(m, grad_mm_Wv0, Wv0, grad_add_b0a);
 
-    /* grad_softmax_Wq0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
+    /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
      * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
      * columns) */
-    transformer_lm_attention_scores_714a(
+    transformer_lm_attention_scores_7d8d(
         m,
-        grad_softmax_Wq0_block,
+        grad_softmax_Wk0_block,
         grad_mix_Wv0,
         mm_Wv0,
-        grad_softmax_Wq0
+        grad_softmax_Wk0
     );
 
-    /* grad_scores_Wq0[(e,t),(h,s)] = softmax_Wq0[(e,t),(h,s)] *
-     * (grad_softmax_Wq0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wq0[(e,t),(h,s')] *
-     * grad_softmax_Wq0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    transformer_lm_softmax_vjp_3472(m, softmax_Wq0, grad_softmax_Wq0, grad_scores_Wq0);
+    /* grad_scores_Wk0[(e,t),(h,s)] = softmax_Wk0[(e,t),(h,s)] *
+     * (grad_softmax_Wk0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk0[(e,t),(h,s')] *
+     * grad_softmax_Wk0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
+    transformer_lm_softmax_vjp_3472(m, softmax_Wk0, grad_softmax_Wk0, grad_scores_Wk0);
 
-    /* grad_mm_Wk0[(e,s),h*dh+k] = (1/4) * sum_{t>=s} grad_scores_Wq0[(e,t),(h,s)] *
+    /* grad_mm_Wk0[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wq0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_mix_t_31cf(m, grad_scores_Wq0, mm_Wq0, grad_mm_Wk0);
+    transformer_lm_attention_mix_t_ee5f(m, grad_scores_Wk0, mm_Wq0, grad_mm_Wk0);
 
     /* grad_add_b0a += grad_mm_Wk0 @ Wk0^T */
     transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wk0, Wk0, grad_add_b0a);
 
-    /* grad_mm_Wq0[(e,t),h*dh+k] = (1/4) * sum_{s<=t} grad_scores_Wq0[(e,t),(h,s)] *
+    /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    transformer_lm_attention_mix_05cb(m, grad_scores_Wq0, mm_Wk0, grad_mm_Wq0);
+    transformer_lm_attention_mix_6577(m, grad_scores_Wk0, mm_Wk0, grad_mm_Wq0);
 
-    /* grad_add_b0a += grad_mm_Wq0 @ Wq0^T */
-    transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wq0, Wq0, grad_add_b0a);
+    /* grad_add_b0a += grad_mm_Wq0 @ mul_Wq0^T */
+    transformer_lm_product_m_64_64_bt_add(m, grad_mm_Wq0, mul_Wq0, grad_add_b0a);
 
     /* grad_norm_E = g0a*grad_add_b0a */
     /* norm_E = grad_add_b0a*norm_E */
@@ -1899,7 +1781,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 }
 #endif
 
-/* transformer_lm_run, part 5 of 7 (kernels 85 to 85): a long
+/* transformer_lm_run, part 5 of 7 (kernels 87 to 87): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
@@ -1937,10 +1819,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 }
 #endif
 
-/* transformer_lm_run, part 6 of 7 (kernels 86 to 96): a long
+/* transformer_lm_run, part 6 of 7 (kernels 88 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 0; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -1951,25 +1833,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *grad_c0up,
-    TRANSFORMER_LM_REAL *grad_W0down,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
     TRANSFORMER_LM_REAL *mix_Wv0,
     TRANSFORMER_LM_REAL *norm_Wo0,
-    TRANSFORMER_LM_REAL *add_b0m,
-    TRANSFORMER_LM_REAL *mul_W0up,
-    TRANSFORMER_LM_REAL *grad_add_W0down_part,
-    TRANSFORMER_LM_REAL *grad_mul_W0up,
     TRANSFORMER_LM_REAL *grad_add_b0m,
     TRANSFORMER_LM_REAL *grad_add_Wo0_part,
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -1980,23 +1856,17 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *grad_c0up,
-    TRANSFORMER_LM_REAL *grad_W0down,
     TRANSFORMER_LM_REAL *norm_E,
     TRANSFORMER_LM_REAL *add_b0a,
     TRANSFORMER_LM_REAL *mix_Wv0,
     TRANSFORMER_LM_REAL *norm_Wo0,
-    TRANSFORMER_LM_REAL *add_b0m,
-    TRANSFORMER_LM_REAL *mul_W0up,
-    TRANSFORMER_LM_REAL *grad_add_W0down_part,
-    TRANSFORMER_LM_REAL *grad_mul_W0up,
     TRANSFORMER_LM_REAL *grad_add_b0m,
     TRANSFORMER_LM_REAL *grad_add_Wo0_part,
     TRANSFORMER_LM_REAL *grad_mm_Wv0,
     TRANSFORMER_LM_REAL *grad_add_b0a,
     TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0
 )
 {
     /* grad_g0a = sum of norm_E down each column */
@@ -2005,8 +1875,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     /* grad_b0a = sum of grad_add_b0a down each column */
     symbackprop_f64_sum_columns(grad_add_b0a, m, 64, 64, grad_b0a);
 
-    /* grad_Wq0 = add_b0a^T @ grad_mm_Wq0 */
-    transformer_lm_product_64_m_64_at(m, add_b0a, grad_mm_Wq0, grad_Wq0);
+    /* grad_mul_Wq0 = add_b0a^T @ grad_mm_Wq0 */
+    transformer_lm_product_64_m_64_at(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
+
+    /* grad_Wq0 = grad_mul_Wq0/4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_Wq0[64*i + j] = (1.0/4.0)*grad_mul_Wq0[64*i + j];
+        }
+    }
 
     /* grad_Wk0 = add_b0a^T @ grad_mm_Wk0 */
     transformer_lm_product_64_m_64_at(m, add_b0a, grad_mm_Wk0, grad_Wk0);
@@ -2022,7 +1900,105 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 
     /* grad_b0m = sum of grad_add_b0m down each column */
     symbackprop_f64_sum_columns(grad_add_b0m, m, 64, 64, grad_b0m);
+}
+#endif
 
+/* transformer_lm_run, part 7 of 7 (kernels 97 to 116): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1
+)
+{
     /* grad_W0up = add_b0m^T @ grad_mul_W0up */
     transformer_lm_product_64_m_256_at(m, add_b0m, grad_mul_W0up, grad_W0up);
 
@@ -2031,91 +2007,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 
     /* grad_W0down = mul_W0up^T @ grad_add_W0down_part */
     transformer_lm_product_256_m_64_at(m, mul_W0up, grad_add_W0down_part, grad_W0down);
-}
-#endif
 
-/* transformer_lm_run, part 7 of 7 (kernels 97 to 112): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *grad_c0down,
-    TRANSFORMER_LM_REAL *grad_g1a,
-    TRANSFORMER_LM_REAL *grad_b1a,
-    TRANSFORMER_LM_REAL *grad_Wq1,
-    TRANSFORMER_LM_REAL *grad_Wk1,
-    TRANSFORMER_LM_REAL *grad_Wv1,
-    TRANSFORMER_LM_REAL *grad_Wo1,
-    TRANSFORMER_LM_REAL *grad_g1m,
-    TRANSFORMER_LM_REAL *grad_b1m,
-    TRANSFORMER_LM_REAL *grad_W1up,
-    TRANSFORMER_LM_REAL *grad_c1up,
-    TRANSFORMER_LM_REAL *grad_W1down,
-    TRANSFORMER_LM_REAL *grad_c1down,
-    TRANSFORMER_LM_REAL *grad_gf,
-    TRANSFORMER_LM_REAL *grad_bf,
-    TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *norm_W0down,
-    TRANSFORMER_LM_REAL *add_b1a,
-    TRANSFORMER_LM_REAL *mix_Wv1,
-    TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *norm_W1down,
-    TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *grad_add_bf,
-    TRANSFORMER_LM_REAL *grad_add_W1down,
-    TRANSFORMER_LM_REAL *grad_mul_W1up,
-    TRANSFORMER_LM_REAL *grad_add_b1m,
-    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
-    TRANSFORMER_LM_REAL *grad_mm_Wv1,
-    TRANSFORMER_LM_REAL *grad_add_b1a,
-    TRANSFORMER_LM_REAL *grad_mm_Wk1,
-    TRANSFORMER_LM_REAL *grad_mm_Wq1,
-    TRANSFORMER_LM_REAL *grad_add_W0down_part
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *grad_c0down,
-    TRANSFORMER_LM_REAL *grad_g1a,
-    TRANSFORMER_LM_REAL *grad_b1a,
-    TRANSFORMER_LM_REAL *grad_Wq1,
-    TRANSFORMER_LM_REAL *grad_Wk1,
-    TRANSFORMER_LM_REAL *grad_Wv1,
-    TRANSFORMER_LM_REAL *grad_Wo1,
-    TRANSFORMER_LM_REAL *grad_g1m,
-    TRANSFORMER_LM_REAL *grad_b1m,
-    TRANSFORMER_LM_REAL *grad_W1up,
-    TRANSFORMER_LM_REAL *grad_c1up,
-    TRANSFORMER_LM_REAL *grad_W1down,
-    TRANSFORMER_LM_REAL *grad_c1down,
-    TRANSFORMER_LM_REAL *grad_gf,
-    TRANSFORMER_LM_REAL *grad_bf,
-    TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *norm_W0down,
-    TRANSFORMER_LM_REAL *add_b1a,
-    TRANSFORMER_LM_REAL *mix_Wv1,
-    TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *norm_W1down,
-    TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *grad_log_softmax_axis_Wout,
-    TRANSFORMER_LM_REAL *grad_add_bf,
-    TRANSFORMER_LM_REAL *grad_add_W1down,
-    TRANSFORMER_LM_REAL *grad_mul_W1up,
-    TRANSFORMER_LM_REAL *grad_add_b1m,
-    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
-    TRANSFORMER_LM_REAL *grad_mm_Wv1,
-    TRANSFORMER_LM_REAL *grad_add_b1a,
-    TRANSFORMER_LM_REAL *grad_mm_Wk1,
-    TRANSFORMER_LM_REAL *grad_mm_Wq1,
-    TRANSFORMER_LM_REAL *grad_add_W0down_part
-)
-{
     /* grad_c0down = sum of grad_add_W0down_part down each column */
     symbackprop_f64_sum_columns(grad_add_W0down_part, m, 64, 64, grad_c0down);
 
@@ -2125,8 +2017,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     /* grad_b1a = sum of grad_add_b1a down each column */
     symbackprop_f64_sum_columns(grad_add_b1a, m, 64, 64, grad_b1a);
 
-    /* grad_Wq1 = add_b1a^T @ grad_mm_Wq1 */
-    transformer_lm_product_64_m_64_at(m, add_b1a, grad_mm_Wq1, grad_Wq1);
+    /* grad_mul_Wq1 = add_b1a^T @ grad_mm_Wq1 */
+    transformer_lm_product_64_m_64_at(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
+
+    /* grad_Wq1 = grad_mul_Wq1/4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_Wq1[64*i + j] = (1.0/4.0)*grad_mul_Wq1[64*i + j];
+        }
+    }
 
     /* grad_Wk1 = add_b1a^T @ grad_mm_Wk1 */
     transformer_lm_product_64_m_64_at(m, add_b1a, grad_mm_Wk1, grad_Wk1);
@@ -2260,47 +2160,49 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     }
 
     /* where each buffer lies in work */
-    TRANSFORMER_LM_REAL *emap_E = work + 1025; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_E = with_grads ? work + 9217 : work + 5121; /* m x 64 */
     TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_E = emap_P; /* m x 64, in emap_P's memory */
     TRANSFORMER_LM_REAL *add_b0a = emap_E; /* m x 64, in emap_E's memory */
+    TRANSFORMER_LM_REAL *mul_Wq0 = work; /* 64 x 64 */
     TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? add_E + 64*m : norm_E; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : add_E + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *scores_Wq0 = mm_Wk0 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *scores_Wq0_block = work; /* 64 x 16 */
-    TRANSFORMER_LM_REAL *softmax_Wq0 = scores_Wq0 + 256*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wq0 + 256*m : mm_Wk0; /* m x 64 */
+    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *scores_Wk0_block = mul_Wq0 + 4096; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0 + 256*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wk0; /* m x 64 */
     TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : add_b0a; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wo0 = with_grads ? mix_Wv0 + 64*m : mm_Wv0; /* m x 64 */
     TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? mm_Wo0 + 64*m : mix_Wv0; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_Wo0 = mm_Wo0; /* m x 64, in mm_Wo0's memory */
     TRANSFORMER_LM_REAL *add_b0m = with_grads ? add_Wo0 + 64*m : add_E; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_W0up = with_grads ? scores_Wq0 : softmax_Wq0; /* m x 256, in
-            scores_Wq0's memory */
-    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : scores_Wq0; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wq0 + 256*m; /* m x 256
+    TRANSFORMER_LM_REAL *mm_W0up = with_grads ? scores_Wk0 : softmax_Wk0; /* m x 256, in
+            scores_Wk0's memory */
+    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : scores_Wk0; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wk0 + 256*m; /* m x 256
             */
     TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : add_b0m; /* m x 64 */
     TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_W0down = mm_W0down; /* m x 64, in mm_W0down's memory */
     TRANSFORMER_LM_REAL *add_b1a = with_grads ? add_W0down + 64*m : add_Wo0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? scores_Wk0_block + 1024 : mul_Wq0; /* 64 x 64 */
     TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? add_b1a + 64*m : norm_W0down; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : mm_Wq0; /* m x 64 */
-    TRANSFORMER_LM_REAL *scores_Wq1 = with_grads ? mm_W0up : mul_W0up; /* m x 256, in mm_W0up's
+    TRANSFORMER_LM_REAL *scores_Wk1 = with_grads ? mm_W0up : mul_W0up; /* m x 256, in mm_W0up's
             memory */
-    TRANSFORMER_LM_REAL *scores_Wq1_block = scores_Wq0_block; /* 64 x 16, in scores_Wq0_block's
+    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's
             memory */
-    TRANSFORMER_LM_REAL *softmax_Wq1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wq1 + 256*m : mm_Wk1; /* m x 64 */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wk1; /* m x 64 */
     TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? mm_Wv1 + 64*m : add_b1a; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? mix_Wv1 + 64*m : mm_Wv1; /* m x 64 */
     TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? mm_Wo1 + 64*m : mix_Wv1; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_Wo1 = mm_Wo1; /* m x 64, in mm_Wo1's memory */
     TRANSFORMER_LM_REAL *add_b1m = with_grads ? add_Wo1 + 64*m : add_W0down; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wq1 : softmax_Wq1; /* m x 256, in
-            scores_Wq1's memory */
-    TRANSFORMER_LM_REAL *mul_W1up = with_grads ? add_b1m + 64*m : scores_Wq1; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : softmax_Wk1; /* m x 256, in
+            scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *mul_W1up = with_grads ? add_b1m + 64*m : scores_Wk1; /* m x 256 */
     TRANSFORMER_LM_REAL *add_W1up = with_grads ? mul_W1up + 256*m : mm_W0up; /* m x 256 */
     TRANSFORMER_LM_REAL *mm_W1down = with_grads ? add_W1up + 256*m : add_b1m; /* m x 64 */
     TRANSFORMER_LM_REAL *add_W1down = with_grads ? mm_W1down + 64*m : norm_Wo1; /* m x 64 */
@@ -2310,6 +2212,8 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *softmax_axis_Wout = mm_Wout + 62*m; /* m x 62 */
     TRANSFORMER_LM_REAL *log_softmax_axis_Wout = softmax_axis_Wout + 62*m; /* m x 62 */
     TRANSFORMER_LM_REAL *pick_targets = log_softmax_axis_Wout + 62*m; /* m x 1 */
+    TRANSFORMER_LM_REAL *colsum_targets = with_grads ? mul_Wq1 + 4096 : scores_Wk0_block + 1024; /*
+            1 x 1 */
 
     transformer_lm_run_part1(
         m,
@@ -2337,18 +2241,17 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         Wo1,
         g1m,
         b1m,
-        W1up,
-        c1up,
         emap_E,
         emap_P,
         add_E,
         norm_E,
         add_b0a,
+        mul_Wq0,
         mm_Wq0,
         mm_Wk0,
-        scores_Wq0,
-        scores_Wq0_block,
-        softmax_Wq0,
+        scores_Wk0,
+        scores_Wk0_block,
+        softmax_Wk0,
         mm_Wv0,
         mix_Wv0,
         mm_Wo0,
@@ -2362,33 +2265,35 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         add_W0down,
         norm_W0down,
         add_b1a,
+        mul_Wq1,
         mm_Wq1,
         mm_Wk1,
-        scores_Wq1,
-        scores_Wq1_block,
-        softmax_Wq1,
+        scores_Wk1,
+        scores_Wk1_block,
+        softmax_Wk1,
         mm_Wv1,
         mix_Wv1,
         mm_Wo1,
         add_Wo1,
         norm_Wo1,
-        add_b1m,
-        mm_W1up,
-        mul_W1up,
-        add_W1up
+        add_b1m
     );
     transformer_lm_run_part2(
         m,
         targets,
+        W1up,
+        c1up,
         W1down,
         c1down,
         gf,
         bf,
         Wout,
         loss,
-        work,
         add_Wo1,
+        add_b1m,
+        mm_W1up,
         mul_W1up,
+        add_W1up,
         mm_W1down,
         add_W1down,
         norm_W1down,
@@ -2396,7 +2301,8 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         mm_Wout,
         softmax_axis_Wout,
         log_softmax_axis_Wout,
-        pick_targets
+        pick_targets,
+        colsum_targets
     );
     if (!with_grads) {
         return 0;
@@ -2416,36 +2322,36 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wv1 = add_Wo1; /* m x 64, in add_Wo1's memory */
     TRANSFORMER_LM_REAL *grad_add_b1a = grad_add_Wo1_part + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_softmax_Wq1 = add_W1up; /* m x 256, in add_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wq1_block = scores_Wq1_block; /* 64 x 16, in
-            scores_Wq1_block's memory */
-    TRANSFORMER_LM_REAL *grad_scores_Wq1 = grad_add_b1a + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in
+            scores_Wk1_block's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_add_b1a + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *grad_mm_Wk1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wq1 = mm_Wq1; /* m x 64, in mm_Wq1's memory */
     TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wk1; /* m x 64, in mm_Wk1's memory */
     TRANSFORMER_LM_REAL *grad_add_W0down_part = mm_Wv1; /* m x 64, in mm_Wv1's memory */
-    TRANSFORMER_LM_REAL *grad_mul_W0up = grad_scores_Wq1; /* m x 256, in grad_scores_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_mul_W0up = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
     TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
     TRANSFORMER_LM_REAL *grad_norm_Wo0 = add_W0down; /* m x 64, in add_W0down's memory */
-    TRANSFORMER_LM_REAL *grad_add_Wo0_part = grad_scores_Wq1 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part = grad_scores_Wk1 + 256*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wv0 = add_Wo0; /* m x 64, in add_Wo0's memory */
     TRANSFORMER_LM_REAL *grad_add_b0a = grad_add_Wo0_part + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_softmax_Wq0 = add_W0up; /* m x 256, in add_W0up's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wq0_block = grad_softmax_Wq1_block; /* 64 x 16, in
-            grad_softmax_Wq1_block's memory */
-    TRANSFORMER_LM_REAL *grad_scores_Wq0 = grad_softmax_Wq1; /* m x 256, in grad_softmax_Wq1's
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in
+            grad_softmax_Wk1_block's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk0 = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's
             memory */
     TRANSFORMER_LM_REAL *grad_mm_Wk0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wq0 = mm_Wq0; /* m x 64, in mm_Wq0's memory */
     TRANSFORMER_LM_REAL *grad_norm_E = mm_Wk0; /* m x 64, in mm_Wk0's memory */
     TRANSFORMER_LM_REAL *grad_add_E_part = mm_Wv0; /* m x 64, in mm_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
 
     transformer_lm_run_part3(
         m,
         targets,
-        g1a,
-        Wq1,
         Wk1,
         Wv1,
         Wo1,
@@ -2454,10 +2360,9 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         W1down,
         gf,
         Wout,
-        norm_W0down,
         mm_Wq1,
         mm_Wk1,
-        softmax_Wq1,
+        softmax_Wk1,
         mm_Wv1,
         add_Wo1,
         norm_Wo1,
@@ -2477,34 +2382,38 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mix_Wv1,
         grad_mm_Wv1,
         grad_add_b1a,
-        grad_softmax_Wq1,
-        grad_softmax_Wq1_block,
-        grad_scores_Wq1,
+        grad_softmax_Wk1,
+        grad_softmax_Wk1_block,
+        grad_scores_Wk1,
         grad_mm_Wk1,
-        grad_mm_Wq1,
-        grad_norm_W0down
+        grad_mm_Wq1
     );
     transformer_lm_run_part4(
         m,
         g0a,
-        Wq0,
         Wk0,
         Wv0,
         Wo0,
         g0m,
         W0up,
         W0down,
+        g1a,
         add_E,
         norm_E,
+        mul_Wq0,
         mm_Wq0,
         mm_Wk0,
-        softmax_Wq0,
+        softmax_Wk0,
         mm_Wv0,
         add_Wo0,
         norm_Wo0,
         add_W0up,
         add_W0down,
+        norm_W0down,
+        mul_Wq1,
         grad_add_Wo1_part,
+        grad_add_b1a,
+        grad_mm_Wq1,
         grad_norm_W0down,
         grad_add_W0down_part,
         grad_mul_W0up,
@@ -2514,9 +2423,9 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_mix_Wv0,
         grad_mm_Wv0,
         grad_add_b0a,
-        grad_softmax_Wq0,
-        grad_softmax_Wq0_block,
-        grad_scores_Wq0,
+        grad_softmax_Wk0,
+        grad_softmax_Wk0_block,
+        grad_scores_Wk0,
         grad_mm_Wk0,
         grad_mm_Wq0,
         grad_norm_E,
@@ -2533,26 +2442,23 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_Wo0,
         grad_g0m,
         grad_b0m,
-        grad_W0up,
-        grad_c0up,
-        grad_W0down,
         norm_E,
         add_b0a,
         mix_Wv0,
         norm_Wo0,
-        add_b0m,
-        mul_W0up,
-        grad_add_W0down_part,
-        grad_mul_W0up,
         grad_add_b0m,
         grad_add_Wo0_part,
         grad_mm_Wv0,
         grad_add_b0a,
         grad_mm_Wk0,
-        grad_mm_Wq0
+        grad_mm_Wq0,
+        grad_mul_Wq0
     );
     transformer_lm_run_part7(
         m,
+        grad_W0up,
+        grad_c0up,
+        grad_W0down,
         grad_c0down,
         grad_g1a,
         grad_b1a,
@@ -2569,6 +2475,8 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_gf,
         grad_bf,
         grad_Wout,
+        add_b0m,
+        mul_W0up,
         norm_W0down,
         add_b1a,
         mix_Wv1,
@@ -2587,12 +2495,13 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
         grad_add_b1a,
         grad_mm_Wk1,
         grad_mm_Wq1,
-        grad_add_W0down_part
+        grad_add_W0down_part,
+        grad_mul_W0up,
+        grad_mul_Wq1
     );
     return 0;
 }
 #endif
-#undef colsum_targets
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t transformer_lm_forward_work_len(int64_t m)

@@ -87,16 +87,6 @@ class OpRecord:
     merge_terms: how the terms of an adjoint's sum that are nodes of this
         op combine into fewer (slice_scatter: disjoint slices of one parent
         as one buffer); autodiff's sum applies it.
-    holds: where a node of this op keeps each argument's entries in its
-        own buffer, as they are, (offset, row stride) a block of rows and
-        columns, or None (slice_scatter: each slice's block of the parent,
-        where its slices cover the parent, so nothing is zeroed first): the
-        scheduler lets a kernel that `writes_strided` write such an
-        argument there, and the copy is none (Q, K, V's gradients into the
-        fused weight's product's adjoint).
-    writes_strided: its kernel writes its result at the offset and row
-        stride the scheduler places it at (Scheduler.placed), a block of
-        a wider buffer, where a `holds` node takes it.
     """
 
     name: str
@@ -117,8 +107,6 @@ class OpRecord:
     loop: bool = False
     attrs: object = None
     merge_terms: TermMerger | None = None
-    holds: Callable[[Node], tuple[tuple[int, int] | None, ...]] | None = None
-    writes_strided: bool = False
 
     def need(self, field: str) -> Any:
         """The value of `field`, or MissingRule naming the op and the field."""

@@ -39,18 +39,9 @@ SCORES_OPS = frozenset({"attention_scores"})
 def attention_geometry(geometry: Sequence) -> tuple[int, int, bool]:
     """(L, heads, causal) of an attention op's geometry: (L, heads) is
     causal attention (keys s <= t), (L, heads, 0) attention over every key
-    of the sequence; an IR product's may add a fourth entry, its scale
-    (attention_scale), after the causal flag (1 or 0). The one place this
-    spelling is read."""
-    length, heads, *rest = geometry
-    return int(length), int(heads), not rest or bool(int(rest[0]))
-
-
-def attention_scale(geometry: Sequence) -> sp.Expr:
-    """The number an IR attention product's result is multiplied by (its
-    geometry's fourth entry; 1 where it has none): the scores' 1/sqrt(dh),
-    folded into the product (BLAS's alpha) instead of a pass over Q."""
-    return sp.sympify(geometry[3]) if len(geometry) > 3 else sp.Integer(1)
+    of the sequence. The one place this spelling is read."""
+    length, heads, *rest = (int(g) for g in geometry)
+    return length, heads, not rest or bool(rest[0])
 
 
 def sequence_shape(op: str, geometry: tuple, shapes: Sequence[tuple]) -> tuple:
@@ -217,7 +208,7 @@ def _attend(q: Sequences, k: Sequences, v: Sequences, heads: int, causal: bool,
         raise ModelError(f"{what}'s q, k and v must be sequences of one length and shape")
     dh = _head_size(q.features, heads, what)
     geometry = (q.length, heads) if causal else (q.length, heads, 0)
-    # the scale on the queries: the lowering folds it into the scores' product (BLAS's alpha), no pass over Q
+    # the scale on the queries (on a weight, where q is a product: schedule-free), not on every score
     scores = AttentionScores(q.matrix / sp.sqrt(dh), k.matrix, *geometry)
     if key_bias is not None:
         scores = scores + _key_scores(key_bias, q.matrix.shape[0], heads, geometry)

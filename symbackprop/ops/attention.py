@@ -54,18 +54,8 @@ A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))
 
 def _node(op: str, args: tuple[Node, ...], geometry: tuple) -> Node:
     length, heads, causal = declared.attention_geometry(geometry)
-    scale = declared.attention_scale(geometry)
-    if scale != 1 and attrs_of(op, AttentionAttrs).product is None:
-        raise ValueError(f"internal: {op} takes no scale; got {scale}")
-    # one spelling of each: CSE sees equal nodes
-    geometry = (length, heads, int(causal), scale) if scale != 1 else (length, heads) if causal else (length, heads, 0)
+    geometry = (length, heads) if causal else (length, heads, 0)  # one spelling of each: CSE sees equal nodes
     return op_node(op, args, declared.sequence_shape(op, geometry, [a.shape for a in args]), geometry)
-
-
-def _scaled(geometry: tuple, factor: sp.Expr) -> tuple:
-    """`geometry` with its scale multiplied by `factor`."""
-    length, heads, causal = declared.attention_geometry(geometry)
-    return (length, heads, int(causal), declared.attention_scale(geometry) * factor)
 
 
 def attention_scores(a: Node, b: Node, geometry: tuple) -> Node:
@@ -181,23 +171,19 @@ def _eval_scores(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     length, heads, _ = declared.attention_geometry(node.attrs)
     m, dh = context.shape(node)[0], node.args[0].shape[1] // heads
     a, b = (_blocks(x, m, length, heads, dh) for x in args)
-    return _rows(np.einsum("ethk,eshk,ets->eths", a, b, _allowed(node, m)), m) * _scale(node)
-
-
-def _scale(node: Node) -> float:
-    return float(declared.attention_scale(node.attrs))
+    return _rows(np.einsum("ethk,eshk,ets->eths", a, b, _allowed(node, m)), m)
 
 
 def _eval_mix(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     m, length, heads, dh = _heads(node, context)
     p, v = _blocks(args[0], m, length, heads, length), _blocks(args[1], m, length, heads, dh)
-    return _rows(np.einsum("eths,eshk,ets->ethk", p, v, _allowed(node, m)), m) * _scale(node)
+    return _rows(np.einsum("eths,eshk,ets->ethk", p, v, _allowed(node, m)), m)
 
 
 def _eval_mix_t(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     m, length, heads, dh = _heads(node, context)
     p, v = _blocks(args[0], m, length, heads, length), _blocks(args[1], m, length, heads, dh)
-    return _rows(np.einsum("eths,ethk,ets->eshk", p, v, _allowed(node, m)), m) * _scale(node)
+    return _rows(np.einsum("eths,ethk,ets->eshk", p, v, _allowed(node, m)), m)
 
 
 def _eval_softmax(node: Node, args: list[np.ndarray], context) -> np.ndarray:
@@ -262,8 +248,6 @@ class AttentionKernel:
     block: str | None = None  # the scores' workspace of L*dh: one (sequence, head)'s keys, transposed
     strides: tuple[tuple[int, int], ...] = ()  # a product's arguments' (offset, row stride); () contiguous
     causal: bool = True  # keys s <= t only; else every key of the sequence
-    scale: sp.Expr = sp.Integer(1)  # noqa: RUF009 (immutable): a product's factor (BLAS's alpha)
-    placed: tuple[int, int] | None = None  # (offset, row stride) of `out` in a wider buffer (Scheduler.placed)
 
     def reads(self) -> list[str]:
         return [buffer for buffer, _ in self.args if buffer is not None] + ([self.block] if self.block else [])
@@ -343,20 +327,11 @@ def _kernel(sched, node: Node, out: str) -> AttentionKernel:
         args, labels, strides = _strided_operands(sched, node)
     dh = 0 if attrs.product is None else node.args[-1].shape[1] // heads  # a row pass: scores in, scores out
     entry, value = (part.format(*labels) for part in (_MATH if causal else _MATH_ALL_KEYS)[node.op])
-    scale = declared.attention_scale(node.attrs)
-    if scale != 1:
-        value = f"({scale}) * {value}"
     value += f" (rows (e,t) = e*{length}+t, {heads} heads" + (f" of {dh} columns)" if dh else ")")
-    view = sched.placed.get(node)  # written into a block of the buffer that holds it
-    placed = None if view is None else (int(view.offset), int(view.row_stride or node.shape[1]))
-    written = out if view is None else sched.label(node)
-    factor = "" if scale == 1 else sp.latex(scale) + " "
-    latex = (rf"{latex_name(out)} = {factor}\operatorname{{{node.op.replace('_', '-')}}}"
-             rf"({', '.join(latex_name(s) for s in labels)})")
+    latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
     block = sched.claim_scratch(f"{out}_block", (length, dh)) if attrs.workspace else None
     return AttentionKernel(node.op, out, tuple(args), node.shape[0], (length, heads, dh),
-                           (Equation(written + entry, value, latex),), tuple(labels), block, strides, causal, scale,
-                           placed)
+                           (Equation(out + entry, value, latex),), tuple(labels), block, strides, causal)
 
 
 def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
@@ -365,12 +340,9 @@ def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
     strides = kernel.strides or ((0, 0),) * len(kernel.args)  # a row pass: contiguous scores (no lda, ldb)
     args = [Operand(em.namer.name(b) if not at else f"({em.namer.name(b)} + {at})") if b is not None
             else Operand(None, printer.doprint(v)) for (b, v), (at, _) in zip(kernel.args, strides)]
-    out = em.namer.name(kernel.out)
-    out_at, ldo = kernel.placed or (0, heads * (length if kernel.attrs.product in (None, "scores") else dh))
-    return {"m": em.dim(kernel.rows), "out": out if not out_at else f"({out} + {out_at})", "a": args[0],
+    return {"m": em.dim(kernel.rows), "out": em.namer.name(kernel.out), "a": args[0],
             "b": args[1] if len(args) > 1 else None, "L": length, "H": heads, "DH": dh,
-            "lda": strides[0][1], "ldb": strides[-1][1], "ldo": ldo,
-            "alpha": None if kernel.scale == 1 else repr(float(kernel.scale)),
+            "lda": strides[0][1], "ldb": strides[-1][1],
             "a_label": kernel.labels[0], "b_label": kernel.labels[-1],
             "block": em.namer.name(kernel.block) if kernel.block is not None else None,
             "op": kernel.attrs, "parallel": worth_threads(kernel.rows),  # over the sequences: two at least, and enough work
@@ -386,23 +358,7 @@ def _head_keys(kernel: AttentionKernel) -> int:
 
 
 def _lower(lowerer, expr: declared.SequenceOp) -> Node:
-    """The op of the lowered operands; a product's (bilinear) takes a number
-    multiplying an operand as its scale: Q / sqrt(dh) is no pass over Q."""
-    operands, scale = list(expr.operands), sp.Integer(1)
-    if attrs_of(expr.op, AttentionAttrs).product is not None:
-        for i, operand in enumerate(operands):
-            factor, operands[i] = _coefficient(operand)
-            scale *= factor
-    return _node(expr.op, tuple(lowerer.lower(o) for o in operands), _scaled(expr.geometry, scale))
-
-
-def _coefficient(expr: sp.MatrixExpr) -> tuple[sp.Expr, sp.MatrixExpr]:
-    """(c, X) of a matrix c X, c a number; (1, expr) otherwise."""
-    if isinstance(expr, sp.MatMul):
-        factor, matrices = expr.as_coeff_matrices()
-        if factor != 1 and factor.is_number and factor.is_real and matrices:
-            return factor, matrices[0] if len(matrices) == 1 else sp.MatMul(*matrices)
-    return sp.Integer(1), expr
+    return _node(expr.op, tuple(lowerer.lower(o) for o in expr.operands), expr.geometry)
 
 
 def _shape(expr: declared.SequenceOp, of) -> tuple:
@@ -413,7 +369,7 @@ def _op(name: str, attrs: AttentionAttrs, vjp, jvp, evaluate, grad_fn: str, lowe
     more = {"lowering": ((lowers, _lower),), "shapes": ((lowers, _shape),)} if lowers is not None else {}
     register(OpRecord(name, vjp=vjp, jvp=jvp, evaluate=evaluate, kernel=_kernel, emit=_emit,
                       template="kernel_attention.c.j2", grad_fn=plain_grad_fn(grad_fn), attrs=attrs,
-                      writes_strided=attrs.product is not None, **more))  # type: ignore[arg-type]
+                      **more))  # type: ignore[arg-type]
 
 
 _op("attention_scores", AttentionAttrs("scores", workspace=True), _scores_vjp, bilinear_jvp(attention_scores),

@@ -94,19 +94,6 @@ def _covers(node: Node) -> bool:
     return len(node.args) > 1 and sp.expand(taken - sp.sympify(node.shape[0]) * sp.sympify(node.shape[1])) == 0
 
 
-def _holds(node: Node) -> tuple[tuple[int, int] | None, ...]:
-    """Where a slice_scatter keeps each argument in its buffer (registry's
-    `holds`): (offset, row stride) of a block of the parent's rows and
-    columns (steps of 1), None for a slice with steps; nothing where its
-    slices leave entries to zero (the zeroing would run first, over what a
-    kernel had written there) or the parent's row length is not a number."""
-    cols = sp.sympify(node.shape[1])
-    if not cols.is_Integer or not _covers(node):
-        return ()
-    return tuple((r0 * int(cols) + c0, int(cols)) if (rs == 1 or arg.shape[0] == 1) and (cs == 1 or arg.shape[1] == 1)
-                 else None for (r0, rs, c0, cs), arg in zip(parts(node), node.args))
-
-
 def _picked(steps: Steps, shape: tuple[int, int]) -> tuple[slice, slice]:
     r0, rs, c0, cs = steps
     return slice(r0, r0 + rs * shape[0], rs), slice(c0, c0 + cs * shape[1], cs)
@@ -209,7 +196,7 @@ class ScatterKernel:
     title = "a slice's adjoint into its parent's shape"
 
     def reads(self) -> list[str]:
-        return [g.buffer for g in self.g if isinstance(g, View) and g.buffer != self.out]
+        return [g.buffer for g in self.g if isinstance(g, View)]
 
     def writes(self) -> list[str]:
         return [self.out]
@@ -223,8 +210,7 @@ def _scatter_kernel(sched, node: Node, out: str) -> ScatterKernel:
     pieces, written = [], []
     for steps, g in zip(parts(node), node.args):
         label, where = str(g.attrs[0]) if is_const(g) else sched.label(g), _label(steps, g.shape)
-        there = not is_const(g) and sched.view(g).buffer == out  # its kernel wrote it there (Scheduler.placed)
-        pieces.append(f"{where} as written there" if there else f"{label} at {where}")
+        pieces.append(f"{label} at {where}")
         written.append(rf"\operatorname{{scatter}}_{{{where}}}\left({latex_name(label)}\right)")
     fill = not _covers(node)
     text = (f"0 ({node.shape[0]} x {node.shape[1]}), " if fill else "") + ", ".join(pieces)
@@ -244,7 +230,6 @@ def _scatter_emit(em: FunctionEmitter, kernel: ScatterKernel) -> dict:
     rows, cols = (sp.sympify(d) for d in kernel.shape)
     pieces = list(zip(kernel.steps, kernel.g, kernel.g_shape))
     copies, k = [], 0
-    pieces = [p for p in pieces if not (isinstance(p[1], View) and p[1].buffer == kernel.out)]  # in place: no copy
     while k < len(pieces):
         run = _stacked_run(pieces, k) if rows != 1 else 1
         copies.append(_stacked_copy(em, kernel, pieces[k:k + run], cols) if run >= STACKED_MIN
@@ -319,5 +304,4 @@ register(OpRecord(
     template="slice_scatter_kernel",
     grad_fn=plain_grad_fn("SliceScatter"),
     merge_terms=merge_scatters,
-    holds=_holds,
 ))

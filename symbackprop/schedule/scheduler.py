@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from symbackprop.base.exprdag import shared_xreplace
-from symbackprop.base.registry import is_view, record, rule
+from symbackprop.base.registry import is_view, rule
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
 from symbackprop.schedule.cse import cse_program, share_powers
@@ -123,7 +123,6 @@ class Scheduler(Placement):
         self.summed_by = {p: summed for summed in self.summed.values() for p in summed.products}
         self.summing: set[str] = set()  # the buffers of sums of products that a kernel has written
         self.extra_rows: dict[str, int] = {}  # workspace buffers given rows past their last (pad_rows)
-        self.placed: dict[Node, View] = {}  # values a kernel writes into a block of another's buffer (_place)
 
     def claim_scratch(self, base: str, shape: Shape) -> str:
         """A workspace buffer of `shape` that a kernel writes and reads itself."""
@@ -147,8 +146,7 @@ class Scheduler(Placement):
         kernels += self._kernels(self.plan[head:])
         kernels += self._copies([b for b in bound if b[0] not in self.first])
         outputs = {name for name, _ in self.results}
-        buffers = {buffer: node.shape for node, buffer in self.buffer_of.items()
-                   if buffer not in outputs and node not in self.placed}
+        buffers = {buffer: node.shape for node, buffer in self.buffer_of.items() if buffer not in outputs}
         buffers.update(self.scratch)
         for buffer, extra in self.extra_rows.items():
             rows, cols = buffers[buffer]
@@ -193,8 +191,6 @@ class Scheduler(Placement):
                 copies.append((out_name, node))
         holders: dict[Node, Node] = {}  # each sum's products -> the node whose buffer they share
         stored = [node for node in self._named_in_plan(holders) if node not in self.buffer_of and self._stored(node)]
-        places = self._places(stored)  # written into a block of the buffer that holds them: no buffer of their own
-        stored = [node for node in stored if node not in places]
         over = over_dead_inputs(self, stored)  # written over an input nothing reads after: no buffer (name) of its own
         # values first, in the order they run, then what is named after them
         for node in sorted((n for n in stored if n not in over), key=self.naming.derived):
@@ -204,32 +200,7 @@ class Scheduler(Placement):
                 self.buffer_of[node] = self.buffer_of[over[node]]
         for product, holder in holders.items():
             self.buffer_of[product] = self.buffer_of[holder]
-        for node, (holder, offset, row_stride) in places.items():
-            buffer = self.buffer_of[holder]
-            self.buffer_of[node] = buffer
-            self.placed[node] = View(buffer, sp.Integer(offset), sp.Integer(row_stride) if node.shape[0] != 1 else sp.Integer(0),
-                                     sp.Integer(1) if node.shape[1] != 1 else sp.Integer(0))
         return copies
-
-    def _places(self, stored: list[Node]) -> dict[Node, tuple[Node, int, int]]:
-        """{value: (the node that holds it, offset, row stride)}: each stored
-        value whose only reader keeps it as it is in a block of its own
-        buffer (a slice_scatter of column blocks: registry's `holds`) and
-        whose kernel can write there (`writes_strided`): the kernel writes
-        the block, and the copy is none (the Q, K, V gradients of one fused
-        weight, into its product's adjoint, m x 3d)."""
-        candidates = set(stored)
-        places: dict[Node, tuple[Node, int, int]] = {}
-        for holder in stored:
-            holds = record(holder.op).holds
-            if holds is None or holder in self.late:
-                continue
-            for arg, at in zip(holder.args, holds(holder)):
-                if (at is not None and arg in candidates and record(arg.op).writes_strided and arg not in self.late
-                        and arg not in self.result_nodes and arg not in self.summed_by and arg not in places
-                        and self.users[arg] == [holder] and holder.args.count(arg) == 1):
-                    places[arg] = (holder, *at)
-        return places
 
     def _named_in_plan(self, holders: dict[Node, Node]) -> list[Node]:
         """The planned nodes that may need a buffer of their own, in plan
@@ -271,8 +242,6 @@ class Scheduler(Placement):
             return rule(node.op, "view").strides(self.view(node.args[0]), node)
         if node in self.spreads:
             return self._broadcast_view(node.args[0], node.shape)
-        if node in self.placed:
-            return self.placed[node]
         buffer = self.buffer_of.get(node) or self.naming(node)
         rows, cols = node.shape
         return View(buffer, zero, sp.sympify(cols) if rows != 1 else zero, one if cols != 1 else zero)
@@ -391,11 +360,6 @@ class Scheduler(Placement):
             return rule(node.op, "view").label(self.label(node.args[0]), node)
         if node in self.spreads:  # broadcasting, as the comments' arithmetic reads
             return self.label(node.args[0])
-        if node in self.placed:  # a block of its holder's buffer: [rows, columns] as Python slices
-            view, (rows, cols) = self.placed[node], node.shape
-            width = view.row_stride or 1
-            r0, c0 = divmod(int(view.offset), int(width))
-            return f"{view.buffer}[{r0}:{sp.sympify(rows) + r0}, {c0}:{c0 + sp.sympify(cols)}]"
         return self.buffer_of.get(node) or self.naming(node)
 
     def symbol(self, node: Node) -> sp.Basic:

@@ -87,12 +87,12 @@ def _attend(q, k, v, length: int, heads: int, causal: bool):
 @BUILDS
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize(("rows", "length", "d", "heads"), [(13, 5, 12, 2), (7, 7, 9, 3)])
-def test_scale_and_in_place_gradients_at_odd_head_widths(rows, length, d, heads, causal, blas):
-    """Heads of 6 and 3 columns (1/sqrt(dh) irrational: folded into the
-    products, where a wrong factor moves every gradient) and a shorter last
-    sequence: the loss and the gradients of the fused weight, whose Q, K and
-    V blocks the attention kernels write in place (a wrong offset or row
-    stride swaps or shears them), and of X, against PyTorch float64."""
+def test_scale_and_block_gradients_at_odd_head_widths(rows, length, d, heads, causal, blas):
+    """Heads of 6 and 3 columns (1/sqrt(dh) irrational: a wrong factor, or
+    one applied twice or not at all, moves every gradient) and a shorter
+    last sequence: the loss and the gradients of the fused weight (its Q, K
+    and V blocks: a wrong offset or row stride swaps or shears them) and of
+    X, against PyTorch float64."""
     x = nn.sequences("X", m, length, d)
     w, wo = sp.MatrixSymbol("W", d, 3 * d), sp.MatrixSymbol("Wo", d, d)
     out = nn.self_attention(x, *(w[:, i * d:(i + 1) * d] for i in range(3)), wo, heads, causal=causal)
@@ -117,22 +117,15 @@ def _comments(source: str) -> list[str]:
 
 def test_fused_projection_is_one_product_each_way():
     """One product X W (not three), one for the gradient of X and one for
-    W's, whose three column blocks the attention kernels write in place
-    into one buffer (no copy, no zeroed m x 3d per slice, no sums of them);
-    1/sqrt(dh) is the products' factor, no loop over Q."""
+    W's, whose three column blocks are copied into one buffer (no zeroed
+    m x 3d per slice, no sums of them)."""
     mod = sbp.compile(_model(4, 8, 2, "none", "fused_qkv_structure"))
     comments = _comments(mod.source)
     assert sum(c.startswith("mm_W = X @ W") for c in comments) == 1, comments
     assert sum(re.fullmatch(r"grad_W = X\^T @ \w+", c) is not None for c in comments) == 1, comments
     assert sum(c.startswith("grad_X = ") for c in comments) == 1 and not any(c.startswith("grad_X +=") for c in comments)
-    scatters = [c for c in comments if " as written there" in c]
-    assert len(scatters) == 1 and scatters[0].count(" as written there") == 3 and "0 (" not in scatters[0], scatters
-    (held,) = {c.split(" = ")[0] for c in scatters}
-    blocks = [c.split("[(e,")[0] for c in comments if re.match(rf"{held}\[0:m, \d+:\d+\]\[\(e,", c)]
-    assert sorted(blocks) == sorted(f"{held}[0:m, {a}:{a + 8}]" for a in (0, 8, 16)), comments  # each by its kernel
-    assert not any(" at [0:m, " in c for c in comments), comments  # no copy
-    assert sum(c.startswith("scores_") and "(1/2) * sum_k" in c for c in comments) == 1, comments
-    assert not any(re.fullmatch(r"\w+ = \w+\[0:m, 0:8\]/2", c) for c in comments), comments  # no pass over Q
+    scatters = [c for c in comments if " at [0:m, " in c]
+    assert len(scatters) == 1 and scatters[0].count(" at [0:m, ") == 3 and "0 (" not in scatters[0], scatters
     assert not re.search(r"attention_scores reads", mod.source)
 
 
