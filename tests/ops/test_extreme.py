@@ -111,6 +111,7 @@ def test_an_extreme_of_pairs_without_ties_is_the_closed_form_and_skips_the_pairs
     model = sbp.Model("pair_closed_form", inputs=[P], params=[C], loss=nn.sum_all(sbp.reduce("min", dist, 1)))
     mod = sbp.compile(model, functions=("forward", "value_and_grad", "hvp"))
     assert "continue; /* its guard" in mod.source
+    assert "*const target0 = &" in mod.source  # the scatter-add through a pointer to the row (emap_c._stores)
     rng = np.random.default_rng(3)
     points, centroids = rng.random((50, 4)), rng.random((7, 4))
     near = ((points[:, None, :] - centroids[None]) ** 2).sum(-1).argmin(1)
