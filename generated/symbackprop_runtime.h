@@ -650,6 +650,35 @@ SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_
     }
     return result;
 }
+
+/* The largest of each of `rows` rows (row_stride apart) of n entries
+ * (stride apart), into out[0], out[1], ...: short rows eight at a time,
+ * one in each lane of a vector (as symbackprop_f64_max, entry by entry). */
+SYMBACKPROP_HELPER void symbackprop_f64_max_rows(const double *x, int64_t rows, int64_t n, int64_t stride,
+                                             int64_t row_stride, double *out)
+{
+    int64_t i = 0;
+#if defined(__GNUC__)
+    if (n < 64) {
+        typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
+        typedef int64_t mask_t __attribute__((vector_size(8 * sizeof(double))));
+        for (; i + 8 <= rows; i += 8) {
+            lanes_t lane = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+            for (int64_t k = 0; k < n; ++k) {
+                const double *at = x + i * row_stride + k * stride;
+                const lanes_t value = {at[0 * row_stride], at[1 * row_stride], at[2 * row_stride], at[3 * row_stride], at[4 * row_stride], at[5 * row_stride], at[6 * row_stride], at[7 * row_stride]};
+                const mask_t pick = (value > lane) | (value != value);
+                lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+            }
+            memcpy(out + i, &lane, sizeof lane);
+        }
+    }
+#endif
+    for (; i < rows; ++i) {
+        out[i] = symbackprop_f64_max(x + i * row_stride, n, stride);
+    }
+}
+
 #if defined(__GNUC__)
 
 /* The smallest of n >= 64 contiguous entries, NaN wins: the eight
@@ -702,6 +731,35 @@ SYMBACKPROP_HELPER double symbackprop_f64_min(const double *x, int64_t n, int64_
     }
     return result;
 }
+
+/* The smallest of each of `rows` rows (row_stride apart) of n entries
+ * (stride apart), into out[0], out[1], ...: short rows eight at a time,
+ * one in each lane of a vector (as symbackprop_f64_min, entry by entry). */
+SYMBACKPROP_HELPER void symbackprop_f64_min_rows(const double *x, int64_t rows, int64_t n, int64_t stride,
+                                             int64_t row_stride, double *out)
+{
+    int64_t i = 0;
+#if defined(__GNUC__)
+    if (n < 64) {
+        typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
+        typedef int64_t mask_t __attribute__((vector_size(8 * sizeof(double))));
+        for (; i + 8 <= rows; i += 8) {
+            lanes_t lane = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+            for (int64_t k = 0; k < n; ++k) {
+                const double *at = x + i * row_stride + k * stride;
+                const lanes_t value = {at[0 * row_stride], at[1 * row_stride], at[2 * row_stride], at[3 * row_stride], at[4 * row_stride], at[5 * row_stride], at[6 * row_stride], at[7 * row_stride]};
+                const mask_t pick = (value < lane) | (value != value);
+                lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+            }
+            memcpy(out + i, &lane, sizeof lane);
+        }
+    }
+#endif
+    for (; i < rows; ++i) {
+        out[i] = symbackprop_f64_min(x + i * row_stride, n, stride);
+    }
+}
+
 
 /* 1 where x equals m (the max or min of x's row or column), else 0; NaN
  * where either is NaN (ops/extreme.py). */
@@ -776,6 +834,41 @@ SYMBACKPROP_HELPER double symbackprop_f64_extreme_tie(const double *x, int64_t n
         return -1;
     }
     return count == 1 ? (double)symbackprop_f64_extreme_first(x, n, stride, m) : -count;
+}
+
+/* extreme_tie of each of `rows` rows (row_stride apart) of n entries
+ * (stride apart) with its extreme m[0], m[m_stride], ..., into out[0],
+ * out[1], ...: short rows eight at a time, one in each lane of a vector
+ * (its ties counted and the last position from the end kept, in integers). */
+SYMBACKPROP_HELPER void symbackprop_f64_extreme_tie_rows(const double *x, int64_t rows, int64_t n, int64_t stride,
+                                                   int64_t row_stride, const double *m, int64_t m_stride, double *out)
+{
+    int64_t i = 0;
+#if defined(__GNUC__)
+    if (n < 64) {
+        typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
+        typedef int64_t mask_t __attribute__((vector_size(8 * sizeof(double))));
+        for (; i + 8 <= rows; i += 8) {
+            const double *extremes = m + i * m_stride;
+            const lanes_t extreme = {extremes[0 * m_stride], extremes[1 * m_stride], extremes[2 * m_stride], extremes[3 * m_stride], extremes[4 * m_stride], extremes[5 * m_stride], extremes[6 * m_stride], extremes[7 * m_stride]};
+            mask_t count = {0}, first = {0}, nan = extreme != extreme;
+            for (int64_t k = n - 1; k >= 0; --k) {
+                const double *at = x + i * row_stride + k * stride;
+                const lanes_t value = {at[0 * row_stride], at[1 * row_stride], at[2 * row_stride], at[3 * row_stride], at[4 * row_stride], at[5 * row_stride], at[6 * row_stride], at[7 * row_stride]};
+                const mask_t hit = value == extreme; /* -1 where equal */
+                count -= hit;
+                first = (hit & (int64_t)k) | (~hit & first);
+                nan |= value != value;
+            }
+            for (int l = 0; l < 8; ++l) {
+                out[i + l] = nan[l] ? -1 : count[l] == 1 ? (double)first[l] : -(double)count[l];
+            }
+        }
+    }
+#endif
+    for (; i < rows; ++i) {
+        out[i] = symbackprop_f64_extreme_tie(x + i * row_stride, n, stride, m[i * m_stride]);
+    }
 }
 
 #if defined(__GNUC__)
@@ -1860,6 +1953,35 @@ SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t 
     }
     return result;
 }
+
+/* The largest of each of `rows` rows (row_stride apart) of n entries
+ * (stride apart), into out[0], out[1], ...: short rows eight at a time,
+ * one in each lane of a vector (as symbackprop_f32_max, entry by entry). */
+SYMBACKPROP_HELPER void symbackprop_f32_max_rows(const float *x, int64_t rows, int64_t n, int64_t stride,
+                                             int64_t row_stride, float *out)
+{
+    int64_t i = 0;
+#if defined(__GNUC__)
+    if (n < 64) {
+        typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
+        typedef int32_t mask_t __attribute__((vector_size(8 * sizeof(float))));
+        for (; i + 8 <= rows; i += 8) {
+            lanes_t lane = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+            for (int64_t k = 0; k < n; ++k) {
+                const float *at = x + i * row_stride + k * stride;
+                const lanes_t value = {at[0 * row_stride], at[1 * row_stride], at[2 * row_stride], at[3 * row_stride], at[4 * row_stride], at[5 * row_stride], at[6 * row_stride], at[7 * row_stride]};
+                const mask_t pick = (value > lane) | (value != value);
+                lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+            }
+            memcpy(out + i, &lane, sizeof lane);
+        }
+    }
+#endif
+    for (; i < rows; ++i) {
+        out[i] = symbackprop_f32_max(x + i * row_stride, n, stride);
+    }
+}
+
 #if defined(__GNUC__)
 
 /* The smallest of n >= 64 contiguous entries, NaN wins: the eight
@@ -1912,6 +2034,35 @@ SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t 
     }
     return result;
 }
+
+/* The smallest of each of `rows` rows (row_stride apart) of n entries
+ * (stride apart), into out[0], out[1], ...: short rows eight at a time,
+ * one in each lane of a vector (as symbackprop_f32_min, entry by entry). */
+SYMBACKPROP_HELPER void symbackprop_f32_min_rows(const float *x, int64_t rows, int64_t n, int64_t stride,
+                                             int64_t row_stride, float *out)
+{
+    int64_t i = 0;
+#if defined(__GNUC__)
+    if (n < 64) {
+        typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
+        typedef int32_t mask_t __attribute__((vector_size(8 * sizeof(float))));
+        for (; i + 8 <= rows; i += 8) {
+            lanes_t lane = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+            for (int64_t k = 0; k < n; ++k) {
+                const float *at = x + i * row_stride + k * stride;
+                const lanes_t value = {at[0 * row_stride], at[1 * row_stride], at[2 * row_stride], at[3 * row_stride], at[4 * row_stride], at[5 * row_stride], at[6 * row_stride], at[7 * row_stride]};
+                const mask_t pick = (value < lane) | (value != value);
+                lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+            }
+            memcpy(out + i, &lane, sizeof lane);
+        }
+    }
+#endif
+    for (; i < rows; ++i) {
+        out[i] = symbackprop_f32_min(x + i * row_stride, n, stride);
+    }
+}
+
 
 /* 1 where x equals m (the max or min of x's row or column), else 0; NaN
  * where either is NaN (ops/extreme.py). */
@@ -1986,6 +2137,41 @@ SYMBACKPROP_HELPER float symbackprop_f32_extreme_tie(const float *x, int64_t n, 
         return -1;
     }
     return count == 1 ? (float)symbackprop_f32_extreme_first(x, n, stride, m) : -count;
+}
+
+/* extreme_tie of each of `rows` rows (row_stride apart) of n entries
+ * (stride apart) with its extreme m[0], m[m_stride], ..., into out[0],
+ * out[1], ...: short rows eight at a time, one in each lane of a vector
+ * (its ties counted and the last position from the end kept, in integers). */
+SYMBACKPROP_HELPER void symbackprop_f32_extreme_tie_rows(const float *x, int64_t rows, int64_t n, int64_t stride,
+                                                   int64_t row_stride, const float *m, int64_t m_stride, float *out)
+{
+    int64_t i = 0;
+#if defined(__GNUC__)
+    if (n < 64) {
+        typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
+        typedef int32_t mask_t __attribute__((vector_size(8 * sizeof(float))));
+        for (; i + 8 <= rows; i += 8) {
+            const float *extremes = m + i * m_stride;
+            const lanes_t extreme = {extremes[0 * m_stride], extremes[1 * m_stride], extremes[2 * m_stride], extremes[3 * m_stride], extremes[4 * m_stride], extremes[5 * m_stride], extremes[6 * m_stride], extremes[7 * m_stride]};
+            mask_t count = {0}, first = {0}, nan = extreme != extreme;
+            for (int64_t k = n - 1; k >= 0; --k) {
+                const float *at = x + i * row_stride + k * stride;
+                const lanes_t value = {at[0 * row_stride], at[1 * row_stride], at[2 * row_stride], at[3 * row_stride], at[4 * row_stride], at[5 * row_stride], at[6 * row_stride], at[7 * row_stride]};
+                const mask_t hit = value == extreme; /* -1 where equal */
+                count -= hit;
+                first = (hit & (int32_t)k) | (~hit & first);
+                nan |= value != value;
+            }
+            for (int l = 0; l < 8; ++l) {
+                out[i + l] = nan[l] ? -1 : count[l] == 1 ? (float)first[l] : -(float)count[l];
+            }
+        }
+    }
+#endif
+    for (; i < rows; ++i) {
+        out[i] = symbackprop_f32_extreme_tie(x + i * row_stride, n, stride, m[i * m_stride]);
+    }
 }
 
 #if defined(__GNUC__)
@@ -2671,6 +2857,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_full_mix(int transpose, int64_t n, int64
 #define symbackprop_f64_extreme_mean symbackprop_f32_extreme_mean
 #define symbackprop_f64_extreme_spread symbackprop_f32_extreme_spread
 #define symbackprop_f64_extreme_tie symbackprop_f32_extreme_tie
+#define symbackprop_f64_extreme_tie_rows symbackprop_f32_extreme_tie_rows
 #define symbackprop_f64_extreme_ties symbackprop_f32_extreme_ties
 #define symbackprop_f64_full_mix symbackprop_f32_full_mix
 #define symbackprop_f64_full_scores symbackprop_f32_full_scores
@@ -2687,8 +2874,10 @@ SYMBACKPROP_HELPER void symbackprop_f32_full_mix(int transpose, int64_t n, int64
 #define symbackprop_f64_matmul_add symbackprop_f32_matmul_add
 #define symbackprop_f64_max symbackprop_f32_max
 #define symbackprop_f64_max_contiguous symbackprop_f32_max_contiguous
+#define symbackprop_f64_max_rows symbackprop_f32_max_rows
 #define symbackprop_f64_max_vector symbackprop_f32_max_vector
 #define symbackprop_f64_min symbackprop_f32_min
+#define symbackprop_f64_min_rows symbackprop_f32_min_rows
 #define symbackprop_f64_min_vector symbackprop_f32_min_vector
 #define symbackprop_f64_outer_product_sums symbackprop_f32_outer_product_sums
 #define symbackprop_f64_potrf symbackprop_f32_potrf

@@ -703,6 +703,8 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
         grad_pts[i] = 0;
     }
     for (int64_t i = 0; i < N; ++i) {
+        BUNDLE_ADJUSTMENT_REAL *const target0 = &grad_cams[11*cam[i]]; /* the row it adds into */
+        BUNDLE_ADJUSTMENT_REAL *const target1 = &grad_pts[3*pt[i]]; /* the row it adds into */
         const BUNDLE_ADJUSTMENT_REAL x0 = (cams[11*cam[i]]*cams[11*cam[i]]) +
                 (cams[11*cam[i] + 1]*cams[11*cam[i] + 1]) +
                 (cams[11*cam[i] + 2]*cams[11*cam[i] + 2]);
@@ -808,20 +810,20 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
         const BUNDLE_ADJUSTMENT_REAL x87 = cams[11*cam[i]]*x58 - cams[11*cam[i] + 1]*x82 + x11*x67 +
                 x12*x65;
         const BUNDLE_ADJUSTMENT_REAL x88 = x70 + x87;
-        grad_cams[11*cam[i]] += cams[11*cam[i]]*x80 + x16*x58 + x5*x72 + x68*x7;
-        grad_cams[11*cam[i] + 1] += cams[11*cam[i] + 1]*x80 - x16*x82 + x7*x74 + x72*x8;
-        grad_cams[11*cam[i] + 2] += cams[11*cam[i] + 2]*x80 - x5*x82 + x54*x8 + x57*x8 + x7*x75;
-        grad_cams[11*cam[i] + 3] += -x84;
-        grad_cams[11*cam[i] + 4] += x86;
-        grad_cams[11*cam[i] + 5] += -x88;
-        grad_cams[11*cam[i] + 6] += x40*x41*x50;
-        grad_cams[11*cam[i] + 7] += x46;
-        grad_cams[11*cam[i] + 8] += x48;
-        grad_cams[11*cam[i] + 9] += x50*x51;
-        grad_cams[11*cam[i] + 10] += x39*x42*x50;
-        grad_pts[3*pt[i]] += x84;
-        grad_pts[3*pt[i] + 1] += -x86;
-        grad_pts[3*pt[i] + 2] += x88;
+        target0[0] += cams[11*cam[i]]*x80 + x16*x58 + x5*x72 + x68*x7;
+        target0[1] += cams[11*cam[i] + 1]*x80 - x16*x82 + x7*x74 + x72*x8;
+        target0[2] += cams[11*cam[i] + 2]*x80 - x5*x82 + x54*x8 + x57*x8 + x7*x75;
+        target0[3] += -x84;
+        target0[4] += x86;
+        target0[5] += -x88;
+        target0[6] += x40*x41*x50;
+        target0[7] += x46;
+        target0[8] += x48;
+        target0[9] += x50*x51;
+        target0[10] += x39*x42*x50;
+        target1[0] += x84;
+        target1[1] += -x86;
+        target1[2] += x88;
         grad_weights[i] = grad_residual[2*i]*(cams[11*cam[i] + 7] - feats[2*i] + x43*x47) +
                 grad_residual[2*i + 1]*(cams[11*cam[i] + 8] - feats[2*i + 1] + x43*x49);
     }

@@ -99,6 +99,14 @@ void transformer_lm_product_64_m_256_at(int64_t s0, const TRANSFORMER_LM_REAL *a
     symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
 }
 #endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
+        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
+}
+#endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product_m_64_64(int64_t s0, const TRANSFORMER_LM_REAL *a, const
@@ -129,12 +137,6 @@ void transformer_lm_product_64_m_64_at(int64_t s0, const TRANSFORMER_LM_REAL *a,
         TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product_64_m_62_at(int64_t s0, const TRANSFORMER_LM_REAL *a, const
-        TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
@@ -251,13 +253,13 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_softmax_vjp_3472(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFORMER_LM_REAL *a1,
         TRANSFORMER_LM_REAL *a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_emap_6ed9(
+void transformer_lm_emap_b0d8(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
     const int64_t *SYMBACKPROP_RESTRICT a2,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
-    const int64_t *SYMBACKPROP_RESTRICT a4
+    const int64_t *SYMBACKPROP_RESTRICT a3,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -805,13 +807,13 @@ void transformer_lm_softmax_vjp_3472(int64_t m, TRANSFORMER_LM_REAL *a0, TRANSFO
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_emap_6ed9(
+void transformer_lm_emap_b0d8(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
     const int64_t *SYMBACKPROP_RESTRICT a2,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
-    const int64_t *SYMBACKPROP_RESTRICT a4
+    const int64_t *SYMBACKPROP_RESTRICT a3,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
 )
 {
     for (int64_t i = 0; i < 3968; ++i) {
@@ -821,134 +823,136 @@ void transformer_lm_emap_6ed9(
         a1[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        a0[64*a2[i]] += a3[64*i];
-        a0[64*a2[i] + 1] += a3[64*i + 1];
-        a0[64*a2[i] + 2] += a3[64*i + 2];
-        a0[64*a2[i] + 3] += a3[64*i + 3];
-        a0[64*a2[i] + 4] += a3[64*i + 4];
-        a0[64*a2[i] + 5] += a3[64*i + 5];
-        a0[64*a2[i] + 6] += a3[64*i + 6];
-        a0[64*a2[i] + 7] += a3[64*i + 7];
-        a0[64*a2[i] + 8] += a3[64*i + 8];
-        a0[64*a2[i] + 9] += a3[64*i + 9];
-        a0[64*a2[i] + 10] += a3[64*i + 10];
-        a0[64*a2[i] + 11] += a3[64*i + 11];
-        a0[64*a2[i] + 12] += a3[64*i + 12];
-        a0[64*a2[i] + 13] += a3[64*i + 13];
-        a0[64*a2[i] + 14] += a3[64*i + 14];
-        a0[64*a2[i] + 15] += a3[64*i + 15];
-        a0[64*a2[i] + 16] += a3[64*i + 16];
-        a0[64*a2[i] + 17] += a3[64*i + 17];
-        a0[64*a2[i] + 18] += a3[64*i + 18];
-        a0[64*a2[i] + 19] += a3[64*i + 19];
-        a0[64*a2[i] + 20] += a3[64*i + 20];
-        a0[64*a2[i] + 21] += a3[64*i + 21];
-        a0[64*a2[i] + 22] += a3[64*i + 22];
-        a0[64*a2[i] + 23] += a3[64*i + 23];
-        a0[64*a2[i] + 24] += a3[64*i + 24];
-        a0[64*a2[i] + 25] += a3[64*i + 25];
-        a0[64*a2[i] + 26] += a3[64*i + 26];
-        a0[64*a2[i] + 27] += a3[64*i + 27];
-        a0[64*a2[i] + 28] += a3[64*i + 28];
-        a0[64*a2[i] + 29] += a3[64*i + 29];
-        a0[64*a2[i] + 30] += a3[64*i + 30];
-        a0[64*a2[i] + 31] += a3[64*i + 31];
-        a0[64*a2[i] + 32] += a3[64*i + 32];
-        a0[64*a2[i] + 33] += a3[64*i + 33];
-        a0[64*a2[i] + 34] += a3[64*i + 34];
-        a0[64*a2[i] + 35] += a3[64*i + 35];
-        a0[64*a2[i] + 36] += a3[64*i + 36];
-        a0[64*a2[i] + 37] += a3[64*i + 37];
-        a0[64*a2[i] + 38] += a3[64*i + 38];
-        a0[64*a2[i] + 39] += a3[64*i + 39];
-        a0[64*a2[i] + 40] += a3[64*i + 40];
-        a0[64*a2[i] + 41] += a3[64*i + 41];
-        a0[64*a2[i] + 42] += a3[64*i + 42];
-        a0[64*a2[i] + 43] += a3[64*i + 43];
-        a0[64*a2[i] + 44] += a3[64*i + 44];
-        a0[64*a2[i] + 45] += a3[64*i + 45];
-        a0[64*a2[i] + 46] += a3[64*i + 46];
-        a0[64*a2[i] + 47] += a3[64*i + 47];
-        a0[64*a2[i] + 48] += a3[64*i + 48];
-        a0[64*a2[i] + 49] += a3[64*i + 49];
-        a0[64*a2[i] + 50] += a3[64*i + 50];
-        a0[64*a2[i] + 51] += a3[64*i + 51];
-        a0[64*a2[i] + 52] += a3[64*i + 52];
-        a0[64*a2[i] + 53] += a3[64*i + 53];
-        a0[64*a2[i] + 54] += a3[64*i + 54];
-        a0[64*a2[i] + 55] += a3[64*i + 55];
-        a0[64*a2[i] + 56] += a3[64*i + 56];
-        a0[64*a2[i] + 57] += a3[64*i + 57];
-        a0[64*a2[i] + 58] += a3[64*i + 58];
-        a0[64*a2[i] + 59] += a3[64*i + 59];
-        a0[64*a2[i] + 60] += a3[64*i + 60];
-        a0[64*a2[i] + 61] += a3[64*i + 61];
-        a0[64*a2[i] + 62] += a3[64*i + 62];
-        a0[64*a2[i] + 63] += a3[64*i + 63];
-        a1[64*a4[i]] += a3[64*i];
-        a1[64*a4[i] + 1] += a3[64*i + 1];
-        a1[64*a4[i] + 2] += a3[64*i + 2];
-        a1[64*a4[i] + 3] += a3[64*i + 3];
-        a1[64*a4[i] + 4] += a3[64*i + 4];
-        a1[64*a4[i] + 5] += a3[64*i + 5];
-        a1[64*a4[i] + 6] += a3[64*i + 6];
-        a1[64*a4[i] + 7] += a3[64*i + 7];
-        a1[64*a4[i] + 8] += a3[64*i + 8];
-        a1[64*a4[i] + 9] += a3[64*i + 9];
-        a1[64*a4[i] + 10] += a3[64*i + 10];
-        a1[64*a4[i] + 11] += a3[64*i + 11];
-        a1[64*a4[i] + 12] += a3[64*i + 12];
-        a1[64*a4[i] + 13] += a3[64*i + 13];
-        a1[64*a4[i] + 14] += a3[64*i + 14];
-        a1[64*a4[i] + 15] += a3[64*i + 15];
-        a1[64*a4[i] + 16] += a3[64*i + 16];
-        a1[64*a4[i] + 17] += a3[64*i + 17];
-        a1[64*a4[i] + 18] += a3[64*i + 18];
-        a1[64*a4[i] + 19] += a3[64*i + 19];
-        a1[64*a4[i] + 20] += a3[64*i + 20];
-        a1[64*a4[i] + 21] += a3[64*i + 21];
-        a1[64*a4[i] + 22] += a3[64*i + 22];
-        a1[64*a4[i] + 23] += a3[64*i + 23];
-        a1[64*a4[i] + 24] += a3[64*i + 24];
-        a1[64*a4[i] + 25] += a3[64*i + 25];
-        a1[64*a4[i] + 26] += a3[64*i + 26];
-        a1[64*a4[i] + 27] += a3[64*i + 27];
-        a1[64*a4[i] + 28] += a3[64*i + 28];
-        a1[64*a4[i] + 29] += a3[64*i + 29];
-        a1[64*a4[i] + 30] += a3[64*i + 30];
-        a1[64*a4[i] + 31] += a3[64*i + 31];
-        a1[64*a4[i] + 32] += a3[64*i + 32];
-        a1[64*a4[i] + 33] += a3[64*i + 33];
-        a1[64*a4[i] + 34] += a3[64*i + 34];
-        a1[64*a4[i] + 35] += a3[64*i + 35];
-        a1[64*a4[i] + 36] += a3[64*i + 36];
-        a1[64*a4[i] + 37] += a3[64*i + 37];
-        a1[64*a4[i] + 38] += a3[64*i + 38];
-        a1[64*a4[i] + 39] += a3[64*i + 39];
-        a1[64*a4[i] + 40] += a3[64*i + 40];
-        a1[64*a4[i] + 41] += a3[64*i + 41];
-        a1[64*a4[i] + 42] += a3[64*i + 42];
-        a1[64*a4[i] + 43] += a3[64*i + 43];
-        a1[64*a4[i] + 44] += a3[64*i + 44];
-        a1[64*a4[i] + 45] += a3[64*i + 45];
-        a1[64*a4[i] + 46] += a3[64*i + 46];
-        a1[64*a4[i] + 47] += a3[64*i + 47];
-        a1[64*a4[i] + 48] += a3[64*i + 48];
-        a1[64*a4[i] + 49] += a3[64*i + 49];
-        a1[64*a4[i] + 50] += a3[64*i + 50];
-        a1[64*a4[i] + 51] += a3[64*i + 51];
-        a1[64*a4[i] + 52] += a3[64*i + 52];
-        a1[64*a4[i] + 53] += a3[64*i + 53];
-        a1[64*a4[i] + 54] += a3[64*i + 54];
-        a1[64*a4[i] + 55] += a3[64*i + 55];
-        a1[64*a4[i] + 56] += a3[64*i + 56];
-        a1[64*a4[i] + 57] += a3[64*i + 57];
-        a1[64*a4[i] + 58] += a3[64*i + 58];
-        a1[64*a4[i] + 59] += a3[64*i + 59];
-        a1[64*a4[i] + 60] += a3[64*i + 60];
-        a1[64*a4[i] + 61] += a3[64*i + 61];
-        a1[64*a4[i] + 62] += a3[64*i + 62];
-        a1[64*a4[i] + 63] += a3[64*i + 63];
+        TRANSFORMER_LM_REAL *const target0 = &a0[64*a2[i]]; /* the row it adds into */
+        TRANSFORMER_LM_REAL *const target1 = &a1[64*a3[i]]; /* the row it adds into */
+        target0[0] += a4[64*i];
+        target0[1] += a4[64*i + 1];
+        target0[2] += a4[64*i + 2];
+        target0[3] += a4[64*i + 3];
+        target0[4] += a4[64*i + 4];
+        target0[5] += a4[64*i + 5];
+        target0[6] += a4[64*i + 6];
+        target0[7] += a4[64*i + 7];
+        target0[8] += a4[64*i + 8];
+        target0[9] += a4[64*i + 9];
+        target0[10] += a4[64*i + 10];
+        target0[11] += a4[64*i + 11];
+        target0[12] += a4[64*i + 12];
+        target0[13] += a4[64*i + 13];
+        target0[14] += a4[64*i + 14];
+        target0[15] += a4[64*i + 15];
+        target0[16] += a4[64*i + 16];
+        target0[17] += a4[64*i + 17];
+        target0[18] += a4[64*i + 18];
+        target0[19] += a4[64*i + 19];
+        target0[20] += a4[64*i + 20];
+        target0[21] += a4[64*i + 21];
+        target0[22] += a4[64*i + 22];
+        target0[23] += a4[64*i + 23];
+        target0[24] += a4[64*i + 24];
+        target0[25] += a4[64*i + 25];
+        target0[26] += a4[64*i + 26];
+        target0[27] += a4[64*i + 27];
+        target0[28] += a4[64*i + 28];
+        target0[29] += a4[64*i + 29];
+        target0[30] += a4[64*i + 30];
+        target0[31] += a4[64*i + 31];
+        target0[32] += a4[64*i + 32];
+        target0[33] += a4[64*i + 33];
+        target0[34] += a4[64*i + 34];
+        target0[35] += a4[64*i + 35];
+        target0[36] += a4[64*i + 36];
+        target0[37] += a4[64*i + 37];
+        target0[38] += a4[64*i + 38];
+        target0[39] += a4[64*i + 39];
+        target0[40] += a4[64*i + 40];
+        target0[41] += a4[64*i + 41];
+        target0[42] += a4[64*i + 42];
+        target0[43] += a4[64*i + 43];
+        target0[44] += a4[64*i + 44];
+        target0[45] += a4[64*i + 45];
+        target0[46] += a4[64*i + 46];
+        target0[47] += a4[64*i + 47];
+        target0[48] += a4[64*i + 48];
+        target0[49] += a4[64*i + 49];
+        target0[50] += a4[64*i + 50];
+        target0[51] += a4[64*i + 51];
+        target0[52] += a4[64*i + 52];
+        target0[53] += a4[64*i + 53];
+        target0[54] += a4[64*i + 54];
+        target0[55] += a4[64*i + 55];
+        target0[56] += a4[64*i + 56];
+        target0[57] += a4[64*i + 57];
+        target0[58] += a4[64*i + 58];
+        target0[59] += a4[64*i + 59];
+        target0[60] += a4[64*i + 60];
+        target0[61] += a4[64*i + 61];
+        target0[62] += a4[64*i + 62];
+        target0[63] += a4[64*i + 63];
+        target1[0] += a4[64*i];
+        target1[1] += a4[64*i + 1];
+        target1[2] += a4[64*i + 2];
+        target1[3] += a4[64*i + 3];
+        target1[4] += a4[64*i + 4];
+        target1[5] += a4[64*i + 5];
+        target1[6] += a4[64*i + 6];
+        target1[7] += a4[64*i + 7];
+        target1[8] += a4[64*i + 8];
+        target1[9] += a4[64*i + 9];
+        target1[10] += a4[64*i + 10];
+        target1[11] += a4[64*i + 11];
+        target1[12] += a4[64*i + 12];
+        target1[13] += a4[64*i + 13];
+        target1[14] += a4[64*i + 14];
+        target1[15] += a4[64*i + 15];
+        target1[16] += a4[64*i + 16];
+        target1[17] += a4[64*i + 17];
+        target1[18] += a4[64*i + 18];
+        target1[19] += a4[64*i + 19];
+        target1[20] += a4[64*i + 20];
+        target1[21] += a4[64*i + 21];
+        target1[22] += a4[64*i + 22];
+        target1[23] += a4[64*i + 23];
+        target1[24] += a4[64*i + 24];
+        target1[25] += a4[64*i + 25];
+        target1[26] += a4[64*i + 26];
+        target1[27] += a4[64*i + 27];
+        target1[28] += a4[64*i + 28];
+        target1[29] += a4[64*i + 29];
+        target1[30] += a4[64*i + 30];
+        target1[31] += a4[64*i + 31];
+        target1[32] += a4[64*i + 32];
+        target1[33] += a4[64*i + 33];
+        target1[34] += a4[64*i + 34];
+        target1[35] += a4[64*i + 35];
+        target1[36] += a4[64*i + 36];
+        target1[37] += a4[64*i + 37];
+        target1[38] += a4[64*i + 38];
+        target1[39] += a4[64*i + 39];
+        target1[40] += a4[64*i + 40];
+        target1[41] += a4[64*i + 41];
+        target1[42] += a4[64*i + 42];
+        target1[43] += a4[64*i + 43];
+        target1[44] += a4[64*i + 44];
+        target1[45] += a4[64*i + 45];
+        target1[46] += a4[64*i + 46];
+        target1[47] += a4[64*i + 47];
+        target1[48] += a4[64*i + 48];
+        target1[49] += a4[64*i + 49];
+        target1[50] += a4[64*i + 50];
+        target1[51] += a4[64*i + 51];
+        target1[52] += a4[64*i + 52];
+        target1[53] += a4[64*i + 53];
+        target1[54] += a4[64*i + 54];
+        target1[55] += a4[64*i + 55];
+        target1[56] += a4[64*i + 56];
+        target1[57] += a4[64*i + 57];
+        target1[58] += a4[64*i + 58];
+        target1[59] += a4[64*i + 59];
+        target1[60] += a4[64*i + 60];
+        target1[61] += a4[64*i + 61];
+        target1[62] += a4[64*i + 62];
+        target1[63] += a4[64*i + 63];
     }
 }
 #endif
@@ -1815,7 +1819,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
      * grad_add_E_part[i, 8], grad_add_E_part[i, 9], grad_add_E_part[i, 10],
      * grad_add_E_part[i, 11], grad_add_E_part[i, 12], grad_add_E_part[i, 13],
      * grad_add_E_part[i, 14], grad_add_E_part[i, 15], grad_add_E_part[i, 16], ... */
-    transformer_lm_emap_6ed9(m, grad_E, grad_P, ids, grad_add_E_part, positions);
+    transformer_lm_emap_b0d8(m, grad_E, grad_P, ids, positions, grad_add_E_part);
 }
 #endif
 

@@ -84,6 +84,30 @@ def contiguous(buffer: str, shape: Shape) -> View:
                 sp.Integer(1) if cols != 1 else sp.Integer(0))
 
 
+# The reductions whose helper has a _rows variant (reduce.c.j2): many short
+# rows eight at a time, a row in each lane of a vector. A loop over the
+# rows calls it once a block of ROWS_BLOCK rows (blocks share out threads).
+ROWS_HELPERS = frozenset({"max", "min", "extreme_tie"})
+ROWS_BLOCK = 64
+
+
+def rows_at_once(outer_len: object) -> bool:
+    """Whether a loop over `outer_len` rows calls a _rows helper: a
+    dimension, or a fixed count of eight rows or more (fewer fill no vector)."""
+    outer_len = sp.sympify(outer_len)
+    return not outer_len.is_Integer or int(outer_len) >= 8
+
+
+def rows_fields(em: FunctionEmitter, outer: sp.Symbol, outer_len: object, first: str, rest: str, out: str) -> dict:
+    """The reduce_kernel fields of a _rows helper's call a block of rows:
+    `first` (the block's first row, as C, with its comma), how many rows,
+    then `rest` (the entries' count, stride and the rows' stride, and any
+    more), then the block's first output."""
+    bound = em.dim(outer_len)
+    count = f"{bound} - {outer} < {ROWS_BLOCK} ? {bound} - {outer} : {ROWS_BLOCK}"
+    return {"rows": f"{first}{count}, {rest}, {em.namer.name(out)} + {outer}", "rows_block": ROWS_BLOCK}
+
+
 def axis_walk(em: FunctionEmitter, shape: Shape, axis: int,
               reverse: bool = False) -> tuple[Callable[[View], tuple[str, str]], tuple[str, str] | None, str]:
     """How one helper call per row (axis 1) or column (axis 0) of a matrix

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import textwrap
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import sympy as sp
 
@@ -231,12 +231,19 @@ class _Stores:
     buffers: list[str]
     in_order: list[bool]
     places: dict[int, tuple[View, sp.Expr, sp.Expr]]
+    targets: list[tuple[str, str]] = field(default_factory=list)  # (name, C) of each gathered row's pointer
 
 
 def _stores(em: FunctionEmitter, kernel: EmapKernel, body: _Body) -> _Stores:
-    """Each store of the kernel (those summed by OuterProductSums only placed)."""
+    """Each store of the kernel (those summed by OuterProductSums only placed).
+    An example's stores into a row it chooses through an index (a
+    scatter-add) go through a pointer to that row (`targets`, computed
+    once an example): written a[8*row0 + 3], GCC vectorized none of them
+    (it could not tell the rows' entries apart), written target0[3], the
+    row's entries in a few vector instructions."""
     summed = set(kernel.products.stores) if kernel.products else set()
     out = _Stores([], [], [], {})
+    pointers: dict[int, str] = {}  # output -> the name of its row's pointer
     for k, ((number, col, _), expr) in enumerate(zip(kernel.stores, body.store_exprs)):
         output = kernel.outputs[number]
         rows, cols = output.shape
@@ -246,8 +253,14 @@ def _stores(em: FunctionEmitter, kernel: EmapKernel, body: _Body) -> _Stores:
         if k in summed:
             continue
         local = f"acc{sum(1 for *_, named in out.stores if named)}" if adds_locally(output, body.inner) else ""
-        out.stores.append((em.access(*out.places[k]), "+=" if output.accumulate else "=",
-                           body.printer.doprint(expr), local))
+        target = em.access(*out.places[k])
+        if not local and output.target[0][0] == "gather":
+            if number not in pointers:
+                pointers[number] = f"target{len(pointers)}"
+                out.targets.append((pointers[number], "&" + em.access(replace(view, col_stride=sp.Integer(0)), row,
+                                                                      sp.Integer(0))))
+            target = f"{pointers[number]}[{em.index.doprint(sp.sympify(first + col))}]"
+        out.stores.append((target, "+=" if output.accumulate else "=", body.printer.doprint(expr), local))
         out.buffers.append(output.buffer)
         out.in_order.append(bool(local) or contiguous(output, body.inner))
     return out
@@ -363,6 +376,7 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "whole_eights": whole_eights,
         "temps": body.temps,
         "stores": out.stores,
+        "targets": out.targets,  # declared in an example's body where its stores use them
         # what each piece writes and reads, for a call that needs only some
         # outputs (cfunction.forward_only: forward through the shared function)
         "zero_buffers": [output.buffer for output in kernel.outputs if _zeroed(kernel, output)],

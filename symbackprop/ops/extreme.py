@@ -15,6 +15,8 @@ and its own JVP; z and m only choose entries (their derivatives are 0).
 Each kernel is one helper call a row (templates/reduce.c.j2) that counts
 the row's hits, then writes (sums) its shares: the mask, its row sums, the
 division and the product were four passes over z, each storing N x K.
+extreme_tie calls its _rows helper once a block of rows instead: short
+rows (k-means' ten distances a point) eight at a time, a row in each lane.
 
 Where z is a map over pairs (k-means' distances), through_extreme, called
 by the emap's VJP rule, takes the map's derivative at each row's extreme
@@ -34,7 +36,7 @@ from symbackprop.base.registry import OpRecord, VjpRule, plain_grad_fn, register
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.ir.construct import const, emap, is_const, map_, row_placeholder, transpose
 from symbackprop.ir.node import Node, Shape, op_node, placeholder
-from symbackprop.ops.cumulative import axis_walk, contiguous
+from symbackprop.ops.cumulative import axis_walk, contiguous, rows_at_once, rows_fields
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
 A0, A1 = placeholder(0), placeholder(1)
@@ -315,13 +317,22 @@ def _emit(em: FunctionEmitter, kernel: ExtremeKernel) -> dict:
     elif kernel.values is not None:
         args += f", &(const {em.real.c}){{{printer.doprint(kernel.values)}}}, 0"
     outer_len = kernel.shape[1] if kernel.axis == 0 else kernel.shape[0]
-    return {
+    fields = {
         "columns": None,
         "loop": loop,
         "parallel": loop is not None and worth_threads(outer_len),
         "out": f"{em.namer.name(kernel.out)}[{outer if loop else 0}]",
         "args": args,
     }
+    if kernel.kind == "extreme_tie" and loop and rows_at_once(outer_len):  # a _rows call a block (cumulative.py)
+        row_stride, m_stride = ((kernel.src.row_stride, kernel.extreme.row_stride) if kernel.axis == 1
+                                else (kernel.src.col_stride, kernel.extreme.col_stride))
+        m_start = sp.expand(kernel.extreme.offset + outer * m_stride)
+        m = em.namer.name(kernel.extreme.buffer) + ("" if m_start == 0 else f" + {em.index.doprint(m_start)}")
+        fields.update(rows_fields(em, outer, outer_len, f"{src}, ",
+                                  f"{count}, {src_step}, {em.index.doprint(sp.sympify(row_stride))}, {m}, "
+                                  f"{em.index.doprint(sp.sympify(m_stride))}", kernel.out))
+    return fields
 
 
 register(OpRecord("extreme_spread", vjp=_spread_vjp, jvp=_spread_jvp, evaluate=_eval_spread, kernel=_kernel,

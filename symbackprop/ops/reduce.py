@@ -22,7 +22,7 @@ from symbackprop.emit.codegen import FunctionEmitter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import broadcast, const, is_const, log_softmax, logsumexp, map_, reduce_extreme, reduce_sum, softmax
 from symbackprop.ir.node import Node, Shape, op_node, placeholder
-from symbackprop.ops.cumulative import axis_op, axis_walk, contiguous
+from symbackprop.ops.cumulative import ROWS_HELPERS, axis_op, axis_walk, contiguous, rows_at_once, rows_fields
 from symbackprop.ops.extreme import extreme_mean, extreme_spread
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
@@ -113,7 +113,9 @@ def reduction(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndar
 
 def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
     """One call of the module's helper for the op (reduce.c.j2) per row
-    or column: its first entry, how many, and the stride between them."""
+    or column: its first entry, how many, and the stride between them; a
+    max or min over many rows, one call of its _rows helper a block of
+    them (short rows eight at a time, a row in each lane of a vector)."""
     src = kernel.src
     outer_len, inner_len = (kernel.cols, kernel.rows) if kernel.axis == 0 else (kernel.rows, kernel.cols)
     outer = LOOP_J if kernel.axis == 0 else LOOP_I
@@ -137,13 +139,18 @@ def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
         base = em.namer.name(src.buffer) + ("" if src.offset == 0 else f" + {em.dim(src.offset)}")
         columns = f"{base}, {em.dim(inner_len)}, {em.dim(outer_len)}, {em.dim(sp.sympify(inner_stride))}"
         return {"columns": f"{columns}, {em.namer.name(kernel.out)}", "loop": None, "out": None, "args": None}
-    return {
+    fields = {
         "columns": None,
         "loop": (str(outer), em.dim(outer_len)) if looped else None,
         "parallel": looped and worth_threads(outer_len),  # each row's (column's) helper call alone: any thread count
         "out": f"{em.namer.name(kernel.out)}[{outer if looped else 0}]",
         "args": args,
     }
+    if kernel.kind in ROWS_HELPERS and looped and kernel.softmax is None and rows_at_once(outer_len):
+        row_stride = src.row_stride if kernel.axis == 1 else src.col_stride
+        fields.update(rows_fields(em, outer, outer_len, f"{pointer}, ", f"{em.dim(inner_len)}, {step}, "
+                                  f"{em.index.doprint(sp.sympify(row_stride))}", kernel.out))
+    return fields
 
 
 def _mean(arg: Node, axis: int) -> Node:

@@ -111,6 +111,7 @@ def test_an_extreme_of_pairs_without_ties_is_the_closed_form_and_skips_the_pairs
     model = sbp.Model("pair_closed_form", inputs=[P], params=[C], loss=nn.sum_all(sbp.reduce("min", dist, 1)))
     mod = sbp.compile(model, functions=("forward", "value_and_grad", "hvp"))
     assert "continue; /* its guard" in mod.source
+    assert "*const target0 = &" in mod.source  # the scatter-add through a pointer to the row (emap_c._stores)
     rng = np.random.default_rng(3)
     points, centroids = rng.random((50, 4)), rng.random((7, 4))
     near = ((points[:, None, :] - centroids[None]) ** 2).sum(-1).argmin(1)
@@ -164,3 +165,72 @@ def test_an_extreme_is_numpys_and_nan_wherever_a_row_has_one(op, length):
     got = mod.forward(Z=values)["m"]
     np.testing.assert_array_equal(got, getattr(np, op)(values, axis=1, keepdims=True))
     assert np.isnan(got[1:4]).all() and not np.isnan(got[[0, 4, 5]]).any()
+
+
+def _shares(dist: np.ndarray, axis: int, op: str) -> np.ndarray:
+    """numpy's hit / count of each row's (axis 1) or column's extreme: ties
+    share evenly; a row (column) with a NaN is NaN throughout."""
+    extreme = getattr(np, op)(dist, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        hit = (dist == extreme).astype(float)
+        nan = np.isnan(dist).any(axis=axis, keepdims=True)
+        return np.where(nan, np.nan, hit / hit.sum(axis=axis, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("op, axis", [("min", 1), ("max", 0)])
+@pytest.mark.parametrize("rows, length", [(77, 5), (77, 11), (9, 70), (70, 70)])
+@pytest.mark.parametrize("nan", [False, True])
+def test_many_short_rows_eight_at_a_time_match_numpy(dtype, op, axis, rows, length, nan):
+    """Short rows (fewer than 64 entries) go eight at a time, one in each
+    lane of a vector (reduce.c.j2's _rows helpers), in blocks of 64 rows:
+    77 rows are a block, a second of eight and five more one at a time;
+    70 entries take the helper a row. The extreme, the ties' position or
+    count (through the gradient of k-means' cost, the rows with one
+    extreme through the index, with ties through the guarded loop) and a
+    NaN's row (column) in a lane, against numpy."""
+    width = 3
+    mod = sbp.compile(_pairs_model(f"rows_{op}{axis}_{rows}_{length}", op, axis, width), dtype=dtype)
+    rng = np.random.default_rng(rows + length)
+    n, k = (rows, length) if axis == 1 else (length, rows)
+    P = rng.integers(0, 3, size=(n, width)).astype(dtype) / 2  # halves: many exact ties
+    C = rng.integers(0, 3, size=(k, width)).astype(dtype) / 2
+    if nan:  # one row of the distances (a point), or one column (a centroid), in a lane of the first eight
+        (P if axis == 1 else C)[3, 1] = np.nan
+    loss, grads = mod.value_and_grad(P=P, C=C)
+    P64, C64 = P.astype(float), C.astype(float)
+    diff = P64[:, None, :] - C64[None, :, :]
+    dist = (diff ** 2).sum(-1)
+    share = _shares(dist, axis, op)
+    with np.errstate(invalid="ignore"):
+        extreme = getattr(np, op)(dist, axis=axis)
+        g = np.cos(extreme)
+        weight = share * (g[:, None] if axis == 1 else g[None, :])  # d loss / d dist
+        want_P = 2 * (weight[:, :, None] * diff).sum(1)
+        want_C = -2 * (weight[:, :, None] * diff).sum(0)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 1e-12, "atol": 1e-12}
+    assert np.isnan(loss) == nan
+    np.testing.assert_allclose(loss, np.sin(extreme).sum(), **tol)
+    np.testing.assert_allclose(grads["P"], want_P, **tol)
+    np.testing.assert_allclose(grads["C"], want_C, **tol)
+    assert np.isnan(grads["P"]).any() == nan
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("op", ["min", "max"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_an_extreme_of_many_rows_is_numpys(dtype, op, axis):
+    """The extreme alone (reduce.c.j2's _rows helpers): 37 rows of 20
+    entries, or 20 columns of 37, eight at a time and the rest one at a
+    time, with NaNs in some rows and columns (in lanes and in the rest)
+    and infinities, against numpy."""
+    Z = sp.MatrixSymbol("Z", N, 20)
+    mod = sbp.compile(sbp.Model(f"many_{op}{axis}", params=[Z], loss=nn.sum_all(Z),
+                                outputs={"m": sbp.reduce(op, Z, axis)}), dtype=dtype)
+    values = np.random.default_rng(axis).standard_normal((37, 20)).astype(dtype)
+    values[3, 0] = values[20, 5] = values[36, 19] = np.nan
+    values[10, 1], values[11, 4] = np.inf, -np.inf
+    got = mod.forward(Z=values)["m"]
+    want = getattr(np, op)(values, axis=axis, keepdims=True)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(want).sum() == 3
