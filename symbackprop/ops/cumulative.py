@@ -94,8 +94,8 @@ ROWS_BLOCK = 64
 def rows_at_once(outer_len: object) -> bool:
     """Whether a loop over `outer_len` rows calls a _rows helper: a
     dimension, or a fixed count of eight rows or more (fewer fill no vector)."""
-    outer_len = sp.sympify(outer_len)
-    return not outer_len.is_Integer or int(outer_len) >= 8
+    count = sp.sympify(outer_len)
+    return not isinstance(count, sp.Integer) or int(count) >= 8
 
 
 def rows_fields(em: FunctionEmitter, outer: sp.Symbol, outer_len: object, first: str, rest: str, out: str) -> dict:
