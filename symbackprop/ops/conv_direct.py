@@ -136,7 +136,9 @@ def template_fields(c: Conv, scatter: bool, batch_sum: bool, real: str, buffers:
     flip = run.F * run.C * run.KH * run.KW if scatter else 0
     if p is None or (run.C * p.SH * p.SW * p.HP * p.WP if p.padded else 0) + flip > room:
         return None
-    return {"plan": p, "g": run, "HO": run.HO, "WO": run.WO, "flip": scatter, "pad_at": flip}
+    planes = [(py, px, *_phase_range(run.H, run.PH, py, p.SH), *_phase_range(run.W, run.PW, px, p.SW))
+              for py in range(p.SH) for px in range(p.SW)] if (p.SH, p.SW) != (1, 1) else []
+    return {"plan": p, "g": run, "HO": run.HO, "WO": run.WO, "flip": scatter, "pad_at": flip, "planes": planes}
 
 
 def weight_grad_fields(c: Conv, real: str, buffers: bool) -> dict | None:
