@@ -554,7 +554,7 @@ SYMBACKPROP_HELPER void symbackprop_f64_sum_column_block(const double *x, int64_
 {
     enum { BLOCK = 64 };
     double result[BLOCK] = {0};
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the rows the lanes take, whole eights */
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the rows the lanes take, whole vectors' */
     if (whole > 0) {
         double lane[8][BLOCK] = {{0}};
         for (int64_t k = 0; k < whole; k += 8) {
@@ -1813,15 +1813,15 @@ SYMBACKPROP_HELPER void symbackprop_f32_outer_product_sums(int64_t m, int64_t n,
 SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t stride)
 {
     float result = 0;
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    const int64_t whole = n >= 64 ? n - n % 16 : 0; /* the entries the lanes take, whole 16s */
     if (whole > 0) {
-        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t k = 0; k < whole; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
+        float lane[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t k = 0; k < whole; k += 16) {
+            for (int64_t l = 0; l < 16; ++l) {
                 lane[l] += x[(k + l)*stride];
             }
         }
-        for (int64_t l = 0; l < 8; ++l) {
+        for (int64_t l = 0; l < 16; ++l) {
             result += lane[l];
         }
     }
@@ -1857,18 +1857,18 @@ SYMBACKPROP_HELPER void symbackprop_f32_sum_column_block(const float *x, int64_t
 {
     enum { BLOCK = 64 };
     float result[BLOCK] = {0};
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the rows the lanes take, whole eights */
+    const int64_t whole = n >= 64 ? n - n % 16 : 0; /* the rows the lanes take, whole vectors' */
     if (whole > 0) {
-        float lane[8][BLOCK] = {{0}};
-        for (int64_t k = 0; k < whole; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
+        float lane[16][BLOCK] = {{0}};
+        for (int64_t k = 0; k < whole; k += 16) {
+            for (int64_t l = 0; l < 16; ++l) {
                 const float *row = x + (k + l) * row_stride;
                 for (int64_t j = 0; j < width; ++j) {
                     lane[l][j] += row[j];
                 }
             }
         }
-        for (int64_t l = 0; l < 8; ++l) {
+        for (int64_t l = 0; l < 16; ++l) {
             for (int64_t j = 0; j < width; ++j) {
                 result[j] += lane[l][j];
             }
@@ -1936,15 +1936,15 @@ SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t 
         return symbackprop_f32_max_vector(x, n);
     }
 #endif
-    float result = -INFINITY;    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    float result = -INFINITY;    const int64_t whole = n >= 64 ? n - n % 16 : 0; /* the entries the lanes take, whole 16s */
     if (whole > 0) {
-        float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        for (int64_t k = 0; k < whole; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
+        float lane[16] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        for (int64_t k = 0; k < whole; k += 16) {
+            for (int64_t l = 0; l < 16; ++l) {
                 lane[l] = isnan(x[(k + l)*stride]) ? x[(k + l)*stride] : ((x[(k + l)*stride] > lane[l]) ? x[(k + l)*stride] : lane[l]);
             }
         }
-        for (int64_t l = 0; l < 8; ++l) {
+        for (int64_t l = 0; l < 16; ++l) {
             result = isnan(lane[l]) ? lane[l] : ((lane[l] > result) ? lane[l] : result);
         }
     }
@@ -2017,15 +2017,15 @@ SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t 
         return symbackprop_f32_min_vector(x, n);
     }
 #endif
-    float result = INFINITY;    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    float result = INFINITY;    const int64_t whole = n >= 64 ? n - n % 16 : 0; /* the entries the lanes take, whole 16s */
     if (whole > 0) {
-        float lane[8] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
-        for (int64_t k = 0; k < whole; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
+        float lane[16] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+        for (int64_t k = 0; k < whole; k += 16) {
+            for (int64_t l = 0; l < 16; ++l) {
                 lane[l] = isnan(x[(k + l)*stride]) ? x[(k + l)*stride] : ((x[(k + l)*stride] < lane[l]) ? x[(k + l)*stride] : lane[l]);
             }
         }
-        for (int64_t l = 0; l < 8; ++l) {
+        for (int64_t l = 0; l < 16; ++l) {
             result = isnan(lane[l]) ? lane[l] : ((lane[l] < result) ? lane[l] : result);
         }
     }
@@ -2239,15 +2239,15 @@ SYMBACKPROP_HELPER float symbackprop_f32_lse_top(const float *x, int64_t n, int6
     }
 #endif
     float result = -INFINITY;
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    const int64_t whole = n >= 64 ? n - n % 16 : 0; /* the entries the lanes take, whole 16s */
     if (whole > 0) {
-        float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        for (int64_t k = 0; k < whole; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
+        float lane[16] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        for (int64_t k = 0; k < whole; k += 16) {
+            for (int64_t l = 0; l < 16; ++l) {
                 lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
             }
         }
-        for (int64_t l = 0; l < 8; ++l) {
+        for (int64_t l = 0; l < 16; ++l) {
             result = lane[l] > result ? lane[l] : result;
         }
     }
@@ -2380,15 +2380,15 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
 SYMBACKPROP_HELPER float symbackprop_f32_prod(const float *x, int64_t n, int64_t stride)
 {
     float result = 1;
-    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    const int64_t whole = n >= 64 ? n - n % 16 : 0; /* the entries the lanes take, whole 16s */
     if (whole > 0) {
-        float lane[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-        for (int64_t k = 0; k < whole; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
+        float lane[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+        for (int64_t k = 0; k < whole; k += 16) {
+            for (int64_t l = 0; l < 16; ++l) {
                 lane[l] *= x[(k + l)*stride];
             }
         }
-        for (int64_t l = 0; l < 8; ++l) {
+        for (int64_t l = 0; l < 16; ++l) {
             result *= lane[l];
         }
     }

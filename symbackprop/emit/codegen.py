@@ -514,6 +514,7 @@ class RuntimeType:
     trmm: str
     vector_math: tuple[str, ...]
     helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (base.registry.helpers): all of them
+    lanes: int  # a lane reduction's running values (RealType.lanes)
     blas_min: int = BLAS_MIN_MULTIPLY_ADDS
     parallel_product_min: int = PARALLEL_MIN_PRODUCT
     parallel_sum_min: int = PARALLEL_MIN_WORK
@@ -526,7 +527,7 @@ def runtime_type(real: RealType) -> RuntimeType:
     op's helper, so that the header is the same whatever the models."""
     suffix = "f" if real.name == "float32" else ""
     return RuntimeType(real.name, real.c, real.helper_prefix, real.gemm, real.trmm,
-                       tuple(name + suffix for name in sorted(LIBMVEC)), tuple(sorted(helpers())))
+                       tuple(name + suffix for name in sorted(LIBMVEC)), tuple(sorted(helpers())), real.lanes)
 
 
 @lru_cache(maxsize=1)

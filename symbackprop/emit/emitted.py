@@ -8,6 +8,11 @@ from dataclasses import dataclass
 
 import sympy.codegen.ast
 
+# The bytes of one vector register the C is written for: an AVX-512 one
+# (two AVX2 ones elsewhere: GCC splits the vector). Kernels that keep
+# running values in lanes keep one register's worth (RealType.lanes).
+VECTOR_BYTES = 64
+
 
 @dataclass(frozen=True)
 class RealType:
@@ -17,6 +22,13 @@ class RealType:
     c: str  # "double" / "float"; in a module's text, its real-type macro (cnames.real_macro)
     numpy: str
     sympy_type: object
+
+    @property
+    def lanes(self) -> int:
+        """The reals of one vector register: a lane reduction's width (eight
+        float lanes in a sixteen-float register made GCC shuffle between its
+        halves: a row of 256 floats summed 10x slower)."""
+        return VECTOR_BYTES // (8 if self.name == "float64" else 4)
 
     @property
     def helper_prefix(self) -> str:

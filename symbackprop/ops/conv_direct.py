@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from symbackprop.emit.emitted import VECTOR_BYTES
 from symbackprop.ops.conv_numpy import Conv
 
-VECTOR_BYTES = 64  # one AVX-512 register; two AVX2 ones elsewhere (GCC splits the vector)
 MAX_ACCUMULATORS = 16  # of the 32 vector registers: the rest hold the loaded pixels and the weights
 MAX_IN_CHANNELS = 256  # measured to 256 (faster than the window matrix there); past it, untried
 # the input gradient's image width from which the direct kernel wins: measured 1.4-2.5x at 16 and 32

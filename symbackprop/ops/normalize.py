@@ -235,7 +235,8 @@ def _emit(em: FunctionEmitter, kernel: NormalizeKernel) -> dict:
     scale = ScalarPrinter({squares: "squares", **dims}, em.real).doprint(1 / sp.sqrt(squares / kernel.width + kernel.eps))
     return {"m": em.dim(kernel.rows), "d": width if width.isidentifier() or width.isdigit() else f"({width})",
             "out": em.namer.name(kernel.out), "x": reads[0], "g": reads[1] if len(reads) > 1 else None,
-            "scale": scale, "parallel": worth_threads(kernel.rows), "op": kernel.attrs}
+            "scale": scale, "parallel": worth_threads(kernel.rows), "op": kernel.attrs,
+            "lanes": em.real.lanes}
 
 
 def _lower(lowerer, expr: RowNormalize) -> Node:

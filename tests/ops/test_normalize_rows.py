@@ -101,3 +101,26 @@ def test_gradient_penalty_through_layer_norm():
     assert loss == pytest.approx(want.item(), rel=1e-10)
     for name in ("V", "g", "b"):
         _close(grads[name], t[name].grad, rel=1e-9)
+
+
+@pytest.mark.parametrize("d", [15, 16, 17, 40, 257])
+def test_float32_layer_norm_in_one_registers_lanes_matches_torch(d):
+    """float32 rows run in sixteen lanes (one vector register's floats):
+    widths below, at and past one and several registers, the entries after
+    the last whole sixteen added apart, against PyTorch in float64 (the
+    float32 result within float32 rounding)."""
+    rows = 9
+    X, V, g, b = _symbols(d)
+    y = nn.layer_norm(X * V, g, b)
+    model = sbp.Model(f"ln32_{d}", inputs=[], params=[X, V, g, b], loss=nn.sum_all(y.applyfunc(sp.sin)))
+    arrays = _arrays(np.random.default_rng(d), rows, d)
+    mod = sbp.compile(model, dtype="float32")
+    assert re.search(r"sum_lane\[16\]", mod.source)
+    arrays32 = {k: v.astype(np.float32) for k, v in arrays.items()}
+    loss, grads = mod.value_and_grad(**arrays32)
+    t = _tensors({k: v.astype(np.float64) for k, v in arrays32.items()})
+    want = torch.sin(F.layer_norm(t["X"] @ t["V"], (d,), t["g"][0], t["b"][0])).sum()
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=2e-4, abs=1e-3)
+    for name in arrays:
+        _close(grads[name], t[name].grad, rel=2e-4)
