@@ -61,7 +61,11 @@ def test_correct_gradients_pass_by_default(name, dtype):
         report = mod.check_grads(directions=3, seed=seed, **data)  # the dtype's tolerance: raises if off
     _, grads = mod.value_and_grad(**data)
     assert set(report.arguments) == set(grads)
-    assert report.worst < (1e-8 if dtype == "float64" else 2e-3)
+    if dtype == "float64":
+        assert report.worst < 1e-8
+    else:  # within the float32 loss's own rounding over the step: a relative error says little where a
+        # direction is nearly orthogonal to the gradient (<grad, v> = -0.0014 against 0.4-7 for the rest)
+        assert all(a.abs_error <= a.noise for a in report.arguments.values()), report
     assert all(a.analytic != 0 for a in report.arguments.values())  # the directions moved the loss
     assert "relative error" in str(report)
 
