@@ -29,13 +29,13 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t bundle_adjustment_forward_size(int64_t N, int64_t C, int64_t P)
 {
-    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(3,
-            P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N));
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(33,
+            symbackprop_size_mul(3, P)), symbackprop_size_mul(11, C)), symbackprop_size_mul(41, N));
 }
 SYMBACKPROP_HELPER int64_t bundle_adjustment_value_and_grad_size(int64_t N, int64_t C, int64_t P)
 {
-    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(5, symbackprop_size_mul(6,
-            P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C));
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(33,
+            symbackprop_size_mul(6, P)), symbackprop_size_mul(18, N)), symbackprop_size_mul(22, C));
 }
 
 /* Its element-wise loops over a dimension, a function for each kind of
@@ -147,7 +147,7 @@ size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
     if (bundle_adjustment_forward_size(N, C, P) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(2*N + 2);
+    return (size_t)(2*N + 16);
 }
 #endif
 
@@ -582,7 +582,7 @@ SYMBACKPROP_DISPATCH int bundle_adjustment_forward(
     }
 
     /* where each buffer lies in work */
-    BUNDLE_ADJUSTMENT_REAL *sq_residual = work + 2; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *sq_residual = work + 16; /* N x 2 */
     BUNDLE_ADJUSTMENT_REAL *colsum_residual = work; /* 1 x 2 */
 
     bundle_adjustment_forward_part1(N, feats, cam, pt, cams, pts, weights, residual, jacobian);
@@ -600,7 +600,7 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
     if (bundle_adjustment_value_and_grad_size(N, C, P) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(6*N + 2);
+    return (size_t)(6*N + 16);
 }
 #endif
 
@@ -874,7 +874,7 @@ SYMBACKPROP_DISPATCH int bundle_adjustment_value_and_grad(
     }
 
     /* where each buffer lies in work */
-    BUNDLE_ADJUSTMENT_REAL *residual = work + 2; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *residual = work + 16; /* N x 2 */
     BUNDLE_ADJUSTMENT_REAL *sq_residual = residual + 2*N; /* N x 2 */
     BUNDLE_ADJUSTMENT_REAL *grad_residual = sq_residual + 2*N; /* N x 2 */
     BUNDLE_ADJUSTMENT_REAL *colsum_residual = work; /* 1 x 2 */

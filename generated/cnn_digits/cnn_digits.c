@@ -29,7 +29,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t cnn_digits_run_size(int64_t n)
 {
-    return symbackprop_size_add(137643, symbackprop_size_mul(10907, n));
+    return symbackprop_size_add(137653, symbackprop_size_mul(10907, n));
 }
 SYMBACKPROP_HELPER int64_t cnn_digits_train_step_size(int64_t n)
 {
@@ -960,7 +960,7 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (cnn_digits_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 5609*n + 85643 : 5214*n + 24587);
+    return (size_t)(with_grads ? 5609*n + 85648 : 5214*n + 24592);
 }
 #endif
 
@@ -1373,7 +1373,7 @@ SYMBACKPROP_DISPATCH CNN_DIGITS_SHARED int cnn_digits_run(
     /* where each buffer lies in work */
     CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
     CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
-    CNN_DIGITS_REAL *conv_K1 = with_grads ? work + 85643 : work + 24587; /* n x 1024 */
+    CNN_DIGITS_REAL *conv_K1 = with_grads ? work + 85648 : work + 24592; /* n x 1024 */
     CNN_DIGITS_REAL *conv_K1_cols = bcast_c1 + 1024; /* 8 x 576 */
     CNN_DIGITS_REAL *relu_K1 = conv_K1 + 1024*n; /* n x 1024 */
     CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */

@@ -17,7 +17,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t digits_mlp_run_size(int64_t n)
 {
-    return symbackprop_size_add(9643, symbackprop_size_mul(411, n));
+    return symbackprop_size_add(9653, symbackprop_size_mul(411, n));
 }
 SYMBACKPROP_HELPER int64_t digits_mlp_train_step_size(int64_t n)
 {
@@ -102,7 +102,7 @@ static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
     if (digits_mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 169*n + 11 : 158*n + 11);
+    return (size_t)(with_grads ? 169*n + 16 : 158*n + 16);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -133,7 +133,7 @@ static int digits_mlp_run(
     }
 
     /* where each buffer lies in work */
-    DIGITS_MLP_REAL *mm_W1 = work + 11; /* n x 64 */
+    DIGITS_MLP_REAL *mm_W1 = work + 16; /* n x 64 */
     DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
     DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
     DIGITS_MLP_REAL *softmax_axis_logits = mm_W2; /* n x 10, in mm_W2's memory */

@@ -17,7 +17,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t gmm_run_size(int64_t N, int64_t K)
 {
-    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(15,
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(33,
             symbackprop_size_mul(11, N)), symbackprop_size_mul(35, K)),
             symbackprop_size_mul(symbackprop_size_mul(4, K), N));
 }
@@ -269,7 +269,7 @@ static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
     if (gmm_run_size(N, K) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 2*K*N + 11*K + 4*N + 7 : K*N + 4*K + 4*N + 7);
+    return (size_t)(with_grads ? 2*K*N + 11*K + 4*N + 16 : K*N + 4*K + 4*N + 16);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -303,7 +303,7 @@ static int gmm_run(
     }
 
     /* where each buffer lies in work */
-    GMM_REAL *softmax_axis_alpha = work + 7; /* K x 1 */
+    GMM_REAL *softmax_axis_alpha = work + 16; /* K x 1 */
     GMM_REAL *collse_alpha = work; /* 1 x 1 */
     GMM_REAL *X_by_column = softmax_axis_alpha + K; /* 3 x N */
     GMM_REAL *softmax_axis_log_density = X_by_column + 3*N; /* N x K */

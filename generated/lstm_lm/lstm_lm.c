@@ -29,11 +29,11 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t lstm_lm_forward_size(int64_t T)
 {
-    return symbackprop_size_add(4469, symbackprop_size_mul(210, T));
+    return symbackprop_size_add(4479, symbackprop_size_mul(210, T));
 }
 SYMBACKPROP_HELPER int64_t lstm_lm_value_and_grad_size(int64_t T)
 {
-    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16495,
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(16505,
             symbackprop_size_mul(64, symbackprop_size_ceildiv(T, 32))), symbackprop_size_mul(302,
             T)), symbackprop_size_mul(320, symbackprop_size_min(32, T)));
 }
@@ -116,7 +116,7 @@ size_t lstm_lm_forward_work_len(int64_t T)
     if (lstm_lm_forward_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(60*T + 475);
+    return (size_t)(60*T + 480);
 }
 #endif
 
@@ -480,7 +480,7 @@ SYMBACKPROP_DISPATCH int lstm_lm_forward(
 
     /* where each buffer lies in work */
     LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
-    LSTM_LM_REAL *softmax_axis_logits = work + 475; /* T x 30 */
+    LSTM_LM_REAL *softmax_axis_logits = work + 480; /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */
     LSTM_LM_REAL *mul_Y = softmax_axis_logits; /* T x 30, in softmax_axis_logits's memory */
     LSTM_LM_REAL *colsum_Y = scan_W_i + 444; /* 1 x 30 */
@@ -530,7 +530,7 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
     if (lstm_lm_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(121*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4729);
+    return (size_t)(121*T + 32*((T - 1)/32 + 1) + 160*((32) < (T) ? (32) : (T)) + 4734);
 }
 #endif
 
@@ -1669,7 +1669,7 @@ SYMBACKPROP_DISPATCH int lstm_lm_value_and_grad(
 
     /* where each buffer lies in work */
     LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
-    LSTM_LM_REAL *logits = work + 475; /* T x 30 */
+    LSTM_LM_REAL *logits = work + 480; /* T x 30 */
     LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T - 1)/32 + 1) x 32 */
     LSTM_LM_REAL *softmax_axis_logits = scan_part_W_i + 32*((T - 1)/32 + 1); /* T x 30 */
     LSTM_LM_REAL *log_softmax_axis_logits = softmax_axis_logits + 30*T; /* T x 30 */

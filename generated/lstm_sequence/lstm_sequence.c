@@ -29,7 +29,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t lstm_sequence_run_size(int64_t n)
 {
-    return symbackprop_size_add(661, symbackprop_size_mul(568, n));
+    return symbackprop_size_add(691, symbackprop_size_mul(568, n));
 }
 
 /* Its matrix products, a function for each kind of call (its sizes and
@@ -656,7 +656,7 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
     if (lstm_sequence_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 483*n + 1 : 75*n + 1);
+    return (size_t)(with_grads ? 483*n + 16 : 75*n + 16);
 }
 #endif
 
@@ -2508,7 +2508,7 @@ SYMBACKPROP_DISPATCH LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     }
 
     /* where each buffer lies in work */
-    LSTM_SEQUENCE_REAL *mm_W_o = work + 1; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_o = work + 16; /* n x 8 */
     LSTM_SEQUENCE_REAL *sigmoid_W_o = mm_W_o + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_W_i = mm_W_o; /* n x 8, in mm_W_o's memory */
     LSTM_SEQUENCE_REAL *sigmoid_W_i = sigmoid_W_o + 8*n; /* n x 8 */

@@ -17,7 +17,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t mlp_run_size(int64_t n)
 {
-    return symbackprop_size_add(59, symbackprop_size_mul(35, n));
+    return symbackprop_size_add(85, symbackprop_size_mul(35, n));
 }
 
 /* Its element-wise loops over a dimension, a function for each kind of
@@ -76,7 +76,7 @@ static size_t mlp_run_work_len(int64_t n, int with_grads)
     if (mlp_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 14*n + 3 : 14*n + 3);
+    return (size_t)(with_grads ? 14*n + 16 : 14*n + 16);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -107,7 +107,7 @@ static int mlp_run(
     }
 
     /* where each buffer lies in work */
-    MLP_REAL *mm_W1 = work + 3; /* n x 4 */
+    MLP_REAL *mm_W1 = work + 16; /* n x 4 */
     MLP_REAL *sigmoid_W1 = mm_W1 + 4*n; /* n x 4 */
     MLP_REAL *mm_W2 = sigmoid_W1 + 4*n; /* n x 2 */
     MLP_REAL *sq_Y = mm_W2 + 2*n; /* n x 2 */

@@ -29,11 +29,11 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t pinn_poisson_forward_size(int64_t n)
 {
-    return symbackprop_size_add(464, symbackprop_size_mul(230, n));
+    return symbackprop_size_add(484, symbackprop_size_mul(230, n));
 }
 SYMBACKPROP_HELPER int64_t pinn_poisson_value_and_grad_size(int64_t n)
 {
-    return symbackprop_size_add(2069, symbackprop_size_mul(839, n));
+    return symbackprop_size_add(2085, symbackprop_size_mul(839, n));
 }
 
 /* Its element-wise loops over a dimension, a function for each kind of
@@ -464,7 +464,7 @@ size_t pinn_poisson_forward_work_len(int64_t n)
     if (pinn_poisson_forward_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(114*n + 70);
+    return (size_t)(114*n + 80);
 }
 #endif
 
@@ -501,7 +501,7 @@ int pinn_poisson_forward(
     PINN_POISSON_REAL *mm_W3 = tanh_W1 + 32; /* 2 x 1 */
     PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
     PINN_POISSON_REAL *colsum_W3 = sq_W3 + 2; /* 1 x 1 */
-    PINN_POISSON_REAL *mm_W1_2 = work + 70; /* n x 16 */
+    PINN_POISSON_REAL *mm_W1_2 = work + 80; /* n x 16 */
     PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *add_W1 = tanh_W1_2 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *mul_W1 = add_W1 + 16*n; /* n x 16 */
@@ -646,7 +646,7 @@ size_t pinn_poisson_value_and_grad_work_len(int64_t n)
     if (pinn_poisson_value_and_grad_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(419*n + 712);
+    return (size_t)(419*n + 720);
 }
 #endif
 
@@ -1248,7 +1248,7 @@ SYMBACKPROP_DISPATCH int pinn_poisson_value_and_grad(
     PINN_POISSON_REAL *mm_W3 = tanh_W2 + 32; /* 2 x 1 */
     PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
     PINN_POISSON_REAL *grad_add_W3 = sq_W3 + 2; /* 2 x 1 */
-    PINN_POISSON_REAL *mm_W1_2 = work + 712; /* n x 16 */
+    PINN_POISSON_REAL *mm_W1_2 = work + 720; /* n x 16 */
     PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *mul_W1_2 = tanh_W1_2 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *add_W1 = mul_W1_2 + 16*n; /* n x 16 */

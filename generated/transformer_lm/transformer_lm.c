@@ -30,7 +30,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t transformer_lm_run_size(int64_t m)
 {
-    return symbackprop_size_add(237571, symbackprop_size_mul(5369, m));
+    return symbackprop_size_add(237601, symbackprop_size_mul(5369, m));
 }
 SYMBACKPROP_HELPER int64_t transformer_lm_train_step_size(int64_t m)
 {
@@ -1035,7 +1035,7 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (transformer_lm_run_size(m) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 4155*m + 9217 : 1211*m + 5121);
+    return (size_t)(with_grads ? 4155*m + 9232 : 1211*m + 5136);
 }
 #endif
 
@@ -2164,7 +2164,7 @@ SYMBACKPROP_DISPATCH TRANSFORMER_LM_SHARED int transformer_lm_run(
     }
 
     /* where each buffer lies in work */
-    TRANSFORMER_LM_REAL *emap_E = with_grads ? work + 9217 : work + 5121; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_E = with_grads ? work + 9232 : work + 5136; /* m x 64 */
     TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_E = emap_P; /* m x 64, in emap_P's memory */

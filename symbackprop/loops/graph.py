@@ -15,6 +15,7 @@ from symbackprop.base.registry import is_view
 from symbackprop.ir.construct import is_const, leaf
 from symbackprop.ir.node import Node, op_node, topological_order
 from symbackprop.loops.declare import ceildiv, entries, is_vector
+from symbackprop.schedule.workspace import ALIGN  # the room a loop needs to start its scratch on a 64-byte line
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,6 @@ def backward_scratch(back: ScanBack, args: Sequence[Node]) -> sp.Expr:
     return sp.expand(total)  # gfs: read straight into the adjoint state
 
 
-ALIGN = 16  # entries of room for a loop to start its scratch on a 64-byte boundary (16 floats)
 
 
 def reverse_roots(back: ScanBack) -> tuple[Node, ...]:

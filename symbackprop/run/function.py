@@ -29,6 +29,20 @@ from symbackprop.emit.emitted import REAL_TYPES
 from symbackprop.run import fastcall
 from symbackprop.run.binding import Binder
 
+WORK_ALIGN = 64  # bytes: a cache line, where the workspace starts (its buffers lie at multiples of 16 entries)
+
+
+def empty_workspace(count: int, dtype: Any) -> np.ndarray:
+    """An uninitialised workspace of `count` entries starting on a cache
+    line (numpy's large arrays start 16 bytes past one): each of the
+    generated code's buffers then starts on one too (schedule/workspace.py),
+    and its vector loads do not straddle two lines (a float32 convolution's
+    weight gradient took 2.9 ms instead of 2.0 ms on arrays 16 bytes off)."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.empty(max(count, 1) + WORK_ALIGN // itemsize, dtype=dtype)
+    skip = (-raw.ctypes.data % WORK_ALIGN) // itemsize
+    return raw[skip:skip + max(count, 1)]
+
 
 class Function:
     """One generated C function: its ABI spec, its binder, and the call.
@@ -125,7 +139,7 @@ class Function:
         local = self._local
         key = tuple(dims)
         if getattr(local, "key", None) != key:
-            local.array = np.empty(max(self.work_len(*dims), 1), dtype=self.dtype)
+            local.array = empty_workspace(self.work_len(*dims), self.dtype)
             local.pointer = self.from_buffer(local.array)
             local.key = key
         return local.pointer
@@ -301,7 +315,7 @@ class PreparedCall:
     def __init__(self, function: Function, arrays: Mapping[str, Any]) -> None:
         values, dims = function.bind(arrays)
         outputs = function.allocate(dims)
-        work = np.empty(max(function.work_len(*dims), 1), dtype=function.dtype)
+        work = empty_workspace(function.work_len(*dims), function.dtype)
         self.function = function
         self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
         self.results = {out.name: o for out, o in zip(function.outputs, outputs)}

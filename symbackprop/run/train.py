@@ -19,6 +19,7 @@ import numpy as np
 
 from symbackprop.errors import ArgumentError
 from symbackprop.progress import Progress, ProgressArg
+from symbackprop.run.function import empty_workspace
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.base.abi import FunctionSpec, ModuleSpec
@@ -143,7 +144,7 @@ class Trainer:
         batch = min(int(batch_size), rows)
         _check_smallest_minibatch(self.function.spec, rows, batch)
         losses = np.empty(-(-rows // batch), dtype=self.module.dtype)
-        work = np.empty(max(c_work_len(rows, batch, *other), 1), dtype=self.module.dtype)
+        work = empty_workspace(c_work_len(rows, batch, *other), self.module.dtype)
         buf, ffi = self.function.from_buffer, self.function.ffi
         status = c_function(rows, batch, *other, ffi.NULL if order_array is None else buf(order_array),
                             *[buf(v) for v in values], buf(losses), buf(work))

@@ -16,6 +16,8 @@ import sympy as sp
 
 from symbackprop.ir.node import Shape
 
+ALIGN = 16  # entries: 64 bytes of floats, a cache line
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -74,10 +76,12 @@ def plan_workspace(kernels: Sequence[Any], buffers: Mapping[str, Shape],
             placed.append((buffer, previous[fixed], None))  # the first of a size a dimension sets: after them all
             previous[fixed] = buffer
         releases.setdefault(last.get(buffer, start), []).append(buffer)
-    slots = tuple(Slot(buffer, shapes[buffer], offset_of[buffer] + (0 if _fixed(sizes[buffer]) else end[True]),
+    # the buffers a dimension sizes (the large ones) start on a 64-byte line, as does work (run/function.py)
+    fixed_end = -(-end[True] // ALIGN) * ALIGN if end[False] != 0 else end[True]
+    slots = tuple(Slot(buffer, shapes[buffer], offset_of[buffer] + (0 if _fixed(sizes[buffer]) else fixed_end),
                        after=after, reuses=reuse)
                   for buffer, after, reuse in placed)
-    return slots, sp.expand(end[True] + end[False])
+    return slots, sp.expand(fixed_end + end[False])
 
 
 def _fixed(size: sp.Expr) -> bool:

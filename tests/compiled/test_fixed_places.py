@@ -32,10 +32,23 @@ def test_fixed_size_buffers_lie_first_then_those_a_dimension_sizes():
     kernels = [_Kernel((name,)) for name in ("a", "s", "b", "t", "u")] + [_Kernel((), tuple(shapes))]  # none reused
     slots, size = plan_workspace(kernels, shapes)
     place = {slot.name: slot.offset for slot in slots}
-    assert place == {"s": 0, "t": 1, "u": 17, "a": 18, "b": 18 + 3 * n}
-    assert sp.expand(size - (18 + 4 * n)) == 0
+    # the fixed ones take 18 entries; those a dimension sizes start at the next 64-byte line (16 entries)
+    assert place == {"s": 0, "t": 1, "u": 17, "a": 32, "b": 32 + 3 * n}
+    assert sp.expand(size - (32 + 4 * n)) == 0
     after = {slot.name: slot.after for slot in slots}
-    assert after == {"s": None, "t": "s", "u": "t", "a": None, "b": "a"}  # a: the first at work + 18
+    assert after == {"s": None, "t": "s", "u": "t", "a": None, "b": "a"}  # a: the first at work + 32
+    fixed_only = {"s": (1, 1), "t": (4, 4), "u": (1, 1)}  # no dimension: nothing to align, no room spent
+    assert plan_workspace([_Kernel(("s", "t", "u")), _Kernel((), tuple(fixed_only))], fixed_only)[1] == 18
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("count", [0, 1, 7, 1000, 3_000_001])
+def test_the_python_side_workspace_starts_on_a_cache_line(count, dtype):
+    from symbackprop.run.function import WORK_ALIGN, empty_workspace
+
+    work = empty_workspace(count, dtype)
+    assert work.ctypes.data % WORK_ALIGN == 0 and work.size == max(count, 1) and work.dtype == np.dtype(dtype)
+    assert work.flags.c_contiguous and work.flags.writeable
 
 
 def test_a_dead_fixed_buffer_is_reused_at_its_place():

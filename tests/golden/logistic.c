@@ -17,7 +17,7 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t logistic_run_size(int64_t n)
 {
-    return symbackprop_size_add(7, symbackprop_size_mul(11, n));
+    return symbackprop_size_add(37, symbackprop_size_mul(11, n));
 }
 
 /* Its element-wise loops over a dimension, a function for each kind of
@@ -60,7 +60,7 @@ static size_t logistic_run_work_len(int64_t n, int with_grads)
     if (logistic_run_size(n) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(with_grads ? 4*n + 1 : 4*n + 1);
+    return (size_t)(with_grads ? 4*n + 16 : 4*n + 16);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -84,7 +84,7 @@ static int logistic_run(
     }
 
     /* where each buffer lies in work */
-    LOGISTIC_REAL *add_t = work + 1; /* n x 1 */
+    LOGISTIC_REAL *add_t = work + 16; /* n x 1 */
     LOGISTIC_REAL *mm_w = add_t + n; /* n x 1 */
     LOGISTIC_REAL *add_t_2 = mm_w + n; /* n x 1 */
     LOGISTIC_REAL *grad_mm_w = add_t_2 + n; /* n x 1 */

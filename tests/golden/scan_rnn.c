@@ -29,11 +29,11 @@
  * computes anything (and its work_len 0). */
 SYMBACKPROP_HELPER int64_t scan_rnn_forward_size(int64_t T)
 {
-    return symbackprop_size_add(153, symbackprop_size_mul(7, T));
+    return symbackprop_size_add(157, symbackprop_size_mul(7, T));
 }
 SYMBACKPROP_HELPER int64_t scan_rnn_value_and_grad_size(int64_t T)
 {
-    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(353,
+    return symbackprop_size_add(symbackprop_size_add(symbackprop_size_add(381,
             symbackprop_size_mul(9, T)), symbackprop_size_mul(14, symbackprop_size_ceildiv(T, 2))),
             symbackprop_size_mul(26, symbackprop_size_min(2, T)));
 }
@@ -88,7 +88,7 @@ size_t scan_rnn_forward_work_len(int64_t T)
     if (scan_rnn_forward_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(2*T + 62);
+    return (size_t)(2*T + 64);
 }
 #endif
 
@@ -348,7 +348,7 @@ SYMBACKPROP_DISPATCH int scan_rnn_forward(
     /* where each buffer lies in work */
     SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
     SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
-    SCAN_RNN_REAL *scan_part_h0 = work + 62; /* T x 1 */
+    SCAN_RNN_REAL *scan_part_h0 = work + 64; /* T x 1 */
     SCAN_RNN_REAL *scan_part_h0_2 = scan_h0 + 46; /* 1 x 3 */
     SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
     SCAN_RNN_REAL *sq_Z = scan_part_h0 + T; /* T x 1 */
@@ -397,7 +397,7 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
     if (scan_rnn_value_and_grad_size(T) > SYMBACKPROP_SIZE_MAX) {
         return 0; /* the function returns 6 */
     }
-    return (size_t)(3*T + 7*((T - 1)/2 + 1) + 13*((2) < (T) ? (2) : (T)) + 148);
+    return (size_t)(3*T + 7*((T - 1)/2 + 1) + 13*((2) < (T) ? (2) : (T)) + 162);
 }
 #endif
 
@@ -1023,7 +1023,7 @@ SYMBACKPROP_DISPATCH int scan_rnn_value_and_grad(
     /* where each buffer lies in work */
     SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
     SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
-    SCAN_RNN_REAL *scan_part_h0 = work + 66; /* T x 1 */
+    SCAN_RNN_REAL *scan_part_h0 = work + 80; /* T x 1 */
     SCAN_RNN_REAL *scan_part_h0_4 = scan_part_h0 + T; /* ((T - 1)/2 + 1) x 7 */
     SCAN_RNN_REAL *scan_part_h0_2 = scan_h0 + 46; /* 1 x 3 */
     SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
