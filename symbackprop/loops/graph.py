@@ -207,8 +207,6 @@ def backward_scratch(back: ScanBack, args: Sequence[Node]) -> sp.Expr:
     return sp.expand(total)  # gfs: read straight into the adjoint state
 
 
-
-
 def reverse_roots(back: ScanBack) -> tuple[Node, ...]:
     return back.grad_states + tuple(n for _, n in back.grad_inputs) + tuple(n for _, _, n in back.accumulate)
 

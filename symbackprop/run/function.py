@@ -29,7 +29,7 @@ from symbackprop.emit.emitted import REAL_TYPES
 from symbackprop.run import fastcall
 from symbackprop.run.binding import Binder
 
-WORK_ALIGN = 64  # bytes: a cache line, where the workspace starts (its buffers lie at multiples of 16 entries)
+WORK_ALIGN = 64  # bytes: a cache line, where the workspace starts (its dimension-sized buffers: 16-entry multiples in)
 
 
 def empty_workspace(count: int, dtype: Any) -> np.ndarray:
