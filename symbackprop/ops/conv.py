@@ -374,12 +374,12 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
         # a block's workspace: its windows (the direct kernels' padded image fits), then a weight gradient's sum
         fields["per"] = workspace(c, kernel.attrs)
-        fields["wgrad"] = (direct.weight_grad_fields(c, em.real.name, all(a.buffer for a in args))
-                           if kernel.attrs.batch_sum else None)
-        sgrad = direct.strided_input_grad_fields(c, em.real.name, all(a.buffer for a in args)) if kernel.attrs.scatter else None
+        buffers = all(a.buffer for a in args)  # the direct kernels read both operands from memory
+        fields["wgrad"] = direct.weight_grad_fields(c, em.real.name, buffers) if kernel.attrs.batch_sum else None
+        sgrad = direct.strided_input_grad_fields(c, em.real.name, buffers) if kernel.attrs.scatter else None
         fields["sgrad"] = sgrad if sgrad and sgrad["room"] <= fields["per"] else None
         fields["direct"] = direct.template_fields(c, kernel.attrs.scatter, kernel.attrs.batch_sum, em.real.name,
-                                                  all(a.buffer for a in args), fields["per"])
+                                                  buffers, fields["per"])
     elif kernel.attrs.nest == "channel":
         fields["C"], fields["P"] = kernel.geometry
     else:
