@@ -28,10 +28,16 @@ LeNet-5 (padding 2 on the first convolution, as LeNet-5 on MNIST):
 What is timed: a training step with Adam (symbackprop's `train_step`, one C
 call; PyTorch's zero_grad, forward, backward and `torch.optim.Adam.step`),
 and inference (symbackprop's `forward`, the loss and logits; PyTorch's
-forward under no_grad). Every peer runs in this process, pinned to one CPU
-with one thread (`os.sched_setaffinity`, `torch.set_num_threads(1)`,
-`sbp.set_num_threads(1)`); after a warm-up, each round runs `--calls` calls
-of each peer in turn, and each peer's round median is kept. Printed and
+forward under no_grad). Each peer runs in a process of its own (this
+script with `--serve PEER`; `--one-process`: all in this one), every one
+pinned to the same CPU with one thread (`os.sched_setaffinity`,
+`torch.set_num_threads(1)`, `sbp.set_num_threads(1)`), so that no
+library's thread pool or allocator shares a process with another's and
+`--clock cpu` counts one peer's threads alone. After a warm-up, each round
+runs `--calls` calls of each peer in turn, each turn after a pause of
+`--settle` seconds (50 ms: a thread pool spins for a while after its call,
+and would take CPU from the peer timed next), and each peer's round
+median is kept. Printed and
 saved: the median of the round medians, and each peer's ratio to
 symbackprop's, round by round (its median and range). Before timing, the
 loss and every gradient are checked once against PyTorch float64 autograd
@@ -74,10 +80,13 @@ over the batch; run it with OPENBLAS_NUM_THREADS=1).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -187,31 +196,28 @@ def torch_grads(net, inputs: dict) -> tuple[float, dict]:
     return float(loss.detach()), grads
 
 
-def torch_peers(inputs: dict, params: dict, dtype: str, compiled: bool) -> dict:
-    """{peer: (train step, inference)} as calls of no arguments."""
+def lenet_torch_calls(inputs: dict, params: dict, dtype: str, compiled: bool) -> tuple[Callable, Callable]:
+    """(training step, inference) of LeNet-5 in PyTorch, eager or torch.compile'd, calls of no arguments."""
     import torch
 
-    out = {}
     x = torch.from_numpy(inputs["X"]).reshape(-1, 1, SIDE, SIDE)
     labels = torch.from_numpy(np.argmax(inputs["T"], axis=1))
-    for peer in ("torch_eager", "torch_compile") if compiled else ("torch_eager",):
-        net = torch_net(params, getattr(torch, dtype))
-        adam = torch.optim.Adam(net.parameters(), lr=LR)
-        forward = torch.compile(net) if peer == "torch_compile" else net
+    net = torch_net(params, getattr(torch, dtype))
+    adam = torch.optim.Adam(net.parameters(), lr=LR)
+    forward = torch.compile(net) if compiled else net
 
-        def step(forward=forward, adam=adam):
-            adam.zero_grad()
-            loss = torch.nn.functional.cross_entropy(forward(x), labels)
-            loss.backward()
-            adam.step()
-            return loss
+    def step():
+        adam.zero_grad()
+        loss = torch.nn.functional.cross_entropy(forward(x), labels)
+        loss.backward()
+        adam.step()
+        return loss
 
-        def infer(forward=forward):
-            with torch.no_grad():
-                return forward(x)
+    def infer():
+        with torch.no_grad():
+            return forward(x)
 
-        out[peer] = (step, infer)
-    return out
+    return step, infer
 
 
 # --- the check and the timing -------------------------------------------------------
@@ -229,27 +235,40 @@ def check(mod64, inputs: dict, params: dict) -> float:
     return max(errors)
 
 
+def check_lenet5(peers: list[str]) -> dict:
+    """{"symbackprop": largest relative error} of symbackprop's float64 LeNet-5 against PyTorch float64
+    autograd (the peers are the same PyTorch network); empty without a PyTorch peer."""
+    if not any(p.startswith("torch") for p in peers):
+        return {}
+    inputs, params = make_data("float64")
+    return {"symbackprop": check(sbp.compile(lenet5()), inputs, params)}
+
+
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3, clock: str = "wall") -> dict:
-    """{label: (median of round medians, (ratio median, low, high) to the first label)}.
-    clock "cpu": the process's CPU time (every thread's), which a CPU shared
-    with other processes inflates far less than the wall clock."""
-    now = CLOCKS[clock]
-    for call in calls.values():
-        for _ in range(warmup):
-            call()
-    medians: dict[str, list[float]] = {label: [] for label in calls}
+def time_calls(call: Callable, count: int, clock: str) -> list[float]:
+    """Seconds of each of `count` calls in a row, on the clock named (see CLOCKS)."""
+    now, times = CLOCKS[clock], []
+    for _ in range(count):
+        t0 = now()
+        call()
+        times.append(now() - t0)
+    return times
+
+
+def interleave_samples(labels: list[str], sample: Callable[[str, int], list[float]], rounds: int, per_round: int,
+                       settle: float = 0.0) -> dict:
+    """{label: (median of round medians, (ratio median, low, high) to the first label)}: each round,
+    sample(label, per_round) of each label in turn, after `settle` seconds of pause (so that the last
+    peer's thread pools, which spin a while after a call, have stopped)."""
+    medians: dict[str, list[float]] = {label: [] for label in labels}
     for _ in range(rounds):
-        for label, call in calls.items():
-            times = []
-            for _ in range(per_round):
-                t0 = now()
-                call()
-                times.append(now() - t0)
-            medians[label].append(statistics.median(times))
-    base = medians[next(iter(calls))]
+        for label in labels:
+            if settle:
+                time.sleep(settle)
+            medians[label].append(statistics.median(sample(label, per_round)))
+    base = medians[labels[0]]
     out = {}
     for label, m in medians.items():
         ratios = [a / b for a, b in zip(m, base)]
@@ -257,13 +276,28 @@ def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3, clock:
     return out
 
 
-def pin_threads(threads: int = 1) -> None:
+def interleave(calls: dict, rounds: int, per_round: int, warmup: int = 3, clock: str = "wall",
+               settle: float = 0.0) -> dict:
+    """interleave_samples of calls in this process, each called `warmup` times first.
+    clock "cpu": the process's CPU time (every thread's), which a CPU shared
+    with other processes inflates far less than the wall clock."""
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    return interleave_samples(list(calls), lambda label, count: time_calls(calls[label], count, clock),
+                              rounds, per_round, settle)
+
+
+def pin_threads(threads: int = 1, torch_too: bool = True) -> None:
     """This process on its first `threads` CPUs (JAX's thread pool included: it ignores thread flags,
-    and the affinity is what bounds it), `threads` threads for symbackprop and PyTorch."""
+    and the affinity is what bounds it), `threads` threads for symbackprop and PyTorch (where
+    torch_too: a peer's own process imports only its library)."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:threads]))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     sbp.set_num_threads(threads)
+    if not torch_too:
+        return
     try:
         import torch
         torch.set_num_threads(threads)
@@ -280,32 +314,6 @@ def build_options(threads: int) -> sbp.BuildOptions | None:
 def thread_label(threads: int) -> str:
     """The rows' suffix: nothing for one thread (the labels of the earlier results), else ", N threads"."""
     return "" if threads == 1 else f", {threads} threads"
-
-
-def run_dtype(dtype: str, peers: list[str], rounds: int, per_round: int, clock: str = "wall",
-              threads: int = 1) -> list[dict]:
-    """The rows of one dtype: the training step, then inference."""
-    inputs, params = make_data(dtype)
-    model = lenet5()
-    mod = sbp.compile(model, dtype=dtype, optimizer=sbp.Adam(lr=LR), options=build_options(threads))
-    sbp_params = {k: v.copy() for k, v in params.items()}
-    step_calls = {"symbackprop": lambda: mod.train_step(**inputs, **sbp_params)}
-    infer_calls = {"symbackprop": lambda: mod.forward(**inputs, **params)}
-    wanted = [p for p in peers if p.startswith("torch")]
-    if wanted:
-        for peer, (step, infer) in torch_peers(inputs, params, dtype, "torch_compile" in wanted).items():
-            if peer in wanted:
-                step_calls[peer], infer_calls[peer] = step, infer
-    rows = []
-    for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
-        result = interleave(calls, rounds, per_round, clock=clock)
-        row = {"label": f"LeNet-5 {dtype}, {what}{thread_label(threads)}", "seconds": {k: v[0] for k, v in result.items()},
-               "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
-        rows.append(row)
-        print(f"{row['label']}:")
-        for label, (seconds, (ratio, low, high)) in result.items():
-            print(f"  {label:14} {seconds * 1e3:8.3f} ms   ratio to symbackprop {ratio:5.2f} ({low:.2f}-{high:.2f})")
-    return rows
 
 
 # --- the GPT-style decoder and the MNIST MLP -----------------------------------------
@@ -699,49 +707,172 @@ def check_peer(mod64, inputs: dict, params: dict, grads) -> float:
     return max(errors)
 
 
-def functional_calls(workload: str, dtype: str, peers: list[str], notes: dict, threads: int = 1) -> tuple[dict, dict]:
-    """({peer: training step}, {peer: inference}) of the decoder, the MLP or the ResNet in one dtype,
-    each a call of no arguments, symbackprop's first."""
-    title, model, data, _, _ = WORKLOADS[workload]
+def model_and_data(model: str) -> tuple[Callable[[], sbp.Model], Callable[[str], tuple[dict, dict]]]:
+    """(the symbackprop Model's builder, data(dtype) -> (inputs, params)) of a model's name."""
+    return (lenet5, make_data) if model == "lenet5" else WORKLOADS[model][1:3]
+
+
+def title(model: str) -> str:
+    """The rows' name of a model."""
+    return "LeNet-5" if model == "lenet5" else WORKLOADS[model][0]
+
+
+def peer_calls(model: str, dtype: str, peer: str, threads: int = 1) -> tuple[Callable, Callable, float] | None:
+    """(training step, inference, seconds to set both up and call each once) of one peer on a model in
+    one dtype, calls of no arguments; None where the peer has none (JAX's LeNet-5, an unknown peer)."""
+    build, data = model_and_data(model)
     inputs, params = data(dtype)
     start = time.perf_counter()
-    mod = sbp.compile(model(), dtype=dtype, optimizer=sbp.Adam(lr=LR), options=build_options(threads))
-    sbp_params = {k: v.copy() for k, v in params.items()}
-    mod.train_step(**inputs, **sbp_params)  # builds train_step now
-    print(f"{title} {dtype}: symbackprop's compile and first step {time.perf_counter() - start:.1f} s")
-    step_calls = {"symbackprop": lambda: mod.train_step(**inputs, **sbp_params)}
-    infer_calls = {"symbackprop": lambda: mod.forward(**inputs, **params)}
-    for peer in peers:
-        if peer in ("torch_eager", "torch_compile"):
-            start = time.perf_counter()
-            _, step, infer, _ = torch_functional(workload, inputs, params, peer == "torch_compile")
-            step(), infer()
-            if peer == "torch_compile":
-                seconds = time.perf_counter() - start
-                notes.setdefault("torch_compile", []).append(f"{workload} {dtype} {seconds:.0f} s")
-                print(f"  torch.compile's first step and inference {seconds:.1f} s")
-        elif peer == "jax_jit":
-            step, infer, _ = jax_functional(workload, inputs, params)
-        else:
-            continue
-        step_calls[peer], infer_calls[peer] = step, infer
-    return step_calls, infer_calls
+    if peer == "symbackprop":
+        mod = sbp.compile(build(), dtype=dtype, optimizer=sbp.Adam(lr=LR), options=build_options(threads))
+        sbp_params = {k: v.copy() for k, v in params.items()}
+
+        def step():
+            return mod.train_step(**inputs, **sbp_params)
+
+        def infer():
+            return mod.forward(**inputs, **params)
+    elif peer in ("torch_eager", "torch_compile") and model == "lenet5":
+        step, infer = lenet_torch_calls(inputs, params, dtype, peer == "torch_compile")
+    elif peer in ("torch_eager", "torch_compile"):
+        _, step, infer, _ = torch_functional(model, inputs, params, peer == "torch_compile")
+    elif peer == "jax_jit" and model != "lenet5":
+        step, infer, _ = jax_functional(model, inputs, params)
+    else:
+        return None
+    step(), infer()  # symbackprop builds train_step, torch.compile and JAX compile, here
+    return step, infer, time.perf_counter() - start
 
 
-def run_functional(workload: str, dtype: str, peers: list[str], rounds: int, per_round: int,
-                   notes: dict, clock: str = "wall", threads: int = 1) -> list[dict]:
-    """The rows of the decoder, the MLP or the ResNet in one dtype: the training step, then inference."""
-    title = WORKLOADS[workload][0]
-    step_calls, infer_calls = functional_calls(workload, dtype, peers, notes, threads)
+def note_setup(notes: dict, model: str, dtype: str, peer: str, seconds: float) -> None:
+    """Print the seconds a peer took to set up and call once; torch.compile's go into the table's note."""
+    print(f"{title(model)} {dtype}: {peer}'s set-up and first step and inference {seconds:.1f} s", flush=True)
+    if peer == "torch_compile":
+        notes.setdefault("torch_compile", []).append(f"{model} {dtype} {seconds:.0f} s")
+
+
+WHAT = {"step": "training step (Adam)", "infer": "inference"}
+
+
+class InProcess:
+    """Every peer's calls in this process (--one-process, and --breakdown): `calls[peer]` is
+    (training step, inference), symbackprop's first."""
+
+    def __init__(self, model: str, dtype: str, peers: list[str], notes: dict, threads: int = 1, clock: str = "wall"):
+        self.calls: dict[str, tuple[Callable, Callable]] = {}
+        for peer in ["symbackprop", *(p for p in peers if p != "symbackprop")]:
+            made = peer_calls(model, dtype, peer, threads)
+            if made is not None:
+                self.calls[peer] = made[:2]
+                note_setup(notes, model, dtype, peer, made[2])
+        self.peers, self.clock = list(self.calls), clock
+        for step, infer in self.calls.values():
+            for call in (step, infer, step, infer):
+                call()
+
+    def sample(self, peer: str, what: str, count: int) -> list[float]:
+        return time_calls(self.calls[peer][what == "infer"], count, self.clock)
+
+    def close(self) -> None:
+        pass
+
+
+class PeerProcesses:
+    """One process per peer (this script with --serve PEER), pinned and threaded as this one: no
+    library's thread pool, allocator or caches share a process with another's, and the CPU clock
+    counts one peer's threads alone. sample() asks a peer's process for timed calls."""
+
+    def __init__(self, model: str, dtype: str, peers: list[str], notes: dict, threads: int = 1, clock: str = "wall"):
+        self.processes: dict[str, subprocess.Popen] = {}
+        try:
+            for peer in ["symbackprop", *(p for p in peers if p != "symbackprop")]:
+                command = [sys.executable, str(Path(__file__).resolve()), "--serve", peer, "--models", model,
+                           "--dtype", dtype, "--threads", str(threads), "--clock", clock, "--qkv", GPT_QKV]
+                self.processes[peer] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                        text=True)
+                ready = self._answer(peer)
+                if ready["ready"]:
+                    note_setup(notes, model, dtype, peer, ready["seconds"])
+                else:
+                    self._stop(peer)
+        except BaseException:
+            self.close()
+            raise
+        self.peers = list(self.processes)
+
+    def _answer(self, peer: str):
+        line = self.processes[peer].stdout.readline()
+        if not line:
+            raise RuntimeError(f"{peer}'s process ended (exit status {self.processes[peer].wait()}): see its errors above")
+        return json.loads(line)
+
+    def _stop(self, peer: str) -> None:
+        process = self.processes.pop(peer)
+        process.stdin.close()
+        process.wait()
+
+    def sample(self, peer: str, what: str, count: int) -> list[float]:
+        self.processes[peer].stdin.write(f"{what} {count}\n")
+        self.processes[peer].stdin.flush()
+        return self._answer(peer)
+
+    def close(self) -> None:
+        for peer in list(self.processes):
+            self._stop(peer)
+
+
+def serve(model: str, dtype: str, peer: str, threads: int, clock: str) -> int:
+    """(A peer's process) set the peer up, say so, then answer each line `step N` or `infer N` with
+    N timed calls in seconds. Answers go to the stdout it started with; what the libraries print,
+    to stderr."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    pin_threads(threads, torch_too=peer.startswith("torch"))
+    if peer == "jax_jit":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)  # float64 arrays stay float64
+    made = peer_calls(model, dtype, peer, threads)
+    if made is None:
+        answers.write(json.dumps({"ready": False}) + "\n")
+        return 0
+    step, infer, seconds = made
+    calls = {"step": step, "infer": infer}
+    for call in (step, infer, step, infer):
+        call()
+    answers.write(json.dumps({"ready": True, "seconds": seconds}) + "\n")
+    for line in sys.stdin:
+        what, count = line.split()
+        answers.write(json.dumps(time_calls(calls[what], int(count), clock)) + "\n")
+    return 0
+
+
+def functional_calls(workload: str, dtype: str, peers: list[str], notes: dict, threads: int = 1) -> tuple[dict, dict]:
+    """({peer: training step}, {peer: inference}) in this process, symbackprop's first (--breakdown)."""
+    calls = InProcess(workload, dtype, peers, notes, threads).calls
+    return {peer: c[0] for peer, c in calls.items()}, {peer: c[1] for peer, c in calls.items()}
+
+
+def time_rows(model: str, dtype: str, peers: list[str], timing: tuple, notes: dict, threads: int = 1,
+              apart: bool = True, settle: float = 0.0) -> list[dict]:
+    """The rows of one model in one dtype, the training step then inference: each peer's median and its
+    ratio to symbackprop's, its calls in a process of its own (apart) or all in this one."""
+    rounds, per_round, clock = timing
+    peers_of = (PeerProcesses if apart else InProcess)(model, dtype, peers, notes, threads, clock)
     rows = []
-    for what, calls in (("training step (Adam)", step_calls), ("inference", infer_calls)):
-        result = interleave(calls, rounds, per_round, warmup=2, clock=clock)
-        row = {"label": f"{title} {dtype}, {what}{thread_label(threads)}", "seconds": {k: v[0] for k, v in result.items()},
-               "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
-        rows.append(row)
-        print(f"{row['label']}:")
-        for label, (seconds, (ratio, low, high)) in result.items():
-            print(f"  {label:14} {seconds * 1e3:8.3f} ms   ratio to symbackprop {ratio:5.2f} ({low:.2f}-{high:.2f})")
+    try:
+        for what, label in WHAT.items():
+            result = interleave_samples(peers_of.peers, lambda peer, count, what=what: peers_of.sample(peer, what, count),
+                                        rounds, per_round, settle)
+            row = {"label": f"{title(model)} {dtype}, {label}{thread_label(threads)}",
+                   "seconds": {k: v[0] for k, v in result.items()},
+                   "ratios": {k: [round(r, 3) for r in v[1]] for k, v in result.items() if k != "symbackprop"}}
+            rows.append(row)
+            print(f"{row['label']}:")
+            for peer, (seconds, (ratio, low, high)) in result.items():
+                print(f"  {peer:14} {seconds * 1e3:8.3f} ms   ratio to symbackprop {ratio:5.2f} ({low:.2f}-{high:.2f})")
+    finally:
+        peers_of.close()
     return rows
 
 
@@ -896,11 +1027,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--qkv", choices=("fused", "apart"), default="fused",
                    help="the decoder's Q, K, V weights: one d x 3d parameter per block (sliced, as PyTorch's "
                         "in_proj_weight) or three d x d parameters")
+    p.add_argument("--one-process", action="store_true",
+                   help="every peer in this process (by default each peer runs in a process of its own)")
+    p.add_argument("--settle", type=float, default=0.05,
+                   help="seconds of pause before each peer's turn, so that the last peer's thread pools stop spinning")
+    p.add_argument("--serve", metavar="PEER", help=argparse.SUPPRESS)  # a peer's own process (PeerProcesses)
     p.add_argument("--note", action="append", default=[], help="a note shown under the saved table")
     p.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
     args = p.parse_args(argv)
     global GPT_QKV
     GPT_QKV = args.qkv
+    if args.serve:
+        return serve(args.models, args.dtype, args.serve, args.threads, args.clock)
     pin_threads(args.threads)
     dtypes = args.dtype.split(",")
     peers, models = args.peers.split(","), args.models.split(",")
@@ -917,27 +1055,16 @@ def main(argv: list[str] | None = None) -> int:
     notes: dict[str, list[str]] = {}
     if args.breakdown:
         return breakdown(models, dtypes, peers, (args.rounds, args.calls, args.clock), notes, args.save, argv)
+    timing = (args.rounds, args.calls, args.clock)
     for name in models:
-        if name == "lenet5":
-            if any(p.startswith("torch") for p in peers):
-                inputs, params = make_data("float64")
-                error = check(sbp.compile(lenet5()), inputs, params)
-                print(f"LeNet-5 float64 loss and gradients against PyTorch float64 autograd: largest relative "
-                      f"error {error:.2e}")
-                if error > 1e-10:
-                    print("they disagree: not timing", file=sys.stderr)
-                    return 1
-            rows += [row for dtype in dtypes for row in run_dtype(dtype, peers, args.rounds, args.calls, args.clock,
-                                                                          args.threads)]
-            continue
-        errors = check_functional(name, peers)
-        print(f"{name}: float64 loss and gradients of each peer against symbackprop's, largest relative error: "
+        errors = check_lenet5(peers) if name == "lenet5" else check_functional(name, peers)
+        print(f"{title(name)}: float64 loss and gradients against the reference, largest relative error: "
               + ", ".join(f"{peer} {e:.1e}" for peer, e in errors.items()))
         if any(e > 1e-10 for e in errors.values()):
             print("they disagree: not timing", file=sys.stderr)
             return 1
-        rows += [row for dtype in dtypes for row in run_functional(name, dtype, peers, args.rounds, args.calls, notes,
-                                                                               args.clock, args.threads)]
+        rows += [row for dtype in dtypes for row in time_rows(name, dtype, peers, timing, notes, args.threads,
+                                                              not args.one_process, args.settle)]
     if args.save:
         from benchmarks import tables
 
@@ -955,8 +1082,11 @@ def main(argv: list[str] | None = None) -> int:
                 "LeNet-5 on 28x28 images, batch 64" if m == "lenet5" else WORKLOADS[m][0] for m in models),
             **tables.provenance(),
             "command": "python benchmarks/real_sizes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "conditions": ("every peer in one process pinned to one CPU, one thread; " if args.threads == 1 else
-                           f"every peer in one process pinned to {args.threads} CPUs, {args.threads} threads; ")
+            "conditions": ("every peer in one process" if args.one_process else "each peer in a process of its own")
+                          + (" pinned to one CPU, one thread; " if args.threads == 1 else
+                             f" pinned to the same {args.threads} CPUs, {args.threads} threads; ")
+                          + (f"a pause of {args.settle * 1e3:.0f} ms before each peer's turn (the last one's thread "
+                             "pools stop spinning); " if args.settle else "")
                           + ("the process's CPU time (all its threads); " if args.clock == "cpu" else "")
                           + "rounds of calls of each "
                           "peer in turn; median of the round medians; the ratio is the median of the per-round "

@@ -58,3 +58,28 @@ def test_the_breakdowns_blas_call_multiplies_as_numpy_does(dtype):
         cblas.call(a, b, c, ta, tb)()
         want = (a.T if ta else a) @ (b.T if tb else b)
         np.testing.assert_allclose(c, want, rtol=1e-5 if dtype == "float32" else 1e-12)
+
+
+def test_each_peer_runs_in_a_process_of_its_own_and_answers_timed_calls():
+    """PeerProcesses: a peer without the model (JAX has no LeNet-5 here; an unknown name) drops out,
+    and each turn's answer is the number of calls asked for, in seconds, from the peer's own process."""
+    notes: dict = {}
+    peers = real_sizes.PeerProcesses("mlp", "float64", ["symbackprop", "no_such_peer"], notes, clock="cpu")
+    try:
+        assert peers.peers == ["symbackprop"]
+        for what in ("step", "infer"):
+            times = peers.sample("symbackprop", what, 3)
+            assert len(times) == 3 and all(0 < t < 10 for t in times)
+        pid = peers.processes["symbackprop"].pid
+        assert pid != __import__("os").getpid()
+    finally:
+        peers.close()
+    assert peers.processes == {}
+
+
+def test_interleave_takes_ratios_round_by_round():
+    """The ratio is the median of each round's ratio to the first label's, not a ratio of medians."""
+    script = {"a": iter([[1.0], [2.0], [4.0]]), "b": iter([[3.0], [2.0], [2.0]])}
+    result = real_sizes.interleave_samples(["a", "b"], lambda label, count: next(script[label]), 3, 1)
+    assert result["a"] == (2.0, (1.0, 1.0, 1.0))
+    assert result["b"] == (2.0, (1.0, 0.5, 3.0))
