@@ -999,14 +999,14 @@ def time_layers(dtype: str, rounds: int, per_round: int, model: str = "lenet5", 
 
 
 def breakdown(models: list[str], dtypes: list[str], peers: list[str], timing: tuple, notes: dict,
-              save: str | None, argv: list[str] | None) -> int:
+              save: str | None, argv: list[str] | None, threads: int = 1) -> int:
     """--breakdown: each model's calls in parts (benchmarks/real_sizes_breakdown.py), saved as NAME."""
     from benchmarks import real_sizes_breakdown as parts
 
-    rows = [row for name in models for dtype in dtypes for row in parts.breakdown_rows(name, dtype, peers, timing,
-                                                                                       notes)]
+    rows = [row for name in models for dtype in dtypes
+            for row in parts.breakdown_rows(name, dtype, peers, timing, notes, threads)]
     if save:
-        parts.save(save, models, rows, argv if argv is not None else sys.argv[1:], peers, notes)
+        parts.save(save, models, rows, argv if argv is not None else sys.argv[1:], peers, notes, threads, timing[2])
     return 0
 
 
@@ -1054,7 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     notes: dict[str, list[str]] = {}
     if args.breakdown:
-        return breakdown(models, dtypes, peers, (args.rounds, args.calls, args.clock), notes, args.save, argv)
+        return breakdown(models, dtypes, peers, (args.rounds, args.calls, args.clock), notes, args.save, argv,
+                         args.threads)
     timing = (args.rounds, args.calls, args.clock)
     for name in models:
         errors = check_lenet5(peers) if name == "lenet5" else check_functional(name, peers)

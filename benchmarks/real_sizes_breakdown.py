@@ -43,6 +43,7 @@ from symbackprop import nn
 from symbackprop.toolchain.blas import find_blas
 
 ROWS = rs.GPT_BATCH * rs.GPT_LEN
+SETTLE = 0.05  # seconds of pause before each peer's turn: the last one's thread pools stop spinning
 # workload: [(m, k, n, layers, input gradient)]: each forward product m x k by k x n, how many
 # layers have it, and whether the step computes the gradient by its left operand
 PRODUCTS = {
@@ -68,11 +69,11 @@ def gemms(workload: str, training: bool) -> list[tuple[str, int, int, int, bool,
 class Cblas:
     """gemm of the library symbackprop links (OpenBLAS, or oneMKL), called through ctypes."""
 
-    def __init__(self, dtype: str):
+    def __init__(self, dtype: str, threads: int = 1):
         blas = find_blas()
         lib = ctypes.CDLL(str(blas.library))
         prefix = "scipy_" if blas.name == "openblas" else ""
-        getattr(lib, blas.set_threads)(ctypes.c_int(1))
+        getattr(lib, blas.set_threads)(ctypes.c_int(threads))
         self.gemm = getattr(lib, f"{prefix}cblas_{'s' if dtype == 'float32' else 'd'}gemm")
         real, i, p = ctypes.c_float if dtype == "float32" else ctypes.c_double, ctypes.c_int, ctypes.c_void_p
         self.gemm.argtypes = [i, i, i, i, i, i, real, p, i, p, i, real, p, i]
@@ -171,10 +172,11 @@ def _jax_attention(arrays: dict, training: bool):
     return lambda: jax.block_until_ready(grads(q, k, v))
 
 
-def conv_part(dtype: str, peers: list[str], training: bool, timing: tuple) -> tuple[dict, list]:
+def conv_part(dtype: str, peers: list[str], training: bool, timing: tuple, threads: int = 1) -> tuple[dict, list]:
     """({peer: seconds} of the ResNet's convolutions in a step (forward, weight gradient, and the input
     gradient but the stem's) or in inference, [each convolution's kernels' {conv, seconds, GFLOP/s}]):
-    symbackprop's as real_sizes.py --layers times them (small models' differences), PyTorch's F.conv2d."""
+    symbackprop's as real_sizes.py --layers times them (small models' differences, built as the
+    whole model is for `threads`), PyTorch's F.conv2d."""
     rng = np.random.default_rng(0)
     batch, total, kernels = rs.RES_BATCH, {}, []
     for name, c_in, side, c_out, k, stride, pad in rs.resnet_convs():
@@ -183,7 +185,7 @@ def conv_part(dtype: str, peers: list[str], training: bool, timing: tuple) -> tu
         arrays = {"X": rng.random((batch, c_in * side * side)).astype(dtype),
                   "G": rng.standard_normal((batch, c_out * out_side ** 2)).astype(dtype),
                   "K": rng.standard_normal((c_out, c_in * k * k)).astype(dtype)}
-        by_k, by_kx = (sbp.compile(models[m], dtype=dtype) for m in ("by_k", "by_kx"))
+        by_k, by_kx = (sbp.compile(models[m], dtype=dtype, options=rs.build_options(threads)) for m in ("by_k", "by_kx"))
         calls = {"symbackprop forward": by_k.prepare("forward", **arrays),
                  "symbackprop by_K": by_k.prepare("value_and_grad", **arrays),
                  "symbackprop by_K_X": by_kx.prepare("value_and_grad", **arrays)}
@@ -228,13 +230,14 @@ def attention_flops(training: bool) -> int:
     return per * (6 if training else 2) * rs.GPT_BLOCKS
 
 
-def blas_rate(dtype: str, cblas: Cblas, repeat: int = 10) -> float:
-    """FLOP/s of the library's 1024 x 1024 by 1024 x 1024 product, the fastest of `repeat`."""
+def blas_rate(dtype: str, cblas: Cblas, repeat: int = 10, clock: str = "cpu") -> float:
+    """FLOP/s of the library's 1024 x 1024 by 1024 x 1024 product, the fastest of `repeat` (on the clock
+    the parts are timed with: per CPU-second on "cpu", per second on "wall")."""
     side = 1024
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((side, side)).astype(dtype) for _ in range(2))
     call = cblas.call(a, b, np.empty((side, side), dtype=dtype), False, False)
-    now, best = rs.CLOCKS["cpu"], float("inf")
+    now, best = rs.CLOCKS[clock], float("inf")
     for _ in range(repeat):
         t0 = now()
         call()
@@ -244,12 +247,14 @@ def blas_rate(dtype: str, cblas: Cblas, repeat: int = 10) -> float:
 
 def timed(calls: dict, rounds: int, per_round: int, clock: str) -> dict:
     """{peer: median of round medians} of interleaved calls (real_sizes.interleave)."""
-    return {peer: result[0] for peer, result in rs.interleave(calls, rounds, per_round, warmup=2, clock=clock).items()}
+    return {peer: result[0] for peer, result in
+            rs.interleave(calls, rounds, per_round, warmup=2, clock=clock, settle=SETTLE).items()}
 
 
-def products_part(workload: str, dtype: str, peers: list[str], training: bool, timing: tuple) -> tuple[dict, list]:
+def products_part(workload: str, dtype: str, peers: list[str], training: bool, timing: tuple,
+                  threads: int = 1) -> tuple[dict, list]:
     """({peer: seconds} of all the step's gemms, [each shape's {what, count, seconds, GFLOP/s}])."""
-    cblas, kernels, total = Cblas(dtype), [], dict.fromkeys(["symbackprop", *peers], 0.0)
+    cblas, kernels, total = Cblas(dtype, threads), [], dict.fromkeys(["symbackprop", *peers], 0.0)
     for gemm in gemms(workload, training):
         what, m, k, n, _, _, count = gemm
         seconds = timed(product_calls(gemm, dtype, cblas, peers), *timing)
@@ -259,27 +264,31 @@ def products_part(workload: str, dtype: str, peers: list[str], training: bool, t
                                                    for p, s in seconds.items()), flush=True)
         for peer, s in seconds.items():
             total[peer] += count * s
+    sbp.set_num_threads(threads)  # back to symbackprop's own setting (Cblas set the BLAS's)
     return total, kernels
 
 
-def breakdown_rows(workload: str, dtype: str, peers: list[str], timing: tuple, notes: dict) -> list[dict]:
+def breakdown_rows(workload: str, dtype: str, peers: list[str], timing: tuple, notes: dict,
+                   threads: int = 1) -> list[dict]:
     """The rows of one workload and dtype: for the training step and inference, the whole call, its
-    products, its attention core (the decoder), the rest; the FLOPs at the BLAS's rate; the fastest peer's / 1.5."""
-    step_calls, infer_calls = rs.functional_calls(workload, dtype, peers, notes)
-    rate = blas_rate(dtype, Cblas(dtype))
+    products, its attention core (the decoder), the rest; the FLOPs at the BLAS's rate; the fastest peer's / 1.5.
+    On `threads` threads: every peer's, the BLAS's and symbackprop's kernels built with OpenMP."""
+    step_calls, infer_calls = rs.functional_calls(workload, dtype, peers, notes, threads)
+    rate = blas_rate(dtype, Cblas(dtype, threads), clock=timing[2])
+    sbp.set_num_threads(threads)  # back to symbackprop's own setting (its OpenMP modules keep the BLAS at one)
     short = {"gpt": "decoder", "mlp": "MNIST MLP", "resnet": "ResNet"}[workload]
     rows = []
     for training, calls in ((True, step_calls), (False, infer_calls)):
-        name = f"{short} {dtype}, {'training step' if training else 'inference'}"
+        name = f"{short} {dtype}, {'training step' if training else 'inference'}{rs.thread_label(threads)}"
         print(f"{name}:", flush=True)
         whole = timed(calls, *timing)
         direct = [p for p in peers if p != "torch_compile"]
         if workload == "resnet":
-            products, kernels = conv_part(dtype, direct, training, timing)
+            products, kernels = conv_part(dtype, direct, training, timing, threads)
             flops = conv_flops(training)
             what = f"convolutions ({flops / 1e9:.2f} GFLOP)"
         else:
-            products, kernels = products_part(workload, dtype, direct, training, timing)
+            products, kernels = products_part(workload, dtype, direct, training, timing, threads)
             flops = sum(2 * m * k * n * count for _, m, k, n, _, _, count in gemms(workload, training))
             what = f"dense products ({sum(g[-1] for g in gemms(workload, training))} gemms, {flops / 1e9:.2f} GFLOP)"
         products.setdefault("torch_compile", products.get("torch_eager", 0.0))  # Inductor calls aten's mm, conv
@@ -306,7 +315,8 @@ def breakdown_rows(workload: str, dtype: str, peers: list[str], timing: tuple, n
     return rows
 
 
-def save(name: str, models: list[str], rows: list[dict], argv: list[str], peers: list[str], notes: dict) -> None:
+def save(name: str, models: list[str], rows: list[dict], argv: list[str], peers: list[str], notes: dict,
+         threads: int = 1, clock: str = "cpu") -> None:
     """benchmarks/results/NAME.json of the breakdown rows."""
     from benchmarks import tables
 
@@ -325,9 +335,13 @@ def save(name: str, models: list[str], rows: list[dict], argv: list[str], peers:
     data = {"title": "Where the time of a real-size call goes: " + ", ".join(rs.WORKLOADS[m][0] for m in models),
             **tables.provenance(),
             "command": "python benchmarks/real_sizes.py " + " ".join(argv),
-            "conditions": "every peer in one process pinned to one CPU, one thread; the process's CPU time; "
-                          "rounds of calls of each peer in turn, median of the round medians; a part's time "
-                          "is its calls' medians times their count in the call",
+            "conditions": ("every peer in one process pinned to one CPU, one thread; " if threads == 1 else
+                           f"every peer in one process pinned to {threads} CPUs, {threads} threads (the BLAS's "
+                           f"too; symbackprop built with OpenMP); ")
+                          + ("the process's CPU time; " if clock == "cpu" else "the wall clock; ")
+                          + f"rounds of calls of each peer in turn, {SETTLE * 1e3:.0f} ms of pause before each, "
+                          "median of the round medians; a part's time is its calls' medians times their count "
+                          "in the call",
             "source": "benchmarks/real_sizes_breakdown.py (real_sizes.py --breakdown)",
             "row_header": "part of the call", "baseline": "symbackprop",
             "columns": [{"key": k, "label": labels[k], "ratio": k != "symbackprop"} for k in labels
