@@ -45,7 +45,7 @@ _C_WORDS = frozenset({"int64_t", "int", "double", "float", "const", "INFINITY", 
 _TOKEN = re.compile(r"\d[\w.]*|([A-Za-z_]\w*)(\s*[\[(])?")
 # the fields of a map kernel a shared loop may have (others: a table, parts, flags kept inline)
 _PLAIN_FIELDS = frozenset({"loops", "hoisted", "parallel", "straight", "temps", "stores", "statements", "independent",
-                           "whole"})
+                           "whole", "sums", "sums_block"})
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def _shape(fields: dict, arrays: set[str], dims: frozenset[str], words: frozense
     local |= {name for store, name, _ in fields.get("statements", ()) if not store}
     used: dict[str, bool] = {}  # array: written, in order of first use
     seen_dims: set[str] = set()
-    writes = [target for target, _ in fields.get("stores", ())]
+    writes = [target for target, _ in (*fields.get("stores", ()), *fields.get("sums", ()))]
     writes += [name for store, name, _ in fields.get("statements", ()) if store]
     written = {match.group(1) for text in writes for match in _TOKEN.finditer(text) if match.group(1)}
     for text in _texts([fields[name] for name in sorted(fields) if name not in ("parallel", "independent")]):

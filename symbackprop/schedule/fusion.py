@@ -9,7 +9,14 @@ not break a loop: a map reading shift(m) of a map m of the loop joins it,
 and the loop recomputes m at i - k (cheap arithmetic only, and no more
 than MAX_REACH entries away), where a stored m would need a loop of its
 own before. An RK4 step (each stage reads the last one moved) so runs as
-one loop, not one a stage."""
+one loop, not one a stage.
+
+A sum down each column of a loop's value (a batch norm's statistics and
+the gradients of its scale and shift, a bias's gradient) is added up in
+that loop as it computes the value (MapGroup.sums): the value is then
+stored only where something else reads it, and never read back for
+the sum (the float32 ResNet's batch norms wrote and reread a 2 MB
+matrix for each)."""
 
 from __future__ import annotations
 
@@ -52,6 +59,11 @@ class MapGroup:
     shape: Shape
     members: list[Node] = field(default_factory=list)
     late: bool = False  # writes over an input: runs after every other kernel
+    sums: list[Node] = field(default_factory=list)  # column sums of members, added up in the loop (_summing_group)
+
+    def nodes(self) -> list[Node]:
+        """What the loop computes: its members, then its sums."""
+        return self.members + self.sums
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,12 @@ class ProductSum:
     pure: bool
 
 
+# A column sum runs in the loop of what it sums when its rows are at least
+# this long: the loop then runs over blocks of columns (ops/elementwise.py
+# SUMS_BLOCK_VECTORS), which need rows this long to stream and to give two
+# threads a block each; a narrower matrix's sum (a bias of 10 outputs over
+# a batch of 32768) keeps its own kernel, which adds several rows at once.
+SUMS_MIN_COLUMNS = 4096
 SPLIT_SCALAR_MEMBERS = 16  # scalar maps the loss needs, beyond which its scalar steps take no derivative (_splits_first)
 
 
@@ -113,6 +131,7 @@ class Placement:
         self.size: dict[Node, int | None] = {}  # a member's operations (None: it calls a function)
         self.closure: dict[Node, set[Node] | None] = {}  # the members a recomputable one is computed from
         self.summed = self._product_sums() if sum_products else {}  # sums of products added up in one buffer
+        self.sum_group: dict[Node, MapGroup] = {}  # each column sum run in a loop, that loop
 
     def _spreads(self) -> set[Node]:
         """Broadcasts that only elementwise loops read: never stored, those
@@ -155,6 +174,12 @@ class Placement:
             if summed is not None and summed.pure:  # its products' buffer: ready once the last has run
                 self.index_of[node] = max(self.index_of[p] for p in summed.products)
                 continue
+            group = self._summing_group(node)
+            if group is not None:  # a column sum of a loop's value: added up in that loop
+                group.sums.append(node)
+                self.sum_group[node] = group
+                self.index_of[node] = group.index
+                continue
             fused = record(node.op).fused
             if fused == "elementwise":
                 self._place_map(node)
@@ -175,7 +200,7 @@ class Placement:
             return set()
         step_of: dict[Node, MapGroup | ExamplesGroup | Node] = {}
         for planned in self.plan:
-            for member in (planned.members if isinstance(planned, (MapGroup, ExamplesGroup)) else [planned]):
+            for member in step_nodes(planned):
                 step_of[member] = planned
         todo = [node for out, node in self.results if out in self.first]
         chosen: set[int] = set()
@@ -189,8 +214,29 @@ class Placement:
             step: MapGroup | ExamplesGroup | Node | None = step_of.get(node)
             if step is not None and id(step) not in chosen:  # its members once a step (it was once a member)
                 chosen.add(id(step))
-                todo.extend(step.members if isinstance(step, (MapGroup, ExamplesGroup)) else [step])
+                todo.extend(step_nodes(step))
         return chosen
+
+    def _summing_group(self, node: Node) -> MapGroup | None:
+        """The loop that adds up `node`, a sum down each column (a
+        reduction whose record says so: ReduceAttrs.column_sums), as it
+        computes the matrix summed: that matrix's loop, in the same phase,
+        of more than one row and at least SUMS_MIN_COLUMNS columns. None
+        for anything else, and for a loop that reads a moved vector (it
+        runs in parts)."""
+        if not getattr(record(node.op).attrs, "column_sums", False) or node.attrs[0] != 0:
+            return None
+        summed = node.args[0]
+        columns = sp.sympify(summed.shape[1])
+        if not (columns.is_Integer and int(columns) >= SUMS_MIN_COLUMNS):
+            return None
+        group = self.group_of.get(summed)
+        if (group is None or group.shape != summed.shape or any(d == 1 for d in summed.shape)
+                or group.late != (node in self.late)):
+            return None
+        if any(arg in self.through for member in group.members for arg in member.args):
+            return None
+        return group
 
     def _is_late(self, step: MapGroup | ExamplesGroup | Node) -> bool:
         return step.late if isinstance(step, (MapGroup, ExamplesGroup)) else step in self.late
@@ -278,6 +324,8 @@ class Placement:
             if self._splits_first(group, node):
                 refused = True
                 continue
+            if group.sums and any(a in self.through for a in args):
+                continue  # a loop with sums runs whole, never in parts
             if all(self._ready_in(a, group) for a in args):
                 reach = self._reaches(members, group)
                 if all(high - low <= MAX_REACH for low, high in reach.values()):
@@ -372,6 +420,13 @@ class Placement:
         held = [member, *member.args, *(a for t in member.args if t in self.through for a in t.args)]
         for node in held:
             self.near.setdefault(node, {})[group.index] = group
+
+
+def step_nodes(step: MapGroup | ExamplesGroup | Node) -> list[Node]:
+    """The nodes a planned step computes."""
+    if isinstance(step, MapGroup):
+        return step.nodes()
+    return step.members if isinstance(step, ExamplesGroup) else [step]
 
 
 def _bare_term(symbol: sp.Symbol, terms: tuple[sp.Expr, ...]) -> bool:

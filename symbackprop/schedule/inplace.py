@@ -27,7 +27,7 @@ from typing import Any
 from symbackprop.base.registry import is_view
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import SCALAR, Node
-from symbackprop.schedule.fusion import MapGroup
+from symbackprop.schedule.fusion import MapGroup, step_nodes
 
 
 def over_dead_inputs(sched: Any, stored: list[Node]) -> dict[Node, Node]:
@@ -35,7 +35,7 @@ def over_dead_inputs(sched: Any, stored: list[Node]) -> dict[Node, Node]:
     the scheduler's elementwise loops (see the module)."""
     step_of: dict[Node, int] = {}
     for k, step in enumerate(sched.plan):
-        for member in (step.members if hasattr(step, "members") else [step]):
+        for member in step_nodes(step):
             step_of[member] = k
     named = set(sched.naming.names)  # the user's names (and the arguments'): each keeps its buffer
     candidates = {node for node in stored if node not in named and not _named_after(sched.naming, node, named)}

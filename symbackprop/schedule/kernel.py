@@ -202,12 +202,14 @@ class MapKernel:
     # loop-free, run from a table of its products: each temporary's rows, then each store's
     # (None: a store of a load or temporary as it is); schedule.straight.as_table
     table: tuple | None = field(default=None, compare=False)
+    # (1 x columns buffer, value): added up down each column as the loop runs (fusion.MapGroup.sums)
+    sums: tuple[tuple[str, sp.Expr], ...] = ()
 
     def reads(self) -> list[str]:
         return [view.buffer for _, view in self.loads]
 
     def writes(self) -> list[str]:
-        return [out for out, _ in self.stores]
+        return [out for out, _ in self.stores] + [out for out, _ in self.sums]
 
     @property
     def title(self) -> str:
@@ -216,11 +218,11 @@ class MapKernel:
     def op_counts(self) -> tuple[int, int]:
         """Scalar operations in its values before CSE and in its body after."""
         before = opcount.count_all(self.before_cse or ())
-        return before, sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
+        return before, sum(count_ops(e) for _, e in self.temps + self.stores + self.sums)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
-        """(multiply-adds, other operations): its body's (after CSE) per element."""
-        per = sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
+        """(multiply-adds, other operations): its body's (after CSE) per element, a sum's addition one."""
+        per = sum(count_ops(e) for _, e in self.temps + self.stores + self.sums) + len(self.sums)
         return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1] * sp.Integer(per)
 
 

@@ -20,7 +20,7 @@ from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
 from symbackprop.schedule.cse import cse_program, share_powers
 from symbackprop.schedule.dagcse import dag_cse
-from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement
+from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement, step_nodes
 from symbackprop.schedule.inplace import over_dead_inputs, stores_last
 from symbackprop.schedule.kernel import (
     MAX_INLINED_OPS,
@@ -177,7 +177,7 @@ class Scheduler(Placement):
         group = self.group_of.get(node)
         if group is None:
             return True
-        return any(self.group_of.get(reader) is not group for reader in self.readers(node))
+        return any((self.group_of.get(reader) or self.sum_group.get(reader)) is not group for reader in self.readers(node))
 
     def _bind_results(self) -> list[tuple[str, Node]]:
         """Write each result straight into its output where possible; the
@@ -231,7 +231,7 @@ class Scheduler(Placement):
 
     def _planned(self) -> list[Node]:
         """The nodes of the plan in the order the C computes them."""
-        return [m for step in self.plan for m in (step.members if isinstance(step, (MapGroup, ExamplesGroup)) else [step])]
+        return [m for step in self.plan for m in step_nodes(step)]
 
     def view(self, node: Node) -> View:
         """How kernels read `node`: its buffer, or a view's strides over its argument's."""
@@ -258,11 +258,12 @@ class Scheduler(Placement):
     def _map_kernel(self, group: MapGroup) -> MapKernel | None:
         loads: dict[View, tuple[sp.Symbol, View, str]] = {}
         stored = [m for m in group.members if m in self.buffer_of]
-        if not stored:
+        summed = [total.args[0] for total in group.sums]  # the members its column sums add up
+        if not stored and not summed:
             return None
         guards: set[int] = set()
-        value, program = self._member_values(group, stored, loads, guards)
-        exprs = [value[m, 0] for m in stored]
+        value, program = self._member_values(group, list(dict.fromkeys(stored + summed)), loads, guards)
+        exprs = [value[m, 0] for m in stored] + [value[m, 0] for m in summed]
         if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
             temps, reduced = cse_program(program, exprs)
         else:
@@ -273,14 +274,20 @@ class Scheduler(Placement):
         equations = map_equations([(self.buffer_of[m], value[m, 0]) for m in stored], readable)
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, _elementwise_latex(e)) for e in equations)
+        sums_of = [(self.buffer_of[total], value[m, 0]) for total, m in zip(group.sums, summed)]
+        equations += tuple(_column_sum(e) for e in map_equations(sums_of, readable))
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
+        sums = tuple((out, e) for (out, _), e in zip(sums_of, reduced[len(stored):]))
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
         if overwrites and not group.late:  # over an input read at its own entries only (schedule.inplace)
             stores, overwrites = stores_last(stores, overwrites), set()
         if overwrites & {view.buffer for _, view in load_views if isinstance(view, ShiftedView)}:
             raise RuntimeError(f"internal: a loop reads {sorted(overwrites)} moved while it overwrites it")
+        if sums and (guards or any(isinstance(view, ShiftedView) for _, view in load_views)):
+            raise RuntimeError(f"internal: a loop with column sums {[out for out, _ in sums]} reads a moved vector")
         return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites),
-                         before_cse=tuple(e for _, e in program) + tuple(exprs), guards=tuple(sorted(guards)))
+                         before_cse=tuple(e for _, e in program) + tuple(exprs), guards=tuple(sorted(guards)),
+                         sums=sums)
 
     def _member_values(self, group: MapGroup, stored: list[Node], loads: dict, guards: set[int]) -> tuple[dict, list]:
         """Each member's value at the entries the stored ones need it (i - k:
@@ -389,6 +396,14 @@ class Scheduler(Placement):
             copied = equation(out_name, sp.Symbol(self.label(node)))
             kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (copied,)))
         return kernels
+
+
+def _column_sum(equation: Equation) -> Equation:
+    """A loop's column sum's equation, from that of the value it adds up."""
+    if equation.text == "see the temporaries in the C":
+        return equation
+    return Equation(equation.lhs, f"sum of {equation.text} down each column",
+                    lambda: equation.latex.replace(" = ", r" = \sum_i \left(", 1) + r"\right)_{ij}")
 
 
 def _elementwise_latex(equation: Equation) -> Callable[[], str]:
