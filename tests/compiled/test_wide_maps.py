@@ -18,10 +18,11 @@ import subprocess
 import numpy as np
 import pytest
 import sympy as sp
-from c_driver import STRICT_FLAGS, unwrapped, write_runtime_header
+from c_driver import STRICT_FLAGS, strict_compile_errors, unwrapped, write_runtime_header
 
 import symbackprop as sbp
 from symbackprop.ops.emap_c import WIDE_SUMS_NARROW
+from symbackprop.pipeline import generate
 from symbackprop.toolchain import compiler
 from symbackprop.toolchain.builder import DEFAULT_FLAGS, BuildOptions
 from symbackprop.toolchain.compiler import SIMD_FLAGS
@@ -180,6 +181,21 @@ def test_few_sums_in_a_wide_body_run_over_whole_eights(few_sums):
     assert "SYMBACKPROP_SIMD_SUMS" not in source
     assert "for (int64_t lane = 0; lane < 8; ++lane) {" in source
     assert "_lane_sums(lanes, 4, N - (rows8 - 8), term_sums);" in source
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_value_only_variant_of_a_loop_over_whole_eights_adds_no_sums(dtype, tmp_path):
+    """forward's variant of that loop (its sums are the gradient's) keeps
+    no lanes: it zeroed them, added them up and into the gradient (its
+    `into` unused, which -Wall -Werror refused), as it ran the product
+    after the loop of OuterProductSums (the template read the sums of the
+    loop with gradients)."""
+    emitted, _ = generate(_polyfit_model(free=4), dtype=dtype, functions=FUNCTIONS)
+    with_grads, rest = emitted.source.split("/* the forward values only */")
+    value_only = rest.split("/* colsum_x = ")[0]  # to the loop's end
+    assert "_lane_sums(lanes, " in with_grads and "grad_x[0] += term_sums[0];" in with_grads
+    assert "lanes" not in value_only and "term_sums" not in value_only and "grad_x" not in value_only
+    assert strict_compile_errors(emitted, tmp_path, dtype) == ""
 
 
 @pytest.mark.parametrize(("dim", "points_name", "coeffs_name"), [("rows8", "row", "x"), ("N", "lanes", "into")])
