@@ -88,7 +88,7 @@ def test_many_sums_of_a_wide_loss_run_over_whole_eights_in_lanes(polyfit_eights)
     assert "+ 63) & ~(uintptr_t)63); /* its sums' lanes" in unwrapped(source)
     assert "*const into = i0 + 8 <= N ? lanes : lanes + 512;" in source
     assert re.search(r"into\[504 \+ lane\] \+= ", source)
-    assert "_lane_sums(lanes, 64, N - (rows8 - 8), term_sums);" in source
+    assert "_lane_sums(lanes, 8, 64, N - (rows8 - 8), term_sums);" in source
     # the 64 sums then add into x's gradient in one loop, not 64 lines
     assert "for (int64_t k = 0; k < 64; ++k) {\n" in source and "grad_x[k] += term_sums[k];" in source
     assert "grad_x[1] +=" not in source
@@ -180,7 +180,7 @@ def test_few_sums_in_a_wide_body_run_over_whole_eights(few_sums):
     assert "SYMBACKPROP_SCALAR_TAIL" not in source
     assert "SYMBACKPROP_SIMD_SUMS" not in source
     assert "for (int64_t lane = 0; lane < 8; ++lane) {" in source
-    assert "_lane_sums(lanes, 4, N - (rows8 - 8), term_sums);" in source
+    assert "_lane_sums(lanes, 8, 4, N - (rows8 - 8), term_sums);" in source
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -338,9 +338,12 @@ def polyfit_eights_float32():
 
 @pytest.mark.parametrize("n", [1, 7, 8, 13, 1003])
 def test_lanes_in_float32_give_the_closed_form(polyfit_eights_float32, n):
-    """The same loop in float: eight lanes of floats a sum (half a 64-byte
-    line), the runtime's f32 lane_sums; against numpy's float64 closed form."""
-    assert "symbackprop_f32_lane_sums(lanes, 64, N - (rows8 - 8), term_sums);" in polyfit_eights_float32.emitted.source
+    """The same loop in float: sixteen lanes of floats a sum (a 64-byte
+    line, one vector register), the runtime's f32 lane_sums; against
+    numpy's float64 closed form (tests/compiled/test_emap_lanes.py: more
+    counts, and the other loops)."""
+    source = polyfit_eights_float32.emitted.source
+    assert "symbackprop_f32_lane_sums(lanes, 16, 64, N - (rows16 - 16), term_sums);" in source
     rng = np.random.default_rng(40 + n)
     t, s = rng.uniform(-1, 1, n), rng.normal(size=n)
     x = rng.normal(size=M) / np.arange(1, M + 1)
