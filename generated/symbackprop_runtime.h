@@ -528,17 +528,19 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
     return result;
 }
 
-/* out[j] = the sum of lanes[8*j], ..., lanes[8*j + 7], in order, after
- * the first `last` of the eight lanes kept apart (lanes[8*(cols + j) + l],
- * the last eight examples', some past the last example) are added into
- * them: the sums of a wide loop over whole eights (ops/emap_kernel.py LANES). */
-SYMBACKPROP_HELPER void symbackprop_f64_lane_sums(const double *lanes, int64_t cols, int64_t last, double *out)
+/* out[j] = the sum of lanes[w*j], ..., lanes[w*j + w - 1], in order, after
+ * the first `last` of the w lanes kept apart (lanes[w*(cols + j) + l], the
+ * last w examples', some past the last example) are added into them: the
+ * sums of a wide loop over whole groups of w examples (ops/emap_c.py
+ * _lane_sums; w = width, the lanes of the module's real type, which a
+ * float64 module compiled as float keeps). */
+SYMBACKPROP_HELPER void symbackprop_f64_lane_sums(const double *lanes, int64_t width, int64_t cols, int64_t last, double *out)
 {
     for (int64_t j = 0; j < cols; ++j) {
-        const double *lane = lanes + 8 * j;
-        const double *apart = lanes + 8 * (cols + j);
+        const double *lane = lanes + width * j;
+        const double *apart = lanes + width * (cols + j);
         double result = 0;
-        for (int64_t l = 0; l < 8; ++l) {
+        for (int64_t l = 0; l < width; ++l) {
             result += l < last ? lane[l] + apart[l] : lane[l];
         }
         out[j] = result;
@@ -1831,17 +1833,19 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
     return result;
 }
 
-/* out[j] = the sum of lanes[8*j], ..., lanes[8*j + 7], in order, after
- * the first `last` of the eight lanes kept apart (lanes[8*(cols + j) + l],
- * the last eight examples', some past the last example) are added into
- * them: the sums of a wide loop over whole eights (ops/emap_kernel.py LANES). */
-SYMBACKPROP_HELPER void symbackprop_f32_lane_sums(const float *lanes, int64_t cols, int64_t last, float *out)
+/* out[j] = the sum of lanes[w*j], ..., lanes[w*j + w - 1], in order, after
+ * the first `last` of the w lanes kept apart (lanes[w*(cols + j) + l], the
+ * last w examples', some past the last example) are added into them: the
+ * sums of a wide loop over whole groups of w examples (ops/emap_c.py
+ * _lane_sums; w = width, the lanes of the module's real type, which a
+ * float64 module compiled as float keeps). */
+SYMBACKPROP_HELPER void symbackprop_f32_lane_sums(const float *lanes, int64_t width, int64_t cols, int64_t last, float *out)
 {
     for (int64_t j = 0; j < cols; ++j) {
-        const float *lane = lanes + 8 * j;
-        const float *apart = lanes + 8 * (cols + j);
+        const float *lane = lanes + width * j;
+        const float *apart = lanes + width * (cols + j);
         float result = 0;
-        for (int64_t l = 0; l < 8; ++l) {
+        for (int64_t l = 0; l < width; ++l) {
             result += l < last ? lane[l] + apart[l] : lane[l];
         }
         out[j] = result;

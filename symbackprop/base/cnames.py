@@ -45,13 +45,15 @@ _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M
 # shape: those of the self-describing functions, whose bodies name the
 # dimensions too).
 INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape stacked".split()
-                     # a wide loop's examples in whole eights (templates/kernel_emap.c.j2)
-                     + "rows8 row i0 lanes into picks".split()
+                     # a wide loop's examples in whole groups of lanes (templates/kernel_emap.c.j2;
+                     # its rows8, rows16: _TEMP)
+                     + "row i0 lanes into picks".split()
                      # the loop variables of the image ops (templates/kernel_conv.c.j2)
                      + "at best share wv ch ic oc kk ky kx oy ox iy ix blk win wsum".split()
                      # and of attention (templates/kernel_attention.c.j2)
                      + "seq len row0 qt ks hd dk qbase val wt pw srow aw orow".split())
-_TEMP = re.compile(r"^((x|acc)\d+|dc_\w+)$")  # CSE temporaries, accumulators, the direct convolution's locals
+# CSE temporaries, accumulators, the direct convolution's locals, a wide loop's rows8 (rows<lanes>)
+_TEMP = re.compile(r"^((x|acc|rows)\d+|dc_\w+)$")
 MAX_LENGTH = 48
 
 

@@ -48,6 +48,11 @@ class RealType:
 FLOAT64 = RealType("float64", "double", "float64", sympy.codegen.ast.float64)
 FLOAT32 = RealType("float32", "float", "float32", sympy.codegen.ast.float32)
 REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
+# The most lanes of any real type (float32's sixteen): what a schedule,
+# built before its real type is chosen, makes room for where a kernel keeps
+# running values in RealType.lanes lanes (ops/emap_kernel.py PAD_ROWS). A
+# float64 module compiled in single precision keeps its text's lanes.
+MOST_LANES = max(t.lanes for t in REAL_TYPES.values())
 
 
 @dataclass(frozen=True)

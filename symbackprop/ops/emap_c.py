@@ -1,8 +1,9 @@
 """The C of an emap kernel (ops/emap_kernel.py): loops over the examples
 around its program, as the fields of templates/kernel_emap.c.j2. What the
 inner loop does not change is computed before it; sums into one row add
-into locals (in eight lanes for a small body); a wide body over whole
-eights adds its sums lane by lane and adds the lanes up after the loop."""
+into locals (in lanes for a small body: one vector register's, the real
+type's RealType.lanes); a wide body over whole groups of lanes adds its
+sums lane by lane and adds the lanes up after the loop."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ import sympy as sp
 
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
 from symbackprop.ops.emap_kernel import (
-    LANES,
     LANES_MAX_OPS,
-    ROWS8,
+    ROWS_WHOLE,
     ColumnCopy,
     EmapKernel,
     EmapOutput,
@@ -33,16 +33,16 @@ from symbackprop.ops.emap_kernel import (
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, View, loop_index
 
 PAST_LAST = loop_index("row")  # a padded copy's source row: the example's, or the last
-# Of a loop over whole eights, each sum adds into eight lanes (a row of the
-# workspace, a 64-byte line); after the loop each sum's lanes add up in
-# order (the runtime's _lane_sums), so that a sum's order depends on the
-# examples' count only, not on the machine's vectors.
+# Of a loop over whole groups of lanes, each sum adds into its lanes (a row
+# of the workspace, a 64-byte line); after the loop each sum's lanes add up
+# in order (the runtime's _lane_sums), so that a sum's order depends on the
+# examples' count and the real type only, not on the machine's vectors.
 # A wide body adding into this many locals or more (each a sum of the
 # examples in order: lane by lane, spilled) puts its function on 256-bit
 # vectors (SYMBACKPROP_WIDE_SUMS, the runtime header): faster to compile
 # and to run where the sums are many.
 WIDE_SUMS_NARROW = 192
-# A wide body with a scalar tail (not over whole eights) whose sums over the
+# A wide body with a scalar tail (not over whole groups of lanes) whose sums over the
 # examples are much of its work (a sum or more for every SIMD_SUMS_OPS
 # operations) adds each sum in the vector's lanes and the lanes after the
 # loop (SYMBACKPROP_SIMD_SUMS, the runtime header: OpenMP's simd
@@ -192,7 +192,7 @@ def _body(em: FunctionEmitter, kernel: EmapKernel) -> _Body:
     uses = loop_uses(kernel)
     inner = len(kernel.loops) - 1 - kernel.outer
     if kernel.padded:
-        em.index.text.update({ROWS8: "rows8", PAST_LAST: "row"})
+        em.index.text.update({ROWS_WHOLE: rows_whole(em), PAST_LAST: "row"})
     access = {sym: em.access(view, *_position(em, where, kernel)) for sym, view, where in kernel.loads}
     used = set().union(*(e.free_symbols for _, e in kernel.temps), *(e.free_symbols for *_, e in kernel.stores))
     loaded = [sym for sym, _, _ in kernel.loads if inner not in uses[sym] and sym in used]
@@ -277,7 +277,7 @@ def _product_stores(em: FunctionEmitter, kernel: EmapKernel, body: _Body, out: _
     after: list[str] = []
     summed_into = kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer
     var, examples = LOOP_VARS[body.inner], em.dim(kernel.loops[body.inner])
-    apart = "rows8" if kernel.padded else examples  # one factor's examples to the next's
+    apart = rows_whole(em) if kernel.padded else examples  # one factor's examples to the next's
     left, right, product = (em.namer.name(b) for b in (sums.left_scratch, sums.right_scratch, sums.sums))
     sides = [(left, k) for k in range(len(sums.left))] + [(right, k) for k in range(len(sums.right))]
     for (scratch, k), expr in zip(sides, body.factor_exprs):
@@ -296,22 +296,24 @@ def _product_stores(em: FunctionEmitter, kernel: EmapKernel, body: _Body, out: _
 
 
 def _lane_sums(em: FunctionEmitter, kernel: EmapKernel, body: _Body, out: _Stores) -> tuple[list, str, int]:
-    """(Whole eights, each sum in eight lanes: LANES) each local's store
-    rewritten to add into its lanes; the C that adds the sums into their
-    targets, each piece with the output it writes (_adds), the line that
-    adds up every sum's lanes, and how many sums."""
+    """(Whole groups of lanes, each sum in the real type's lanes) each
+    local's store rewritten to add into its lanes; the C that adds the
+    sums into their targets, each piece with the output it writes (_adds),
+    the line that adds up every sum's lanes, and how many sums."""
     examples, term_sums = em.dim(kernel.loops[body.inner]), em.namer.name(kernel.term_sums)
+    lanes = em.real.lanes
     summed = set(kernel.products.stores) if kernel.products else set()
     stored = [out.places[k] for k in range(len(kernel.stores)) if k not in summed]  # where each of stores is
     adds: list[_Add] = []
     for k, (_, _, expr, local) in enumerate(out.stores):
         if local:
             number = len(adds)
-            out.stores[k] = (f"into[{LANES * number} + lane]" if number else "into[lane]", "+=", expr, "")
+            out.stores[k] = (f"into[{lanes * number} + lane]" if number else "into[lane]", "+=", expr, "")
             adds.append(_Add(*stored[k], term_sums, number, out.buffers[k]))
     sums_count = len(adds)
-    sums_call = (f"{em.real.helper_prefix}_lane_sums(lanes, {sums_count}, {examples} - (rows8 - {LANES}), "
-                 f"{term_sums});")
+    # (the lanes' count passed: a float64 module compiled as float calls the float helper with its text's)
+    sums_call = (f"{em.real.helper_prefix}_lane_sums(lanes, {lanes}, {sums_count}, "
+                 f"{examples} - ({rows_whole(em)} - {lanes}), {term_sums});")
     return _adds(em, adds), sums_call, sums_count
 
 
@@ -320,8 +322,8 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     index (checked at the function's entry: see entry_checks). What the
     inner loop does not change is computed before it (the loads it reads
     first: locals, which the compiler need not read again after each
-    store), and sums into one row add into locals there (in eight lanes
-    for a small body)."""
+    store), and sums into one row add into locals there (in the real
+    type's lanes for a small body)."""
     body = _body(em, kernel)
     inner, outer = body.inner, kernel.outer
     out = _stores(em, kernel, body)
@@ -330,7 +332,7 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     size = sum(op_count(e) for _, e in body.hoisted + body.moving) + sum(op_count(e) for e in emitted)
     locals_count = sum(1 for *_, local in out.stores if local)
     # a wide body adding into locals or storing one number an example:
-    # whole eights, then a scalar tail
+    # whole groups of lanes, then a scalar tail
     # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
     eights = size > LANES_MAX_OPS and all(out.in_order)
     parallel = threaded(kernel)
@@ -350,7 +352,7 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "rows": _computed_rows(em, kernel),
         "copies": [_copy_fields(em, copy) for copy in kernel.copies],
         "loops": [(LOOP_VARS[a], em.dim(kernel.loops[a])) for a in (outer, inner)[:len(kernel.loops)]],
-        "lanes": LANES if size <= LANES_MAX_OPS else 1,
+        "lanes": em.real.lanes if size <= LANES_MAX_OPS else 1,
         # of two loops, an inner loop of a small body whose examples write
         # apart (and add up only in locals) carries `#pragma GCC ivdep`: GCC
         # cannot tell the workspace's buffers apart and would not vectorize it
@@ -361,17 +363,19 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "eights": eights,
         "simd_sums": eights and not after and locals_count * SIMD_SUMS_OPS >= size,
         "after": after,  # inside the outer loop, after the inner one (OuterProductSums)
-        "sums_after": sums_after,  # (whole eights) the sums over the examples, after the loop
+        "sums_after": sums_after,  # (whole groups of lanes) the sums over the examples, after the loop
         "sums_call": sums_call,
         "sums_count": sums_count,
-        "lane_count": LANES,
+        "lane_count": em.real.lanes,
         "lanes_scratch": em.namer.name(kernel.lanes) if kernel.lanes else "",
         "after_buffer": summed_into or None,
-        "lanes_whole": LANES - 1,
+        "lanes_whole": em.real.lanes - 1,
+        "rows_whole": rows_whole(em),
+        "groups": {8: "eights", 16: "sixteens"}.get(em.real.lanes, "groups of lanes"),  # (in comments)
         "zero": [(em.namer.name(output.buffer), em.dim(sp.sympify(output.shape[0]) * output.shape[1]))
                  for output in kernel.outputs if _zeroed(kernel, output)],
         "parallel": parallel,
-        # the examples in whole eights: one loop, no tail (emap_group._whole_eights)
+        # the examples in whole groups of lanes: one loop, no tail (emap_group._whole_eights)
         "padded": em.dim(kernel.loops[inner]) if kernel.padded else None,
         "whole_eights": whole_eights,
         "temps": body.temps,
@@ -387,6 +391,12 @@ def emit_emap(em: FunctionEmitter, kernel: EmapKernel) -> dict:
 
 
 
+def rows_whole(em: FunctionEmitter) -> str:
+    """ROWS_WHOLE in the C: a padded loop's examples rounded up to whole
+    groups of the real type's lanes: rows<lanes>, rows8 of doubles."""
+    return f"rows{em.real.lanes}"
+
+
 def _zeroed(kernel: EmapKernel, output: EmapOutput) -> bool:
     """Whether an output is zeroed before the loop: it adds up, or a guard
     skips examples (which then write 0, as the numpy reference)."""
@@ -395,7 +405,7 @@ def _zeroed(kernel: EmapKernel, output: EmapOutput) -> bool:
 
 def _copy_fields(em: FunctionEmitter, copy: ColumnCopy) -> dict:
     """A ColumnCopy's loop: each source row read once, written down the
-    columns (padded: to whole eights, the last row again past the last)."""
+    columns (padded: to whole groups of lanes, the last row again past the last)."""
     row = PAST_LAST if copy.padded else LOOP_I
     first, count = (copy.columns[0], len(copy.columns)) if copy.columns else (0, 0)
     inner = None  # a loop over the columns: (its variable, its count)
@@ -410,7 +420,7 @@ def _copy_fields(em: FunctionEmitter, copy: ColumnCopy) -> dict:
         assigns = [(em.access(copy.view, LOOP_I, sp.Integer(k)), em.access(copy.source, row, sp.Integer(col)))
                    for k, col in enumerate(copy.columns)]
     return {
-        "rows": "rows8" if copy.padded else em.dim(copy.rows),
+        "rows": rows_whole(em) if copy.padded else em.dim(copy.rows),
         "last": em.dim(copy.rows) if copy.padded else None,
         "inner": inner,
         "assigns": assigns,

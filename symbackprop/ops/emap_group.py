@@ -2,7 +2,7 @@
 group_kernel for emap): their programs renamed into one and CSE'd, their
 loads and outputs placed, then the loops ordered, rows copied by column,
 sums of products of two values moved to one product after the loop, and a
-wide body run over whole eights of examples."""
+wide body run over whole groups of lanes of examples."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from dataclasses import replace
 import sympy as sp
 
 from symbackprop.base.exprdag import substitute
+from symbackprop.emit.emitted import MOST_LANES
 from symbackprop.ir.construct import accumulates, binding_width, row_placeholder
 from symbackprop.ir.node import Node
 from symbackprop.ops.emap_kernel import (
-    LANES,
     LANES_MAX_OPS,
     PAD_ROWS,
     ColumnCopy,
@@ -98,8 +98,9 @@ def group_kernel(sched, members: list[Node]) -> EmapKernel:
     kernel = _outer_product_sums(sched, kernel, split)
     if not kernel.padded or not count or threaded(kernel):  # (threaded: its sums stay in its tail's locals)
         return kernel
-    # two sets of eight lanes a sum, and one more row: room to start them on a 64-byte line
-    return replace(kernel, lanes=sched.claim_scratch("example_lanes", (count + 1, 2 * LANES)),
+    # two sets of lanes a sum, and one more row: room to start them on a 64-byte line (as
+    # many lanes as any real type keeps, MOST_LANES: the schedule does not know the type)
+    return replace(kernel, lanes=sched.claim_scratch("example_lanes", (count + 1, 2 * MOST_LANES)),
                    term_sums=sched.claim_scratch("term_sums", (count, 1)))
 
 
@@ -229,11 +230,12 @@ def _sides(pairs: list[tuple[sp.Expr, sp.Expr]]) -> tuple[list[sp.Expr], list[sp
 
 
 def _whole_eights(sched, kernel: EmapKernel) -> EmapKernel | None:
-    """The kernel with its examples in whole eights (see ROWS8), where its
-    body is wide, each output adds into a sum over the examples (a local)
-    or stores one number an example into the workspace (given PAD_ROWS
-    more rows), and each row it reads an example can be copied by column:
-    at fixed columns or, of two loops, at the outer loop's. Else None."""
+    """The kernel with its examples in whole groups of lanes (see
+    ROWS_WHOLE), where its body is wide, each output adds into a sum over
+    the examples (a local) or stores one number an example into the
+    workspace (given PAD_ROWS more rows), and each row it reads an example
+    can be copied by column: at fixed columns or, of two loops, at the
+    outer loop's. Else None."""
     inner = len(kernel.loops) - 1 - kernel.outer
     outer = 1 - inner if len(kernel.loops) == 2 else None
     results = {name for name, _ in sched.results}

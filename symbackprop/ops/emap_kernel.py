@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from symbackprop.emit.codegen import worth_threads
+from symbackprop.emit.emitted import MOST_LANES
 from symbackprop.ir.node import Shape
 from symbackprop.schedule.kernel import Equation, View, count_ops, loop_index
 
@@ -36,14 +37,14 @@ class ColumnCopy:
     source: View
     rows: sp.Expr
     columns: tuple[int, ...]  # the source's columns copied, in order
-    # to whole eights of rows (ROWS8 apart): past the last example, the last again
+    # to whole groups of lanes of rows (ROWS_WHOLE apart): past the last example, the last again
     padded: bool = False
     across: sp.Expr | None = None  # of two loops, every column: the outer loop's (then columns is empty)
 
     @property
     def view(self) -> View:
         """How the loop reads the copy: example r's k-th column at k*rows + r."""
-        return View(self.scratch, sp.Integer(0), sp.Integer(1), ROWS8 if self.padded else sp.sympify(self.rows))
+        return View(self.scratch, sp.Integer(0), sp.Integer(1), ROWS_WHOLE if self.padded else sp.sympify(self.rows))
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,8 @@ class EmapKernel:
     copies: tuple[ColumnCopy, ...] = ()
     outer: int = 0  # of two loops, the one that runs outside (see outer_loop)
     products: OuterProductSums | None = None
-    padded: bool = False  # its examples in whole eights (emap_group._whole_eights)
-    lanes: str = ""  # where padded: each sum's eight lanes, and apart the last eight examples' (LANES)
+    padded: bool = False  # its examples in whole groups of lanes (emap_group._whole_eights)
+    lanes: str = ""  # where padded: each sum's lanes, and apart the last group of examples' (MOST_LANES room)
     term_sums: str = ""  # and each sum, its lanes added up after the loop
     kind: str = "emap"
     computed: tuple[str, ...] = ()  # index buffers that kernels computed (real numbers, read as integers)
@@ -116,20 +117,23 @@ class EmapKernel:
 
 
 # Accumulators of a body at most this large (sympy operations an example)
-# run in eight lanes, which the compiler vectorizes; a larger body stays
-# one scalar lane, the compile time of a vectorized wide body being large.
+# run in lanes, one vector register's (the real type's RealType.lanes:
+# emap_c), which the compiler vectorizes; a larger body stays one scalar
+# lane, the compile time of a vectorized wide body being large.
 LANES_MAX_OPS = 200
-LANES = 8
 # A wide body whose examples only add into sums and read rows it can copy
-# runs over whole eights of examples (emap_group._whole_eights): its copies
-# (ColumnCopy) and factors (OuterProductSums) are ROWS8 rows apart, the rows
-# past the last example its last again, so that GCC writes the body once,
-# with no second copy for the last examples (SYMBACKPROP_SCALAR_TAIL).
-ROWS8 = loop_index("rows8")  # the examples rounded up to whole eights
-# A padded buffer's rows past the examples: at most LANES - 1 are used;
-# LANES keeps what follows it as aligned as before (its vector loads
-# would otherwise cross cache lines).
-PAD_ROWS = LANES
+# runs over whole groups of lanes of examples ("whole eights", eight doubles
+# a group: emap_group._whole_eights): its copies (ColumnCopy) and factors
+# (OuterProductSums) are ROWS_WHOLE rows apart, the rows past the last
+# example its last again, so that GCC writes the body once, with no second
+# copy for the last examples (SYMBACKPROP_SCALAR_TAIL).
+ROWS_WHOLE = loop_index("rows_whole")  # the examples rounded up to whole lanes (in C rows8, rows16: emap_c)
+# A padded buffer's rows past the examples: at most lanes - 1 are used. The
+# schedule does not know the real type (and a float64 module may be
+# compiled as float): room for the most lanes of any, MOST_LANES, a whole
+# 64-byte line of floats, which keeps what follows it as aligned as before
+# (its vector loads would otherwise cross cache lines).
+PAD_ROWS = MOST_LANES
 
 
 def loop_uses(kernel: EmapKernel) -> dict[sp.Symbol, frozenset]:

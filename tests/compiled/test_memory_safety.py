@@ -168,7 +168,7 @@ def test_a_loop_over_whole_eights_is_clean_under_sanitizers(sanitizer, tmp_path)
     from test_wide_maps import _polyfit_model
 
     model = _polyfit_model()
-    assert "_lane_sums(lanes, 64, " in generate(model)[0].source
+    assert "_lane_sums(lanes, 8, 64, " in generate(model)[0].source
     _assert_clean_under_sanitizers(model, tmp_path)
 
 

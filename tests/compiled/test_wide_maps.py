@@ -18,10 +18,11 @@ import subprocess
 import numpy as np
 import pytest
 import sympy as sp
-from c_driver import STRICT_FLAGS, unwrapped, write_runtime_header
+from c_driver import STRICT_FLAGS, strict_compile_errors, unwrapped, write_runtime_header
 
 import symbackprop as sbp
 from symbackprop.ops.emap_c import WIDE_SUMS_NARROW
+from symbackprop.pipeline import generate
 from symbackprop.toolchain import compiler
 from symbackprop.toolchain.builder import DEFAULT_FLAGS, BuildOptions
 from symbackprop.toolchain.compiler import SIMD_FLAGS
@@ -87,7 +88,7 @@ def test_many_sums_of_a_wide_loss_run_over_whole_eights_in_lanes(polyfit_eights)
     assert "+ 63) & ~(uintptr_t)63); /* its sums' lanes" in unwrapped(source)
     assert "*const into = i0 + 8 <= N ? lanes : lanes + 512;" in source
     assert re.search(r"into\[504 \+ lane\] \+= ", source)
-    assert "_lane_sums(lanes, 64, N - (rows8 - 8), term_sums);" in source
+    assert "_lane_sums(lanes, 8, 64, N - (rows8 - 8), term_sums);" in source
     # the 64 sums then add into x's gradient in one loop, not 64 lines
     assert "for (int64_t k = 0; k < 64; ++k) {\n" in source and "grad_x[k] += term_sums[k];" in source
     assert "grad_x[1] +=" not in source
@@ -179,7 +180,22 @@ def test_few_sums_in_a_wide_body_run_over_whole_eights(few_sums):
     assert "SYMBACKPROP_SCALAR_TAIL" not in source
     assert "SYMBACKPROP_SIMD_SUMS" not in source
     assert "for (int64_t lane = 0; lane < 8; ++lane) {" in source
-    assert "_lane_sums(lanes, 4, N - (rows8 - 8), term_sums);" in source
+    assert "_lane_sums(lanes, 8, 4, N - (rows8 - 8), term_sums);" in source
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_value_only_variant_of_a_loop_over_whole_eights_adds_no_sums(dtype, tmp_path):
+    """forward's variant of that loop (its sums are the gradient's) keeps
+    no lanes: it zeroed them, added them up and into the gradient (its
+    `into` unused, which -Wall -Werror refused), as it ran the product
+    after the loop of OuterProductSums (the template read the sums of the
+    loop with gradients)."""
+    emitted, _ = generate(_polyfit_model(free=4), dtype=dtype, functions=FUNCTIONS)
+    with_grads, rest = emitted.source.split("/* the forward values only */")
+    value_only = rest.split("/* colsum_x = ")[0]  # to the loop's end
+    assert "_lane_sums(lanes, " in with_grads and "grad_x[0] += term_sums[0];" in with_grads
+    assert "lanes" not in value_only and "term_sums" not in value_only and "grad_x" not in value_only
+    assert strict_compile_errors(emitted, tmp_path, dtype) == ""
 
 
 @pytest.mark.parametrize(("dim", "points_name", "coeffs_name"), [("rows8", "row", "x"), ("N", "lanes", "into")])
@@ -322,9 +338,12 @@ def polyfit_eights_float32():
 
 @pytest.mark.parametrize("n", [1, 7, 8, 13, 1003])
 def test_lanes_in_float32_give_the_closed_form(polyfit_eights_float32, n):
-    """The same loop in float: eight lanes of floats a sum (half a 64-byte
-    line), the runtime's f32 lane_sums; against numpy's float64 closed form."""
-    assert "symbackprop_f32_lane_sums(lanes, 64, N - (rows8 - 8), term_sums);" in polyfit_eights_float32.emitted.source
+    """The same loop in float: sixteen lanes of floats a sum (a 64-byte
+    line, one vector register), the runtime's f32 lane_sums; against
+    numpy's float64 closed form (tests/compiled/test_emap_lanes.py: more
+    counts, and the other loops)."""
+    source = polyfit_eights_float32.emitted.source
+    assert "symbackprop_f32_lane_sums(lanes, 16, 64, N - (rows16 - 16), term_sums);" in source
     rng = np.random.default_rng(40 + n)
     t, s = rng.uniform(-1, 1, n), rng.normal(size=n)
     x = rng.normal(size=M) / np.arange(1, M + 1)
