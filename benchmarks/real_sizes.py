@@ -34,10 +34,14 @@ pinned to the same CPU with one thread (`os.sched_setaffinity`,
 `torch.set_num_threads(1)`, `sbp.set_num_threads(1)`), so that no
 library's thread pool or allocator shares a process with another's and
 `--clock cpu` counts one peer's threads alone. After a warm-up, each round
-runs `--calls` calls of each peer in turn, each turn after a pause of
-`--settle` seconds (50 ms: a thread pool spins for a while after its call,
-and would take CPU from the peer timed next), and each peer's round
-median is kept. Printed and
+runs `--calls` calls of each peer in turn, each turn after `--settle`
+seconds of busy waiting (50 ms: a thread pool spins for a while after its
+call, and would take CPU from the peer timed next; a sleep instead let
+the VM's CPU idle, which slowed every peer's next calls), and each
+peer's round median is kept. Each peer's process keeps the memory it
+frees and its heap on huge pages (glibc's tunables, PEER_MALLOC): in a
+fresh process PyTorch's and JAX's steps page-faulted their arrays back
+every call, up to 1.5x slower than in a long-running one. Printed and
 saved: the median of the round medians, and each peer's ratio to
 symbackprop's, round by round (its median and range). Before timing, the
 loss and every gradient are checked once against PyTorch float64 autograd
@@ -257,16 +261,23 @@ def time_calls(call: Callable, count: int, clock: str) -> list[float]:
     return times
 
 
+def busy_wait(seconds: float) -> None:
+    """Spin for `seconds`: a sleep let this VM's CPU go idle, and every peer's next calls ran slower
+    (the float32 ResNet's step 43.6 ms after a 50 ms sleep against 36.8 ms with none)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def interleave_samples(labels: list[str], sample: Callable[[str, int], list[float]], rounds: int, per_round: int,
                        settle: float = 0.0) -> dict:
     """{label: (median of round medians, (ratio median, low, high) to the first label)}: each round,
-    sample(label, per_round) of each label in turn, after `settle` seconds of pause (so that the last
-    peer's thread pools, which spin a while after a call, have stopped)."""
+    sample(label, per_round) of each label in turn, after `settle` seconds of busy waiting (so that
+    the last peer's thread pools, which spin a while after a call, have stopped)."""
     medians: dict[str, list[float]] = {label: [] for label in labels}
     for _ in range(rounds):
         for label in labels:
-            if settle:
-                time.sleep(settle)
+            busy_wait(settle)
             medians[label].append(statistics.median(sample(label, per_round)))
     base = medians[labels[0]]
     out = {}
@@ -777,10 +788,25 @@ class InProcess:
         pass
 
 
+# glibc's malloc in each peer's process: freed memory kept, not returned to the system after every
+# call, and the heap on transparent huge pages. Fresh processes otherwise page-faulted their step's
+# arrays back every call (PyTorch's ResNet float32 step: about 5,000 page faults, torch.compile
+# 45-53 ms against 34-35 ms, eager 60-70 against 43-44, JAX 85 against 63; symbackprop, whose
+# workspace stays, level): the peers at their best, as in a long-running process.
+PEER_MALLOC = "glibc.malloc.hugetlb=1:glibc.malloc.trim_threshold=4294967296:glibc.malloc.mmap_threshold=33554432"
+
+
+def peer_environment() -> dict[str, str]:
+    """This process's environment, with PEER_MALLOC added to any GLIBC_TUNABLES set."""
+    tunables = ":".join(t for t in (os.environ.get("GLIBC_TUNABLES"), PEER_MALLOC) if t)
+    return {**os.environ, "GLIBC_TUNABLES": tunables}
+
+
 class PeerProcesses:
-    """One process per peer (this script with --serve PEER), pinned and threaded as this one: no
-    library's thread pool, allocator or caches share a process with another's, and the CPU clock
-    counts one peer's threads alone. sample() asks a peer's process for timed calls."""
+    """One process per peer (this script with --serve PEER), pinned and threaded as this one, its
+    malloc set as PEER_MALLOC: no library's thread pool, allocator or caches share a process with
+    another's, and the CPU clock counts one peer's threads alone. sample() asks a peer's process
+    for timed calls."""
 
     def __init__(self, model: str, dtype: str, peers: list[str], notes: dict, threads: int = 1, clock: str = "wall"):
         self.processes: dict[str, subprocess.Popen] = {}
@@ -789,7 +815,7 @@ class PeerProcesses:
                 command = [sys.executable, str(Path(__file__).resolve()), "--serve", peer, "--models", model,
                            "--dtype", dtype, "--threads", str(threads), "--clock", clock, "--qkv", GPT_QKV]
                 self.processes[peer] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                        text=True)
+                                                        text=True, env=peer_environment())
                 ready = self._answer(peer)
                 if ready["ready"]:
                     note_setup(notes, model, dtype, peer, ready["seconds"])
@@ -1083,11 +1109,12 @@ def main(argv: list[str] | None = None) -> int:
                 "LeNet-5 on 28x28 images, batch 64" if m == "lenet5" else WORKLOADS[m][0] for m in models),
             **tables.provenance(),
             "command": "python benchmarks/real_sizes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "conditions": ("every peer in one process" if args.one_process else "each peer in a process of its own")
+            "conditions": ("every peer in one process" if args.one_process else
+                           "each peer in a process of its own, its malloc keeping freed memory, on huge pages")
                           + (" pinned to one CPU, one thread; " if args.threads == 1 else
                              f" pinned to the same {args.threads} CPUs, {args.threads} threads; ")
-                          + (f"a pause of {args.settle * 1e3:.0f} ms before each peer's turn (the last one's thread "
-                             "pools stop spinning); " if args.settle else "")
+                          + (f"{args.settle * 1e3:.0f} ms of busy waiting before each peer's turn (the last one's "
+                             "thread pools stop spinning); " if args.settle else "")
                           + ("the process's CPU time (all its threads); " if args.clock == "cpu" else "")
                           + "rounds of calls of each "
                           "peer in turn; median of the round medians; the ratio is the median of the per-round "
