@@ -34,11 +34,11 @@ pinned to the same CPU with one thread (`os.sched_setaffinity`,
 `torch.set_num_threads(1)`, `sbp.set_num_threads(1)`), so that no
 library's thread pool or allocator shares a process with another's and
 `--clock cpu` counts one peer's threads alone. After a warm-up, each round
-runs `--calls` calls of each peer in turn, each turn after `--settle`
-seconds of busy waiting (50 ms: a thread pool spins for a while after its
-call, and would take CPU from the peer timed next; a sleep instead let
-the VM's CPU idle, which slowed every peer's next calls), and each
-peer's round median is kept. Each peer's process keeps the memory it
+runs one untimed call and then `--calls` timed calls of each peer in
+turn (the untimed call finds the caches holding the last peer's data and
+its thread pool maybe still spinning; a pause instead, sleeping or busy
+waiting, slowed every peer's next calls on this VM), and each peer's
+round median is kept. Each peer's process keeps the memory it
 frees and its heap on huge pages (glibc's tunables, PEER_MALLOC): in a
 fresh process PyTorch's and JAX's steps page-faulted their arrays back
 every call, up to 1.5x slower than in a long-running one. Printed and
@@ -252,7 +252,11 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def time_calls(call: Callable, count: int, clock: str) -> list[float]:
-    """Seconds of each of `count` calls in a row, on the clock named (see CLOCKS)."""
+    """Seconds of each of `count` calls in a row, on the clock named (see CLOCKS), after one call
+    untimed: the turn's first call finds the caches holding the last peer's data and that peer's
+    thread pools maybe still spinning (with a pause instead, of 50 ms before each turn, every
+    peer's MNIST MLP step read 1.1-1.4x slower, sleeping or busy waiting)."""
+    call()
     now, times = CLOCKS[clock], []
     for _ in range(count):
         t0 = now()
@@ -261,23 +265,15 @@ def time_calls(call: Callable, count: int, clock: str) -> list[float]:
     return times
 
 
-def busy_wait(seconds: float) -> None:
-    """Spin for `seconds`: a sleep let this VM's CPU go idle, and every peer's next calls ran slower
-    (the float32 ResNet's step 43.6 ms after a 50 ms sleep against 36.8 ms with none)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def interleave_samples(labels: list[str], sample: Callable[[str, int], list[float]], rounds: int, per_round: int,
                        settle: float = 0.0) -> dict:
     """{label: (median of round medians, (ratio median, low, high) to the first label)}: each round,
-    sample(label, per_round) of each label in turn, after `settle` seconds of busy waiting (so that
-    the last peer's thread pools, which spin a while after a call, have stopped)."""
+    sample(label, per_round) of each label in turn, after `settle` seconds of sleep where given."""
     medians: dict[str, list[float]] = {label: [] for label in labels}
     for _ in range(rounds):
         for label in labels:
-            busy_wait(settle)
+            if settle:
+                time.sleep(settle)
             medians[label].append(statistics.median(sample(label, per_round)))
     base = medians[labels[0]]
     out = {}
@@ -1055,8 +1051,8 @@ def main(argv: list[str] | None = None) -> int:
                         "in_proj_weight) or three d x d parameters")
     p.add_argument("--one-process", action="store_true",
                    help="every peer in this process (by default each peer runs in a process of its own)")
-    p.add_argument("--settle", type=float, default=0.05,
-                   help="seconds of pause before each peer's turn, so that the last peer's thread pools stop spinning")
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="seconds of sleep before each peer's turn (none by default: each turn's first call is untimed)")
     p.add_argument("--serve", metavar="PEER", help=argparse.SUPPRESS)  # a peer's own process (PeerProcesses)
     p.add_argument("--note", action="append", default=[], help="a note shown under the saved table")
     p.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
@@ -1113,8 +1109,8 @@ def main(argv: list[str] | None = None) -> int:
                            "each peer in a process of its own, its malloc keeping freed memory, on huge pages")
                           + (" pinned to one CPU, one thread; " if args.threads == 1 else
                              f" pinned to the same {args.threads} CPUs, {args.threads} threads; ")
-                          + (f"{args.settle * 1e3:.0f} ms of busy waiting before each peer's turn (the last one's "
-                             "thread pools stop spinning); " if args.settle else "")
+                          + "each turn's first call untimed; "
+                          + (f"{args.settle * 1e3:.0f} ms of sleep before each turn; " if args.settle else "")
                           + ("the process's CPU time (all its threads); " if args.clock == "cpu" else "")
                           + "rounds of calls of each "
                           "peer in turn; median of the round medians; the ratio is the median of the per-round "

@@ -43,7 +43,6 @@ from symbackprop import nn
 from symbackprop.toolchain.blas import find_blas
 
 ROWS = rs.GPT_BATCH * rs.GPT_LEN
-SETTLE = 0.05  # seconds of pause before each peer's turn: the last one's thread pools stop spinning
 # workload: [(m, k, n, layers, input gradient)]: each forward product m x k by k x n, how many
 # layers have it, and whether the step computes the gradient by its left operand
 PRODUCTS = {
@@ -248,7 +247,7 @@ def blas_rate(dtype: str, cblas: Cblas, repeat: int = 10, clock: str = "cpu") ->
 def timed(calls: dict, rounds: int, per_round: int, clock: str) -> dict:
     """{peer: median of round medians} of interleaved calls (real_sizes.interleave)."""
     return {peer: result[0] for peer, result in
-            rs.interleave(calls, rounds, per_round, warmup=2, clock=clock, settle=SETTLE).items()}
+            rs.interleave(calls, rounds, per_round, warmup=2, clock=clock).items()}
 
 
 def products_part(workload: str, dtype: str, peers: list[str], training: bool, timing: tuple,
@@ -339,7 +338,7 @@ def save(name: str, models: list[str], rows: list[dict], argv: list[str], peers:
                            f"every peer in one process pinned to {threads} CPUs, {threads} threads (the BLAS's "
                            f"too; symbackprop built with OpenMP); ")
                           + ("the process's CPU time; " if clock == "cpu" else "the wall clock; ")
-                          + f"rounds of calls of each peer in turn, {SETTLE * 1e3:.0f} ms of pause before each, "
+                          + "rounds of calls of each peer in turn, each turn's first call untimed, "
                           "median of the round medians; a part's time is its calls' medians times their count "
                           "in the call",
             "source": "benchmarks/real_sizes_breakdown.py (real_sizes.py --breakdown)",
