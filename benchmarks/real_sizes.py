@@ -35,10 +35,11 @@ pinned to the same CPU with one thread (`os.sched_setaffinity`,
 library's thread pool or allocator shares a process with another's and
 `--clock cpu` counts one peer's threads alone. After a warm-up, each round
 runs one untimed call and then `--calls` timed calls of each peer in
-turn (the untimed call finds the caches holding the last peer's data and
-its thread pool maybe still spinning; a pause instead, sleeping or busy
-waiting, slowed every peer's next calls on this VM), and each peer's
-round median is kept. Each peer's process keeps the memory it
+turn (the untimed call finds the caches holding the last peer's data; a
+pause alone, sleeping or busy waiting, slowed every peer's next calls on
+this VM), and each peer's round median is kept. On several threads each
+turn starts after a sleep of `--settle` seconds (50 ms), for the last
+peer's thread pools, which spin a few ms after a call, to stop. Each peer's process keeps the memory it
 frees and its heap on huge pages (glibc's tunables, PEER_MALLOC): in a
 fresh process PyTorch's and JAX's steps page-faulted their arrays back
 every call, up to 1.5x slower than in a long-running one. Printed and
@@ -1051,12 +1052,15 @@ def main(argv: list[str] | None = None) -> int:
                         "in_proj_weight) or three d x d parameters")
     p.add_argument("--one-process", action="store_true",
                    help="every peer in this process (by default each peer runs in a process of its own)")
-    p.add_argument("--settle", type=float, default=0.0,
-                   help="seconds of sleep before each peer's turn (none by default: each turn's first call is untimed)")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds of sleep before each peer's turn, for the last peer's thread pools to stop spinning "
+                        "(default: none on one thread, 0.05 on several; each turn's first call is untimed)")
     p.add_argument("--serve", metavar="PEER", help=argparse.SUPPRESS)  # a peer's own process (PeerProcesses)
     p.add_argument("--note", action="append", default=[], help="a note shown under the saved table")
     p.add_argument("--save", metavar="NAME", help="write benchmarks/results/NAME.json")
     args = p.parse_args(argv)
+    if args.settle is None:  # libgomp's and PyTorch's idle threads spin a few ms after a call
+        args.settle = 0.05 if args.threads > 1 else 0.0
     global GPT_QKV
     GPT_QKV = args.qkv
     if args.serve:
@@ -1106,7 +1110,7 @@ def main(argv: list[str] | None = None) -> int:
             **tables.provenance(),
             "command": "python benchmarks/real_sizes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "conditions": ("every peer in one process" if args.one_process else
-                           "each peer in a process of its own, its malloc keeping freed memory, on huge pages")
+                           "each peer in a process of its own, its malloc keeping freed memory, on huge pages,")
                           + (" pinned to one CPU, one thread; " if args.threads == 1 else
                              f" pinned to the same {args.threads} CPUs, {args.threads} threads; ")
                           + "each turn's first call untimed; "

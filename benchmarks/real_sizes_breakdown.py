@@ -244,10 +244,11 @@ def blas_rate(dtype: str, cblas: Cblas, repeat: int = 10, clock: str = "cpu") ->
     return 2 * side ** 3 / best
 
 
-def timed(calls: dict, rounds: int, per_round: int, clock: str) -> dict:
-    """{peer: median of round medians} of interleaved calls (real_sizes.interleave)."""
+def timed(calls: dict, rounds: int, per_round: int, clock: str, settle: float = 0.0) -> dict:
+    """{peer: median of round medians} of interleaved calls (real_sizes.interleave), each turn
+    after `settle` seconds of sleep (on several threads: the last peer's pools stop spinning)."""
     return {peer: result[0] for peer, result in
-            rs.interleave(calls, rounds, per_round, warmup=2, clock=clock).items()}
+            rs.interleave(calls, rounds, per_round, warmup=2, clock=clock, settle=settle).items()}
 
 
 def products_part(workload: str, dtype: str, peers: list[str], training: bool, timing: tuple,
@@ -272,6 +273,7 @@ def breakdown_rows(workload: str, dtype: str, peers: list[str], timing: tuple, n
     """The rows of one workload and dtype: for the training step and inference, the whole call, its
     products, its attention core (the decoder), the rest; the FLOPs at the BLAS's rate; the fastest peer's / 1.5.
     On `threads` threads: every peer's, the BLAS's and symbackprop's kernels built with OpenMP."""
+    timing = (*timing[:3], 0.05 if threads > 1 else 0.0)  # as real_sizes.py's --settle
     step_calls, infer_calls = rs.functional_calls(workload, dtype, peers, notes, threads)
     rate = blas_rate(dtype, Cblas(dtype, threads), clock=timing[2])
     sbp.set_num_threads(threads)  # back to symbackprop's own setting (its OpenMP modules keep the BLAS at one)
@@ -287,15 +289,20 @@ def breakdown_rows(workload: str, dtype: str, peers: list[str], timing: tuple, n
             flops = conv_flops(training)
             what = f"convolutions ({flops / 1e9:.2f} GFLOP)"
         else:
-            products, kernels = products_part(workload, dtype, direct, training, timing, threads)
+            # on several threads, the products of symbackprop's BLAS alone: OpenBLAS's pool spins about
+            # 0.1 s after a call, and PyTorch's products timed next in this process ran at 2-64 GFLOP/s
+            products, kernels = products_part(workload, dtype, direct if threads == 1 else [], training, timing,
+                                              threads)
             flops = sum(2 * m * k * n * count for _, m, k, n, _, _, count in gemms(workload, training))
             what = f"dense products ({sum(g[-1] for g in gemms(workload, training))} gemms, {flops / 1e9:.2f} GFLOP)"
-        products.setdefault("torch_compile", products.get("torch_eager", 0.0))  # Inductor calls aten's mm, conv
+        if "torch_eager" in products:  # Inductor calls aten's mm, conv
+            products.setdefault("torch_compile", products["torch_eager"])
         parts = [(what, products, {"kernels": kernels})]
         if workload == "gpt":
             core = timed(attention_calls(dtype, direct, training), *timing)
             core = {p: s * rs.GPT_BLOCKS for p, s in core.items()}
-            core.setdefault("torch_compile", core.get("torch_eager", 0.0))  # the same SDPA kernel
+            if "torch_eager" in core:  # the same SDPA kernel
+                core.setdefault("torch_compile", core["torch_eager"])
             flops += attention_flops(training)
             parts.append((f"attention core ({rs.GPT_BLOCKS} blocks, {attention_flops(training) / 1e9:.2f} GFLOP)",
                           core, {}))
@@ -338,8 +345,9 @@ def save(name: str, models: list[str], rows: list[dict], argv: list[str], peers:
                            f"every peer in one process pinned to {threads} CPUs, {threads} threads (the BLAS's "
                            f"too; symbackprop built with OpenMP); ")
                           + ("the process's CPU time; " if clock == "cpu" else "the wall clock; ")
-                          + "rounds of calls of each peer in turn, each turn's first call untimed, "
-                          "median of the round medians; a part's time is its calls' medians times their count "
+                          + "rounds of calls of each peer in turn, each turn's first call untimed"
+                          + (", after 50 ms of sleep (the last peer's pools stop spinning), " if threads > 1 else ", ")
+                          + "median of the round medians; a part's time is its calls' medians times their count "
                           "in the call",
             "source": "benchmarks/real_sizes_breakdown.py (real_sizes.py --breakdown)",
             "row_header": "part of the call", "baseline": "symbackprop",
