@@ -83,3 +83,18 @@ def test_interleave_takes_ratios_round_by_round():
     result = real_sizes.interleave_samples(["a", "b"], lambda label, count: next(script[label]), 3, 1)
     assert result["a"] == (2.0, (1.0, 1.0, 1.0))
     assert result["b"] == (2.0, (1.0, 0.5, 3.0))
+
+
+def test_each_turn_opens_with_an_untimed_call():
+    """time_calls calls once more than it times: the turn's first call warms the caches."""
+    made = []
+    times = real_sizes.time_calls(lambda: made.append(1), 4, "wall")
+    assert len(times) == 4 and len(made) == 5
+
+
+def test_the_peers_malloc_settings_join_any_the_user_set(monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    env = real_sizes.peer_environment()
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + real_sizes.PEER_MALLOC
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    assert real_sizes.peer_environment()["GLIBC_TUNABLES"] == real_sizes.PEER_MALLOC
