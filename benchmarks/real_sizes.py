@@ -727,7 +727,8 @@ def title(model: str) -> str:
 
 def peer_calls(model: str, dtype: str, peer: str, threads: int = 1) -> tuple[Callable, Callable, float] | None:
     """(training step, inference, seconds to set both up and call each once) of one peer on a model in
-    one dtype, calls of no arguments; None where the peer has none (JAX's LeNet-5, an unknown peer)."""
+    one dtype, calls of no arguments, each called twice more (warm); None where the peer has none
+    (JAX's LeNet-5, an unknown peer)."""
     build, data = model_and_data(model)
     inputs, params = data(dtype)
     start = time.perf_counter()
@@ -749,7 +750,15 @@ def peer_calls(model: str, dtype: str, peer: str, threads: int = 1) -> tuple[Cal
     else:
         return None
     step(), infer()  # symbackprop builds train_step, torch.compile and JAX compile, here
-    return step, infer, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    for call in (step, infer, step, infer):
+        call()
+    return step, infer, seconds
+
+
+def symbackprop_first(peers: list[str]) -> list[str]:
+    """The peers to time, symbackprop's first (the ratios' base) whether or not it is named."""
+    return ["symbackprop", *(p for p in peers if p != "symbackprop")]
 
 
 def note_setup(notes: dict, model: str, dtype: str, peer: str, seconds: float) -> None:
@@ -768,15 +777,12 @@ class InProcess:
 
     def __init__(self, model: str, dtype: str, peers: list[str], notes: dict, threads: int = 1, clock: str = "wall"):
         self.calls: dict[str, tuple[Callable, Callable]] = {}
-        for peer in ["symbackprop", *(p for p in peers if p != "symbackprop")]:
+        for peer in symbackprop_first(peers):
             made = peer_calls(model, dtype, peer, threads)
             if made is not None:
                 self.calls[peer] = made[:2]
                 note_setup(notes, model, dtype, peer, made[2])
         self.peers, self.clock = list(self.calls), clock
-        for step, infer in self.calls.values():
-            for call in (step, infer, step, infer):
-                call()
 
     def sample(self, peer: str, what: str, count: int) -> list[float]:
         return time_calls(self.calls[peer][what == "infer"], count, self.clock)
@@ -808,7 +814,7 @@ class PeerProcesses:
     def __init__(self, model: str, dtype: str, peers: list[str], notes: dict, threads: int = 1, clock: str = "wall"):
         self.processes: dict[str, subprocess.Popen] = {}
         try:
-            for peer in ["symbackprop", *(p for p in peers if p != "symbackprop")]:
+            for peer in symbackprop_first(peers):
                 command = [sys.executable, str(Path(__file__).resolve()), "--serve", peer, "--models", model,
                            "--dtype", dtype, "--threads", str(threads), "--clock", clock, "--qkv", GPT_QKV]
                 self.processes[peer] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -861,8 +867,6 @@ def serve(model: str, dtype: str, peer: str, threads: int, clock: str) -> int:
         return 0
     step, infer, seconds = made
     calls = {"step": step, "infer": infer}
-    for call in (step, infer, step, infer):
-        call()
     answers.write(json.dumps({"ready": True, "seconds": seconds}) + "\n")
     for line in sys.stdin:
         what, count = line.split()

@@ -181,8 +181,11 @@ def map_equations(values: Sequence[tuple[str, sp.Expr]], readable: dict) -> tupl
     return tuple(one(lhs, value) if k < MAX_EQUATIONS_SHOWN else _see_the_c(lhs) for k, (lhs, value) in enumerate(values))
 
 
+SEE_THE_C = "see the temporaries in the C"  # an equation's text where its value is too large to show
+
+
 def _see_the_c(lhs: str) -> Equation:
-    return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
+    return Equation(lhs, SEE_THE_C, rf"{latex_name(lhs)} = \text{{see the C}}")
 
 
 @dataclass(frozen=True)

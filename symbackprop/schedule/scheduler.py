@@ -24,6 +24,7 @@ from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement, step
 from symbackprop.schedule.inplace import over_dead_inputs, stores_last
 from symbackprop.schedule.kernel import (
     MAX_INLINED_OPS,
+    SEE_THE_C,
     Equation,
     Kernel,
     MapKernel,
@@ -400,7 +401,7 @@ class Scheduler(Placement):
 
 def _column_sum(equation: Equation) -> Equation:
     """A loop's column sum's equation, from that of the value it adds up."""
-    if equation.text == "see the temporaries in the C":
+    if equation.text == SEE_THE_C:
         return equation
     return Equation(equation.lhs, f"sum of {equation.text} down each column",
                     lambda: equation.latex.replace(" = ", r" = \sum_i \left(", 1) + r"\right)_{ij}")
